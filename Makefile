@@ -1,0 +1,32 @@
+# Both targets build .venv from nothing on a fresh machine, then run.
+VENV  := .venv
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+# A CPU build of torch==2.13.0 lies in /opt/wheels on these machines; elsewhere pip takes PyPI's.
+FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
+
+.PHONY: demo test bench lint clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV) || (apt-get update && apt-get install -y python3-venv && python3 -m venv $(VENV))
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(FIND_LINKS) -e '.[demo,dev]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/metricbus demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: lint
+	$(VENV)/bin/pytest -q -ra
+
+bench: $(STAMP)
+	$(PY) bench/producer_overhead.py
+	$(PY) bench/archive_size.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,85 @@
+"""metricbus: training metrics as events — log in microseconds, lose nothing, replay anywhere.
+
+::
+
+    import metricbus
+    run = metricbus.init(project="cartpole", config={"lr": 3e-4})
+    for step in range(1000):
+        run.log({"Train/Loss": loss, "Train/AvgReward": reward}, step=step)
+    run.finish()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from producers import Run
+from schemas import (
+    BrokerError,
+    ConfigError,
+    EncodeError,
+    InvalidNameError,
+    MetricbusError,
+    MetricValueError,
+    PortInUseError,
+    SchemaError,
+    Settings,
+)
+
+__version__ = "0.1.0"
+
+_current: Run | None = None
+
+
+def init(
+    project: str,
+    name: str | None = None,
+    config: Any = None,
+    tags: Iterable[str] = (),
+    run_id: str | None = None,
+    **options: Any,
+) -> Run:
+    """Start a run and make it the current one for :func:`log` / :func:`finish`.
+
+    ``options`` go to :class:`Run` (settings, strict, system_metrics, system_interval_s, rank,
+    world_size). Never contacts Kafka synchronously: with no broker reachable the run spools
+    locally and says so once.
+    """
+    global _current
+    _current = Run(project, name=name, config=config, tags=tags, run_id=run_id, **options)
+    return _current
+
+
+def log(data: Mapping[str, Any], step: int | None = None, epoch: int | None = None) -> None:
+    """``log`` on the current run (see :meth:`Run.log`)."""
+    if _current is None:
+        raise ConfigError("metricbus.log() was called before metricbus.init(); call init() first")
+    _current.log(data, step=step, epoch=epoch)
+
+
+def finish(status: str = "finished", timeout: float = 10.0) -> bool:
+    """``finish`` the current run (see :meth:`Run.finish`); True when everything was delivered."""
+    global _current
+    if _current is None:
+        return True
+    run, _current = _current, None
+    return run.finish(status=status, timeout=timeout)
+
+
+__all__ = [
+    "BrokerError",
+    "ConfigError",
+    "EncodeError",
+    "InvalidNameError",
+    "MetricValueError",
+    "MetricbusError",
+    "PortInUseError",
+    "Run",
+    "SchemaError",
+    "Settings",
+    "__version__",
+    "finish",
+    "init",
+    "log",
+]

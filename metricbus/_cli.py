@@ -1,0 +1,199 @@
+"""The ``metricbus`` command. Every process of the production shape is a subcommand here."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from schemas import MetricbusError, Settings, ensure_topics
+
+log = logging.getLogger("metricbus")
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings.from_env(
+        bootstrap=args.bootstrap, data_dir=Path(args.data_dir).expanduser() if args.data_dir else None,
+        topic_prefix=args.topic_prefix, local_port=getattr(args, "port", None),
+    )
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from ._broker import EmbeddedBroker
+
+    settings = _settings(args)
+    stop = _stop_on_signals()
+    with EmbeddedBroker(settings.local_port) as broker:
+        print(f"embedded broker (Tansu, memory-only) on {broker.bootstrap}; Ctrl-C stops it", flush=True)
+        while not stop.wait(0.5):
+            if broker.proc is not None and broker.proc.poll() is not None:
+                print(f"broker exited with code {broker.proc.returncode}", file=sys.stderr)
+                return 1
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from ._stack import Stack
+
+    settings = _settings(args)
+    stop = _stop_on_signals()
+    stack = Stack(settings)
+    try:
+        stack.start()
+        print(stack.describe(), flush=True)
+        print("metricbus is up; Ctrl-C stops everything", flush=True)
+        stack.run_until(stop)
+    finally:
+        stack.stop()
+        print("metricbus stopped", flush=True)
+    return 0
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    created = ensure_topics(settings, timeout_s=args.timeout)
+    print(f"topics ready on {settings.bootstrap_servers}" + (f" (created {', '.join(created)})" if created else ""))
+    return 0
+
+
+def cmd_sink(args: argparse.Namespace) -> int:
+    from sinks import ParquetArchive, SinkRunner
+
+    settings = _settings(args)
+    if args.sink != "parquet":
+        raise MetricbusError(f"unknown sink {args.sink!r}")
+    runner = SinkRunner(ParquetArchive(settings.archive_dir), settings, flush_interval_s=args.flush_interval)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, runner.stop)
+        stats = await runner.run()
+        log.info("sink %s stopped: %s", args.sink, dataclasses.asdict(stats))
+
+    asyncio.run(main())
+    return 0
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from producers import sync_spools
+
+    settings = _settings(args)
+    report = sync_spools(settings)
+    print(f"published {report.records_sent} records from {len(report.spools_done)} spool(s) to "
+          f"{settings.bootstrap_servers}")
+    for path in report.spools_busy:
+        print(f"skipped {path}: its run is still live and publishes it itself")
+    for path, why in report.spools_failed.items():
+        print(f"failed {path}: {why}; run `metricbus sync` again when Kafka is reachable", file=sys.stderr)
+    return 1 if report.spools_failed else 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from sinks import tidy
+
+    settings = _settings(args)
+    table = tidy(settings.archive_dir, args.run)
+    if table.num_rows == 0:
+        raise MetricbusError(f"run {args.run!r} has no scalars in the archive at {settings.archive_dir}")
+    if args.format == "parquet":
+        if not args.out:
+            raise MetricbusError("--format parquet needs --out FILE")
+        pq.write_table(table, args.out, compression="zstd")
+    elif args.format == "csv":
+        sink: Any = args.out or sys.stdout.buffer
+        pacsv.write_csv(table, sink)
+    else:
+        import json
+
+        out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115
+        try:
+            for row in table.to_pylist():
+                row["wall_time"] = row["wall_time"].isoformat()
+                out.write(json.dumps(row) + "\n")
+        finally:
+            if args.out:
+                out.close()
+    if args.out:
+        print(f"wrote {table.num_rows} rows to {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ._demo import run_demo
+
+    return run_demo(_settings(args), updates=args.updates)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed so tests can check every documented command exists)."""
+    p = argparse.ArgumentParser(prog="metricbus", description=__doc__)
+    p.add_argument("--bootstrap", help="Kafka bootstrap servers (default: $METRICBUS_BOOTSTRAP, else the local stack)")
+    p.add_argument("--data-dir", help="spool, archive and logs (default: $METRICBUS_DATA_DIR or ~/.metricbus)")
+    p.add_argument("--topic-prefix", help="prefix of every topic (default: metricbus.)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (Tansu) in the foreground")
+    s.add_argument("--port", type=int, help="port on 127.0.0.1 (default 9092)")
+    s.set_defaults(func=cmd_broker)
+
+    s = sub.add_parser("up", help="broker (unless --bootstrap) + topics + every consumer, until Ctrl-C")
+    s.add_argument("--port", type=int, help="port of the embedded broker (default 9092)")
+    s.set_defaults(func=cmd_up)
+
+    s = sub.add_parser("topics", help="create the metricbus topics if missing (idempotent)")
+    s.add_argument("--timeout", type=float, default=30.0)
+    s.set_defaults(func=cmd_topics)
+
+    s = sub.add_parser("sink", help="run one sink consumer")
+    s.add_argument("sink", choices=["parquet"])
+    s.add_argument("--flush-interval", type=float, default=2.0, help="seconds between durable flushes")
+    s.set_defaults(func=cmd_sink)
+
+    s = sub.add_parser("sync", help="publish what runs left in their local spools")
+    s.set_defaults(func=cmd_sync)
+
+    s = sub.add_parser("export", help="one run's scalars as tidy rows (run, step, name, value, wall_time)")
+    s.add_argument("--run", required=True)
+    s.add_argument("--format", choices=["csv", "json", "parquet"], default="csv", help="json = JSON Lines")
+    s.add_argument("--out", help="file to write (default: stdout; required for parquet)")
+    s.set_defaults(func=cmd_export)
+
+    s = sub.add_parser("demo", help="embedded stack + a short real PPO run on CartPole, read back from the archive")
+    s.add_argument("--updates", type=int, default=30, help="PPO updates (each 512 environment steps)")
+    s.add_argument("--port", type=int, help="port of the embedded broker (default 9092)")
+    s.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``metricbus`` console script."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("kafka", "aiokafka"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if not args.verbose else logging.INFO)
+    try:
+        return int(args.func(args))
+    except MetricbusError as exc:
+        print(f"metricbus {args.command}: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,74 @@
+"""``metricbus demo``: the embedded stack, a real PPO run logged through the hook, and the
+archive read back as a person would."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import time
+from pathlib import Path
+
+from schemas import Settings
+
+from ._broker import _port_free
+from ._stack import Stack
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_archived(archive: Path, run_id: str, events: int, timeout: float) -> int:
+    """Wait until the archive holds ``events`` distinct events of the run; return how many it holds."""
+    from sinks import read_table
+
+    deadline = time.monotonic() + timeout
+    held = 0
+    while time.monotonic() < deadline:
+        table = read_table(archive, run_id, columns=["producer_id", "seq"])
+        held = len(set(zip(table["producer_id"].to_pylist(), table["seq"].to_pylist(), strict=True)))
+        if held >= events:
+            break
+        time.sleep(0.5)
+    return held
+
+
+def run_demo(settings: Settings, updates: int = 30) -> int:
+    """Run the demo; return the exit code."""
+    import metricbus
+    from sinks import summary
+
+    from ._ppo import PPOConfig, train
+
+    if settings.is_local and not _port_free("127.0.0.1", settings.local_port):
+        port = _free_port()
+        print(f"port {settings.local_port} is busy (another metricbus up?); the demo's own broker uses {port}")
+        settings = dataclasses.replace(settings, local_port=port)
+    cfg = PPOConfig(updates=updates)
+    with Stack(settings) as stack:
+        print(stack.describe(), flush=True)
+        run = metricbus.init(project="demo-cartpole", name="ppo", config=cfg, tags=["demo", "ppo"],
+                             settings=settings, system_interval_s=1.0)
+        print(f"\ntraining PPO on {cfg.env_id} for {cfg.updates} updates, run {run.run_id} ...", flush=True)
+        t0 = time.perf_counter()
+        final = train(run, cfg)
+        delivered = run.finish(summary=final, timeout=30)
+        elapsed = time.perf_counter() - t0
+        events = run.stats()["events"]
+        print(f"trained in {elapsed:.1f}s; {events} events logged, all acknowledged by Kafka: {delivered}")
+        held = wait_archived(settings.archive_dir, run.run_id, events, timeout=30)
+        print(f"archive holds {held}/{events} events of the run\n")
+        rows = summary(settings.archive_dir, run.run_id)
+        print(f"{'metric':<36}{'n':>5}{'first':>12}{'last':>12}{'min':>12}{'max':>12}")
+        for r in rows:
+            print(f"{r['name']:<36}{r['count']:>5}{r['first']:>12.4g}{r['last']:>12.4g}"
+                  f"{r['min']:>12.4g}{r['max']:>12.4g}")
+    archive = settings.archive_dir
+    print(f"\narchive: {archive}")
+    print(f"  duckdb -c \"SELECT step, value FROM read_parquet('{archive}/**/*.parquet', hive_partitioning=true) "
+          f"WHERE run='{run.run_id}' AND name='Train/AvgReward' ORDER BY step\"")
+    print(f"  metricbus --data-dir {settings.data_dir} export --run {run.run_id} --format csv")
+    return 0 if held >= events else 1
+

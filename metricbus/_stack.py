@@ -1,0 +1,121 @@
+"""``metricbus up``: the embedded broker, the topics and every consumer process, supervised.
+
+Children are separate processes (one per sink, later the stream worker), restarted with
+backoff if they crash, and stopped on Ctrl-C / SIGTERM: consumers first (they flush and
+commit), the broker last. Children also get SIGTERM if this process dies (PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from schemas import Settings, ensure_topics
+
+from . import _proc
+from ._broker import EmbeddedBroker
+
+log = logging.getLogger("metricbus.up")
+
+#: Consumer processes `up` runs: name -> CLI arguments after `metricbus`.
+CONSUMERS: dict[str, list[str]] = {
+    "sink-parquet": ["sink", "parquet"],
+}
+
+
+@dataclasses.dataclass
+class _Child:
+    name: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+
+
+class Stack:
+    """Broker (when local) + topics + consumer processes. start() / run_until(event) / stop()."""
+
+    def __init__(self, settings: Settings, consumers: dict[str, list[str]] | None = None) -> None:
+        self.settings = settings
+        self.log_dir = Path(settings.data_dir) / "logs"
+        self.broker = (
+            EmbeddedBroker(settings.local_port, log_path=self.log_dir / "broker.log") if settings.is_local else None
+        )
+        env = {**os.environ, **settings.to_env()}
+        self._env = env
+        self.children = [
+            _Child(name, [sys.executable, "-m", "metricbus", *args], self.log_dir / f"{name}.log")
+            for name, args in (CONSUMERS if consumers is None else consumers).items()
+        ]
+        self._stopped = threading.Event()
+
+    def start(self) -> Stack:
+        """Start the broker, create the topics, start every consumer."""
+        if self.broker is not None:
+            self.broker.start()
+        ensure_topics(self.settings)
+        for child in self.children:
+            self._start(child)
+        return self
+
+    def _start(self, child: _Child) -> None:
+        child.proc = _proc.spawn(child.argv, log_path=child.log_path, env=self._env)
+
+    def supervise_once(self) -> None:
+        """Restart any consumer that exited (backoff 1s, doubling to 30s)."""
+        now = time.monotonic()
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is not None and not self._stopped.is_set():
+                code = child.proc.returncode
+                child.proc = None
+                child.restarts += 1
+                delay = min(2 ** (child.restarts - 1), 30)
+                child.next_start = now + delay
+                log.error("%s exited with code %s; restarting in %ds (log: %s)", child.name, code, delay, child.log_path)
+            if child.proc is None and now >= child.next_start and not self._stopped.is_set():
+                self._start(child)
+        if self.broker is not None and self.broker.proc is not None and self.broker.proc.poll() is not None:
+            log.error("the embedded broker exited (code %s); see %s", self.broker.proc.returncode, self.broker.log_path)
+
+    def run_until(self, stop: threading.Event) -> None:
+        """Supervise until ``stop`` is set."""
+        while not stop.wait(0.5):
+            self.supervise_once()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop consumers (they flush and commit), then the broker. Idempotent."""
+        self._stopped.set()
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.terminate()
+        deadline = time.monotonic() + timeout
+        for child in self.children:
+            if child.proc is not None:
+                _proc.stop(child.proc, max(0.1, deadline - time.monotonic()))
+        if self.broker is not None:
+            self.broker.stop()
+
+    def describe(self) -> str:
+        """Where everything is, for a person."""
+        lines = [f"kafka        {self.settings.bootstrap_servers}" + (" (embedded, memory-only)" if self.broker else "")]
+        t = self.settings.topics
+        lines.append(f"topics       {t.events}  {t.aggregates}  {t.alerts}  {t.deadletter}")
+        lines.append(f"archive      {self.settings.archive_dir}")
+        lines.append(f"spool        {self.settings.spool_dir}")
+        for child in self.children:
+            pid = child.proc.pid if child.proc else "-"
+            lines.append(f"{child.name:<12} pid {pid}, log {child.log_path}")
+        return "\n".join(lines)
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

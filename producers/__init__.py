@@ -1,0 +1,30 @@
+"""The producer hook: what runs inside the training process.
+
+``Run.log`` only enqueues; a background thread batches, encodes, spools and publishes.
+"""
+
+from ._publisher import Publisher
+from ._run import SDK_VERSION, OfflineTransport, Run
+from ._spool import Spool, SpoolBusyError, pending_spools
+from ._sync import SyncReport, sync_spools
+from ._system import SystemSampler, sample_system
+from ._transport import KafkaTransport, Transport, TransportError
+from ._values import ValueGate
+
+__all__ = [
+    "SDK_VERSION",
+    "KafkaTransport",
+    "OfflineTransport",
+    "Publisher",
+    "Run",
+    "Spool",
+    "SpoolBusyError",
+    "SyncReport",
+    "SystemSampler",
+    "Transport",
+    "TransportError",
+    "ValueGate",
+    "pending_spools",
+    "sample_system",
+    "sync_spools",
+]

@@ -1,0 +1,227 @@
+"""The background half of the producer hook: batch, encode, spool, send.
+
+The training thread only appends event tuples to a deque (:meth:`Publisher.submit`). One
+thread owned by the Publisher wakes every ``linger_s``, encodes what is queued into
+EventBatch records, appends them to the spool, then sends from the spool and moves its
+cursor on acknowledgement. Ordering: every spool append happens under one lock, in seq order.
+
+When the queue is full (the training loop outruns encoding), ``submit`` itself encodes the
+queue and the new event into the spool under that lock: the caller pays the encoding cost it
+caused (backpressure at encoding speed), never a network wait, and order is kept.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from schemas import Codec, EncodeError
+
+from ._spool import Spool
+from ._transport import Transport, TransportError
+
+log = logging.getLogger("metricbus.producer")
+
+#: (seq, ts_ms, body kind, body)
+Event = tuple[int, int, str, dict[str, Any]]
+
+
+class Publisher:
+    """Owns the publisher thread of one Run; start / flush / stop, stop is idempotent."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        producer_id: str,
+        spool: Spool,
+        transport: Transport,
+        codec: Codec,
+        sdk_version: str,
+        linger_s: float = 0.02,
+        max_batch_events: int = 500,
+        max_queue: int = 100_000,
+        describe_target: Callable[[], str] = lambda: "Kafka",
+    ) -> None:
+        self.run_id = run_id
+        self.producer_id = producer_id
+        self.spool = spool
+        self.transport = transport
+        self.codec = codec
+        self.sdk_version = sdk_version
+        self.linger_s = linger_s
+        self.max_batch_events = max_batch_events
+        self.max_queue = max_queue
+        self.describe_target = describe_target
+        self._key = run_id.encode()
+        self._queue: collections.deque[Event] = collections.deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name=f"metricbus-publisher-{run_id}")
+        self._next_attempt = 0.0
+        self._failures = 0
+        self._last_sync = 0.0
+        #: Counters, readable at any time.
+        self.events_spooled = 0
+        self.records_sent = 0
+        self.overflows = 0
+        self.lost_events = 0
+        self.encode_errors = 0
+
+    # -- the caller's side ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def submit(self, event: Event) -> None:
+        """Queue one event. Never blocks on the network; never raises."""
+        if len(self._queue) < self.max_queue:
+            self._queue.append(event)
+            return
+        with self._lock:
+            self.overflows += 1
+            self._queue.append(event)
+            self._spool_queue_locked()
+
+    @property
+    def events_submitted(self) -> int:
+        """Events accepted so far (queued in memory or already in the spool)."""
+        return self.events_spooled + len(self._queue)
+
+    @property
+    def backlog(self) -> int:
+        """Events queued in memory plus bytes spooled but unacknowledged (0 means all sent)."""
+        return len(self._queue) + self.spool.unsent_bytes
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until everything submitted so far is acknowledged; False on timeout."""
+        deadline = time.monotonic() + timeout
+        self._next_attempt = 0.0
+        while time.monotonic() < deadline:
+            self._wake.set()
+            if not self._queue and self.spool.unsent_bytes == 0:
+                return True
+            if not self._thread.is_alive():
+                return False
+            time.sleep(0.005)
+        return False
+
+    def stop(self, timeout: float) -> bool:
+        """Flush up to ``timeout``, then stop the thread; True when nothing was left unsent.
+
+        Whatever is unsent stays in the spool file (fsynced) for ``metricbus sync``.
+        """
+        if not self._thread.is_alive():
+            return self._finalize()
+        deadline = time.monotonic() + timeout
+        sent = self.flush(timeout)
+        self._stopping = True
+        self._wake.set()
+        # The thread ends after its current send, which is bounded by the transport timeout.
+        self._thread.join(max(0.0, deadline - time.monotonic()) + 0.05)
+        if self._thread.is_alive():
+            with self._lock:
+                self._spool_queue_locked()
+                self.spool.sync()
+            return False
+        return sent and self._finalize()
+
+    def _finalize(self) -> bool:
+        with self._lock:
+            self._spool_queue_locked()
+            clean = self.spool.unsent_bytes == 0
+            self.spool.close()
+        self.transport.close()
+        return clean
+
+    # -- the thread ---------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while not self._stopping:
+                self._wake.wait(self.linger_s)
+                self._wake.clear()
+                with self._lock:
+                    self._spool_queue_locked()
+                self._send_spooled()
+                self._sync_if_behind()
+        except Exception:  # noqa: BLE001 - the thread must never die silently
+            log.exception("metricbus publisher thread failed; unsent events stay in the spool")
+        finally:
+            with self._lock:
+                self._spool_queue_locked()
+                self.spool.sync()
+
+    def _spool_queue_locked(self) -> None:
+        queue = self._queue
+        while queue:
+            n = min(len(queue), self.max_batch_events)
+            records = self._encode([queue.popleft() for _ in range(n)])
+            try:
+                self.spool.append(records)
+                self.events_spooled += n
+            except OSError as exc:
+                self.lost_events += n
+                log.error(
+                    "cannot write the spool %s (%s): %d events lost. Free disk space or set "
+                    "METRICBUS_DATA_DIR to a writable disk.",
+                    self.spool.path,
+                    exc,
+                    n,
+                )
+
+    def _encode(self, events: list[Event]) -> list[bytes]:
+        batch = {
+            "run_id": self.run_id,
+            "producer_id": self.producer_id,
+            "events": [{"seq": s, "ts_ms": t, "body": (k, b)} for s, t, k, b in events],
+            "sdk_version": self.sdk_version,
+        }
+        try:
+            return [self.codec.encode("EventBatch", batch)]
+        except EncodeError:
+            if len(events) > 1:  # one bad event must not take its batch with it
+                return [r for e in events for r in self._encode([e])]
+            self.encode_errors += 1
+            self.lost_events += 1
+            log.error("event seq %d cannot be encoded and is dropped", events[0][0], exc_info=True)
+            return []
+
+    def _send_spooled(self) -> None:
+        while time.monotonic() >= self._next_attempt:
+            with self._lock:
+                pending = self.spool.read_unsent(max_records=64)
+            if not pending:
+                return
+            try:
+                self.transport.send(self._key, [record for record, _ in pending])
+            except TransportError as exc:
+                self._failures += 1
+                self._next_attempt = time.monotonic() + min(0.25 * 2 ** (self._failures - 1), 5.0)
+                if self._failures == 1:
+                    log.warning(
+                        "%s is unreachable (%s); events are kept in %s and sent when it is back",
+                        self.describe_target(),
+                        exc,
+                        self.spool.path,
+                    )
+                return
+            with self._lock:
+                self.spool.commit(pending[-1][1])
+            self.records_sent += len(pending)
+            if self._failures:
+                log.warning("%s is reachable again; sending the spooled events", self.describe_target())
+                self._failures = 0
+
+    def _sync_if_behind(self) -> None:
+        now = time.monotonic()
+        if self.spool.unsent_bytes and now - self._last_sync > 1.0:
+            with self._lock:
+                self.spool.sync()
+            self._last_sync = now

@@ -1,0 +1,355 @@
+"""``Run``: what a training loop holds. log() costs about a microsecond and never raises for
+broker trouble; finish() flushes within its timeout and leaves the rest in the spool."""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+import warnings
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from schemas import (
+    HEARTBEAT,
+    HISTOGRAM,
+    METRICS,
+    RUN_FINISHED,
+    RUN_STARTED,
+    TABLE,
+    ConfigError,
+    MetricbusError,
+    MetricValueError,
+    Settings,
+    check_run_id,
+    default_codec,
+)
+
+from ._publisher import Publisher
+from ._spool import SUFFIX, Spool
+from ._system import SystemSampler
+from ._transport import KafkaTransport, Transport, TransportError
+from ._values import ValueGate, _flatten
+
+log = logging.getLogger("metricbus.producer")
+SDK_VERSION = "0.1.0"
+
+
+class OfflineTransport:
+    """Sends nothing: offline mode keeps every event in the spool for ``metricbus sync``."""
+
+    def send(self, key: bytes, records: list[bytes]) -> None:
+        """Refuse; the records stay spooled."""
+        raise TransportError("offline mode")
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class Run:
+    """One training run publishing to metricbus. Create it with ``metricbus.init()``.
+
+    Thread-safety: ``log`` may be called from any thread; events of one thread keep their
+    order. Failure: broker faults never raise here; a value that cannot be a scalar is
+    dropped with one warning per metric name (``strict=True`` raises MetricValueError).
+    """
+
+    def __init__(
+        self,
+        project: str,
+        name: str | None = None,
+        config: Any = None,
+        tags: Iterable[str] = (),
+        run_id: str | None = None,
+        *,
+        settings: Settings | None = None,
+        strict: bool = False,
+        system_metrics: bool = True,
+        system_interval_s: float = 10.0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        transport: Transport | None = None,
+    ) -> None:
+        if not isinstance(project, str) or not project.strip():
+            raise ConfigError(f"project must be a non-empty string (got {project!r})")
+        self.settings = settings or Settings.from_env()
+        self.run_id = check_run_id(run_id) if run_id is not None else _new_run_id()
+        self.project = project
+        self.name = name or self.run_id
+        self.producer_id = uuid.uuid4().hex
+        self.rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+        self.strict = strict
+        self._gate = ValueGate(strict=strict)
+        self._seq = itertools.count()
+        self._step = 0
+        self._finished = False
+        self.status: str | None = None
+        if transport is None:
+            transport = OfflineTransport() if self.settings.offline else KafkaTransport(self.settings)
+        self.spool_path = self.settings.spool_dir / self.run_id / f"{self.producer_id}{SUFFIX}"
+        self._publisher = Publisher(
+            run_id=self.run_id,
+            producer_id=self.producer_id,
+            spool=Spool(self.spool_path),
+            transport=transport,
+            codec=default_codec(),
+            sdk_version=SDK_VERSION,
+            describe_target=self._describe_target,
+        )
+        self._publisher.start()
+        self._emit(RUN_STARTED, self._started_body(config, tags))
+        self._sampler: SystemSampler | None = None
+        if system_metrics:
+            self._sampler = SystemSampler(system_interval_s, self._log_system, self._heartbeat)
+            self._sampler.start()
+        ref = weakref.ref(self)
+        self._atexit = lambda: (r := ref()) is not None and r.finish(timeout=5.0)
+        atexit.register(self._atexit)
+
+    # -- logging ------------------------------------------------------------------------
+
+    def log(
+        self, data: Mapping[str, Any], step: int | None = None, epoch: int | None = None
+    ) -> None:
+        """Queue scalars (and per-sample arrays) at ``step`` (default: the last step + 1).
+
+        Non-blocking: this only enqueues; a background thread encodes and publishes.
+        """
+        try:
+            scalars, samples = self._gate.split(data)
+            if not (scalars or samples) or self._closed("log"):
+                return
+            if step is None:
+                step = self._step
+            elif type(step) is not int:
+                step = int(step)
+            self._step = step + 1
+            body = {
+                "step": step,
+                "epoch": None if epoch is None else int(epoch),
+                "rank": self.rank,
+                "scalars": scalars,
+                "samples": samples,
+            }
+            self._publisher.submit((next(self._seq), time.time_ns() // 1_000_000, METRICS, body))
+        except MetricValueError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
+            self._internal_error("log", exc)
+
+    def log_histogram(
+        self,
+        name: str,
+        values: Any = None,
+        *,
+        bins: int = 64,
+        edges: Sequence[float] | None = None,
+        counts: Sequence[int] | None = None,
+        step: int | None = None,
+    ) -> None:
+        """Log a histogram, from raw ``values`` (binned here with numpy) or ready ``edges``/``counts``."""
+        try:
+            if self._closed("log_histogram"):
+                return
+            if values is not None:
+                import numpy as np
+
+                counts_a, edges_a = np.histogram(np.asarray(_flatten(values), dtype=float), bins=bins)
+                edges, counts = edges_a.tolist(), counts_a.tolist()
+            if edges is None or counts is None or len(edges) != len(counts) + 1:
+                raise ConfigError(
+                    f"histogram {name!r} needs values, or edges with exactly len(counts) + 1 items"
+                )
+            body = {
+                "step": self._step - 1 if step is None else int(step),
+                "name": name,
+                "edges": [float(e) for e in edges],
+                "counts": [int(c) for c in counts],
+                "rank": self.rank,
+            }
+            self._emit(HISTOGRAM, body)
+        except Exception as exc:  # noqa: BLE001
+            self._internal_error("log_histogram", exc)
+
+    def log_table(
+        self, name: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], step: int | None = None
+    ) -> None:
+        """Log a table (e.g. seed 002's rubric_criteria_summary): cells are None, bool, int, float or str."""
+        try:
+            if self._closed("log_table"):
+                return
+            cols = [str(c) for c in columns]
+            table_rows = [[_cell(v) for v in row] for row in rows]
+            bad = [i for i, row in enumerate(table_rows) if len(row) != len(cols)]
+            if bad:
+                raise ConfigError(f"table {name!r}: rows {bad[:5]} do not have {len(cols)} cells")
+            step_ = max(self._step - 1, 0) if step is None else int(step)
+            self._emit(TABLE, {"step": step_, "name": name, "columns": cols, "rows": table_rows})
+        except Exception as exc:  # noqa: BLE001
+            self._internal_error("log_table", exc)
+
+    # -- ending -------------------------------------------------------------------------
+
+    def finish(
+        self,
+        status: str = "finished",
+        summary: Mapping[str, Any] | None = None,
+        timeout: float = 10.0,
+    ) -> bool:
+        """End the run: publish RunFinished and flush for at most ``timeout`` seconds.
+
+        Returns True when every event was acknowledged by Kafka. Otherwise the rest is in
+        the spool (fsynced) and ``metricbus sync`` publishes it later. Idempotent.
+        """
+        if self._finished:
+            return self.status is not None and self._publisher.backlog == 0
+        if self._sampler is not None:
+            self._sampler.stop()
+        scalars, _ = self._gate.split(summary or {})
+        self._emit(RUN_FINISHED, {"status": status, "summary": scalars})
+        self._finished = True
+        self.status = status
+        atexit.unregister(self._atexit)
+        clean = self._publisher.stop(timeout)
+        if not clean:
+            log.warning(
+                "run %s: not every event reached %s within %.1fs; they are kept in %s. "
+                "Publish them later with `metricbus sync`.",
+                self.run_id,
+                self._describe_target(),
+                timeout,
+                self.spool_path.parent,
+            )
+        return clean
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.finish(status="failed" if exc_type is not None else "finished")
+
+    def __del__(self) -> None:
+        if not getattr(self, "_finished", True):
+            warnings.warn(
+                f"metricbus run {self.run_id} was never finished; call run.finish() or use "
+                "`with metricbus.init(...)`",
+                ResourceWarning,
+                stacklevel=1,
+            )
+
+    def stats(self) -> dict[str, int]:
+        """Counters: events logged, dropped values, overflows to the spool, records sent, ..."""
+        p = self._publisher
+        return {
+            "events": p.events_submitted,
+            "dropped_values": self._gate.dropped,
+            "overflows": p.overflows,
+            "records_sent": p.records_sent,
+            "lost_events": p.lost_events,
+            "unsent_bytes": p.spool.unsent_bytes,
+        }
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _emit(self, kind: str, body: dict[str, Any]) -> None:
+        self._publisher.submit((next(self._seq), time.time_ns() // 1_000_000, kind, body))
+
+    def _log_system(self, sample: dict[str, float]) -> None:
+        if not self._finished:
+            body = {"step": max(self._step - 1, 0), "epoch": None, "rank": self.rank,
+                    "scalars": sample, "samples": {}}
+            self._emit(METRICS, body)
+
+    def _heartbeat(self) -> None:
+        if not self._finished:
+            self._emit(HEARTBEAT, {"last_step": self._step - 1 if self._step else None})
+
+    def _closed(self, what: str) -> bool:
+        if self._finished:
+            log.warning("run %s is finished; %s() is ignored", self.run_id, what)
+        return self._finished
+
+    def _internal_error(self, what: str, exc: BaseException) -> None:
+        if self.strict and isinstance(exc, MetricbusError):
+            raise exc
+        log.error("metricbus %s() failed and the call was skipped: %s", what, exc, exc_info=True)
+
+    def _describe_target(self) -> str:
+        if self.settings.offline:
+            return "nothing (offline mode: METRICBUS_OFFLINE)"
+        if self.settings.is_local:
+            return (
+                f"the local metricbus broker at {self.settings.bootstrap_servers} (start it with "
+                "`metricbus up`, or set METRICBUS_BOOTSTRAP)"
+            )
+        return f"Kafka at {self.settings.bootstrap_servers}"
+
+    def _started_body(self, config: Any, tags: Iterable[str]) -> dict[str, Any]:
+        return {
+            "project": self.project,
+            "name": self.name,
+            "config_json": json.dumps(_config_dict(config), default=str, sort_keys=True),
+            "tags": [str(t) for t in tags],
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "git": _git_commit(Path.cwd()),
+            "rank": self.rank,
+            "world_size": self.world_size,
+        }
+
+
+def _new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
+def _cell(value: Any) -> Any:
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    if config is None:
+        return {}
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    if isinstance(config, Mapping):
+        return dict(config)
+    if hasattr(config, "__dict__"):  # argparse.Namespace and friends
+        return dict(vars(config))
+    raise ConfigError(f"config must be a mapping, a dataclass or a Namespace (got {type(config).__name__})")
+
+
+def _git_commit(start: Path) -> str | None:
+    """HEAD's commit of the repository around ``start``, read from .git without a subprocess."""
+    for directory in (start, *start.parents):
+        git = directory / ".git"
+        if git.is_dir():
+            try:
+                head = (git / "HEAD").read_text().strip()
+                if not head.startswith("ref: "):
+                    return head
+                ref = head[5:]
+                ref_file = git / ref
+                if ref_file.exists():
+                    return ref_file.read_text().strip()
+                packed = git / "packed-refs"
+                if packed.exists():
+                    for line in packed.read_text().splitlines():
+                        if line.endswith(" " + ref):
+                            return line.split(" ", 1)[0]
+            except OSError:
+                return None
+            return None
+    return None

@@ -1,0 +1,171 @@
+"""An append-only, CRC-framed local log of encoded records, with a durable send cursor.
+
+Every record a producer publishes goes through its spool first (a write-ahead log): the
+publisher appends, sends from the cursor, and moves the cursor once Kafka acknowledged. A
+broker outage, a ``finish()`` that timed out, or a crashed process therefore all leave the
+same thing behind: records past the cursor, which ``metricbus sync`` publishes later, in order.
+
+Frame: ``u32 length | u32 crc32(payload) | payload`` (little-endian). A torn or corrupt frame
+ends the readable log; it is reported, never decoded.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from schemas import MetricbusError
+
+log = logging.getLogger("metricbus.spool")
+
+_FRAME = struct.Struct("<II")
+SUFFIX = ".spool"
+
+
+class SpoolBusyError(MetricbusError):
+    """Another live process owns this spool file."""
+
+    retriable = True
+
+
+class Spool:
+    """One producer's spool file. Not thread-safe: its owner serialises calls."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._cursor_path = self.path.with_suffix(".cursor")
+        self._file = open(self.path, "ab")  # noqa: SIM115 - owned until close()
+        try:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.close()
+            raise SpoolBusyError(f"{self.path} is in use by another live process") from None
+        #: Offset of the first unreadable frame, if any; nothing past it is sent.
+        self.torn_at: int | None = None
+        self._cursor = self._read_cursor()
+        self._size = self._file.seek(0, os.SEEK_END)
+        self._dirty = False
+
+    @property
+    def unsent_bytes(self) -> int:
+        """Bytes appended but not yet acknowledged by Kafka (up to a torn frame, if any)."""
+        return (self._size if self.torn_at is None else self.torn_at) - self._cursor
+
+    def append(self, records: Iterable[bytes]) -> int:
+        """Append records (buffered in the OS; :meth:`sync` makes them crash-proof)."""
+        parts = []
+        for record in records:
+            parts.append(_FRAME.pack(len(record), zlib.crc32(record)))
+            parts.append(record)
+        data = b"".join(parts)
+        self._file.write(data)
+        self._file.flush()
+        self._size += len(data)
+        self._dirty = True
+        return len(data)
+
+    def sync(self) -> None:
+        """fsync what was appended, so a machine crash does not lose it either."""
+        if self._dirty:
+            os.fsync(self._file.fileno())
+            self._dirty = False
+
+    def read_unsent(self, max_records: int) -> list[tuple[bytes, int]]:
+        """Up to ``max_records`` records after the cursor, each with the offset just past it."""
+        out: list[tuple[bytes, int]] = []
+        limit = self._size if self.torn_at is None else self.torn_at
+        for record, end in _frames(self.path, self._cursor, limit):
+            out.append((record, end))
+            if len(out) >= max_records:
+                return out
+        reached = out[-1][1] if out else self._cursor
+        if reached < limit:
+            self._report_corrupt(reached)
+        return out
+
+    def commit(self, offset: int) -> None:
+        """Record that everything before ``offset`` was acknowledged; empty the file when all was."""
+        self._cursor = offset
+        if self._cursor >= self._size and self.torn_at is None:
+            self._file.truncate(0)
+            self._file.seek(0)
+            self._size = self._cursor = 0
+            self._dirty = False
+        _write_atomic(self._cursor_path, str(self._cursor).encode())
+
+    def close(self) -> None:
+        """fsync, release the lock, and delete the files if nothing is left to send."""
+        if self._file.closed:
+            return
+        self.sync()
+        empty = self.unsent_bytes == 0 and self.torn_at is None
+        self._file.close()
+        if empty:
+            self.path.unlink(missing_ok=True)
+            self._cursor_path.unlink(missing_ok=True)
+            try:
+                self.path.parent.rmdir()  # the run's folder, once no producer of it has anything left
+            except OSError:
+                pass
+
+    def _read_cursor(self) -> int:
+        try:
+            return int(self._cursor_path.read_text() or 0)
+        except FileNotFoundError:
+            return 0
+        except ValueError:
+            log.error("%s is unreadable; resending this spool from its start", self._cursor_path)
+            return 0
+
+    def _report_corrupt(self, offset: int) -> None:
+        self.torn_at = offset
+        log.error(
+            "%s: corrupt or torn frame at byte %d; the %d bytes after it are not sent. The "
+            "file is kept for inspection.",
+            self.path,
+            offset,
+            self._size - offset,
+        )
+
+
+def _frames(path: Path, start: int, end: int) -> Iterator[tuple[bytes, int]]:
+    with open(path, "rb") as f:
+        f.seek(start)
+        pos = start
+        while pos + _FRAME.size <= end:
+            header = f.read(_FRAME.size)
+            length, crc = _FRAME.unpack(header)
+            if pos + _FRAME.size + length > end:
+                return
+            payload = f.read(length)
+            if len(payload) != length or zlib.crc32(payload) != crc:
+                return
+            pos += _FRAME.size + length
+            yield payload, pos
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def pending_spools(spool_dir: Path) -> list[Path]:
+    """Spool files under ``spool_dir`` that still hold unsent bytes."""
+    found = []
+    for path in sorted(Path(spool_dir).glob(f"*/*{SUFFIX}")):
+        cursor_path = path.with_suffix(".cursor")
+        try:
+            cursor = int(cursor_path.read_text() or 0) if cursor_path.exists() else 0
+        except ValueError:
+            cursor = 0
+        if path.stat().st_size > cursor:
+            found.append(path)
+    return found

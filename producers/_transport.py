@@ -1,0 +1,94 @@
+"""Sending encoded records to Kafka from the publisher thread (kafka-python).
+
+Any failure closes the client; the next send reconnects and re-creates missing topics, which
+is what a restarted memory-only broker needs (it forgets every topic).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from schemas import BrokerError, MetricbusError, Settings, client_options, ensure_topics
+
+log = logging.getLogger("metricbus.producer")
+
+
+class TransportError(MetricbusError):
+    """A send was not acknowledged; the records stay in the spool and are retried."""
+
+    retriable = True
+
+
+class Transport(Protocol):
+    """Where the publisher sends records. ``send`` raises TransportError unless all were acked."""
+
+    def send(self, key: bytes, records: list[bytes]) -> None:
+        """Send ``records`` in order under ``key``; return only once all are acknowledged."""
+
+    def close(self) -> None:
+        """Release connections; idempotent."""
+
+
+class KafkaTransport:
+    """kafka-python producer: acks from the partition leader, one request in flight (order)."""
+
+    def __init__(self, settings: Settings, send_timeout_s: float = 5.0) -> None:
+        self.settings = settings
+        self.topic = settings.topics.events
+        self.send_timeout_s = send_timeout_s
+        self._producer: Any = None
+
+    def _connect(self) -> Any:
+        from kafka import KafkaProducer
+        from kafka.errors import KafkaError
+
+        timeout_ms = int(self.send_timeout_s * 1000)
+        try:
+            ensure_topics(self.settings, timeout_s=min(self.send_timeout_s, 3.0))
+            self._producer = KafkaProducer(
+                **client_options(self.settings),
+                client_id="metricbus-producer",
+                acks=1,
+                enable_idempotence=False,  # InitProducerId is not available on every broker
+                max_in_flight_requests_per_connection=1,
+                retries=2,
+                linger_ms=0,
+                max_block_ms=timeout_ms,
+                request_timeout_ms=timeout_ms,
+                delivery_timeout_ms=timeout_ms * 2,
+                bootstrap_timeout_ms=timeout_ms,
+                max_request_size=8 * 1024 * 1024,
+                allow_auto_create_topics=False,
+            )
+        except (KafkaError, BrokerError, OSError) as exc:
+            raise TransportError(f"cannot connect to {self.settings.bootstrap_servers}: {exc}") from exc
+        return self._producer
+
+    def send(self, key: bytes, records: list[bytes]) -> None:
+        """Send records in order; raise TransportError unless every one was acknowledged."""
+        from kafka.errors import KafkaError
+
+        producer = self._producer or self._connect()
+        try:
+            futures = [producer.send(self.topic, key=key, value=r) for r in records]
+            producer.flush(timeout=self.send_timeout_s)
+            for future in futures:
+                if not future.is_done:
+                    raise TransportError(f"no acknowledgement within {self.send_timeout_s}s")
+                if future.failed():
+                    raise TransportError(f"send failed: {future.exception}")
+        except (KafkaError, OSError, TransportError) as exc:
+            self.close()
+            if isinstance(exc, TransportError):
+                raise
+            raise TransportError(f"send to {self.settings.bootstrap_servers} failed: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the client without waiting; unacknowledged records stay in the spool."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.close(timeout=0)
+            except Exception:  # noqa: BLE001 - closing a broken client must never raise here
+                log.debug("closing the Kafka producer raised", exc_info=True)

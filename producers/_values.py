@@ -1,0 +1,110 @@
+"""Turning what users pass to log() into scalars and sample arrays, cheaply and without raising.
+
+Accepts Python numbers and bools, numpy scalars and arrays, torch tensors (0-d -> scalar,
+n-d -> samples), lists and tuples of numbers, all without importing numpy or torch.
+NaN and inf are kept: they are signals (a diverged loss), not noise.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from schemas import MetricValueError
+
+log = logging.getLogger("metricbus.producer")
+
+#: Largest sample array accepted for one metric in one log() call.
+MAX_SAMPLES = 65_536
+_NUMBER = (float, int, bool)
+
+
+class ValueGate:
+    """Filters values into scalars and samples; counts and warns once per bad metric name."""
+
+    def __init__(self, strict: bool = False, max_samples: int = MAX_SAMPLES) -> None:
+        self.strict = strict
+        self.max_samples = max_samples
+        self.dropped = 0
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+
+    def split(self, data: Mapping[Any, Any]) -> tuple[dict[str, float], dict[str, list[float]]]:
+        """Return ``(scalars, samples)``; what cannot be encoded is dropped and counted."""
+        scalars: dict[str, float] = {}
+        samples: dict[str, list[float]] = {}
+        for key, value in data.items():
+            if type(key) is not str:
+                self._reject(repr(key), value, "metric names must be str")
+                continue
+            kind = type(value)
+            if kind is float:
+                scalars[key] = value
+            elif kind is int or kind is bool:
+                scalars[key] = float(value)
+            else:
+                self._slow(key, value, scalars, samples)
+        return scalars, samples
+
+    def _slow(
+        self, key: str, value: Any, scalars: dict[str, float], samples: dict[str, list[float]]
+    ) -> None:
+        ndim = getattr(value, "ndim", None)
+        try:
+            if ndim == 0:  # numpy scalar or 0-d array / tensor
+                scalars[key] = float(value.item())
+                return
+            if ndim is not None or isinstance(value, (list, tuple)):
+                flat = _flatten(value)
+                if len(flat) > self.max_samples:
+                    self._reject(
+                        key, value, f"{len(flat)} samples is over the limit of {self.max_samples}"
+                    )
+                    return
+                samples[key] = [float(v) for v in flat]
+                return
+            if isinstance(value, _NUMBER) or hasattr(value, "__float__"):
+                scalars[key] = float(value)
+                return
+        except (TypeError, ValueError, OverflowError) as exc:
+            self._reject(key, value, str(exc))
+            return
+        self._reject(key, value, "not a number, an array of numbers or a 0-d tensor")
+
+    def _reject(self, key: str, value: Any, why: str) -> None:
+        message = (
+            f"metric {key!r}: cannot log {type(value).__name__} value {_short(value)} ({why}); "
+            "this value is dropped and counted"
+        )
+        if self.strict:
+            raise MetricValueError(message + " (strict=True raises instead)")
+        with self._lock:
+            self.dropped += 1
+            first = key not in self._warned
+            self._warned.add(key)
+        if first:
+            log.warning("%s; further bad values of this metric are dropped silently", message)
+
+
+def _flatten(value: Any) -> list[Any]:
+    if hasattr(value, "detach"):  # torch tensor: no autograd, on the host
+        value = value.detach().cpu()
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    out: list[Any] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+        else:
+            out.append(item)
+    return out
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+

@@ -1,0 +1,67 @@
+"""The wire contract of metricbus, and the plumbing every component shares.
+
+Public names only; implementation lives in the private modules. Depends on nothing else of
+ours: producers, stream_jobs, sinks and the metricbus face all build on it.
+"""
+
+from ._codec import HEADER_SIZE, MAGIC, Codec, default_codec
+from ._errors import (
+    BadMagicError,
+    BrokerError,
+    ConfigError,
+    EncodeError,
+    InvalidNameError,
+    MetricbusError,
+    MetricValueError,
+    PortInUseError,
+    SchemaError,
+    TruncatedRecordError,
+    UnknownSchemaError,
+)
+from ._kafka import client_options, consumer_group_options, ensure_topics
+from ._names import check_run_id, path_segment
+from ._registry import SCHEMA_DIR, SchemaVersion, crc64_avro, load_versions
+from ._settings import Settings, Topics
+
+#: Full Avro names of the event body kinds (union branches of RunEvent.body).
+METRICS = "metricbus.Metrics"
+HISTOGRAM = "metricbus.Histogram"
+RUN_STARTED = "metricbus.RunStarted"
+RUN_FINISHED = "metricbus.RunFinished"
+HEARTBEAT = "metricbus.Heartbeat"
+TABLE = "metricbus.Table"
+
+__all__ = [
+    "HEADER_SIZE",
+    "HEARTBEAT",
+    "HISTOGRAM",
+    "MAGIC",
+    "METRICS",
+    "RUN_FINISHED",
+    "RUN_STARTED",
+    "SCHEMA_DIR",
+    "TABLE",
+    "BadMagicError",
+    "BrokerError",
+    "Codec",
+    "ConfigError",
+    "EncodeError",
+    "InvalidNameError",
+    "MetricValueError",
+    "MetricbusError",
+    "PortInUseError",
+    "SchemaError",
+    "SchemaVersion",
+    "Settings",
+    "Topics",
+    "TruncatedRecordError",
+    "UnknownSchemaError",
+    "check_run_id",
+    "client_options",
+    "consumer_group_options",
+    "crc64_avro",
+    "default_codec",
+    "ensure_topics",
+    "load_versions",
+    "path_segment",
+]

@@ -1,0 +1,94 @@
+"""Kafka client construction from Settings: one place that knows security options.
+
+Clients are imported lazily so importing metricbus never pays for them.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from ._settings import Settings
+
+
+def _security(settings: Settings) -> dict[str, Any]:
+    opts: dict[str, Any] = {"security_protocol": settings.security_protocol}
+    if settings.security_protocol.startswith("SASL"):
+        opts.update(
+            sasl_mechanism=settings.sasl_mechanism,
+            sasl_plain_username=settings.sasl_username,
+            sasl_plain_password=settings.sasl_password,
+        )
+    return opts
+
+
+def _ssl_context(settings: Settings) -> ssl.SSLContext | None:
+    if not settings.security_protocol.endswith("SSL"):
+        return None
+    ctx = ssl.create_default_context(cafile=settings.ssl_cafile)
+    if settings.ssl_certfile:
+        ctx.load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile)
+    return ctx
+
+
+def client_options(settings: Settings) -> dict[str, Any]:
+    """Connection and security options; kafka-python and aiokafka take the same names."""
+    opts = {"bootstrap_servers": settings.bootstrap_servers, **_security(settings)}
+    ctx = _ssl_context(settings)
+    if ctx is not None:
+        opts["ssl_context"] = ctx
+    return opts
+
+
+def consumer_group_options(settings: Settings) -> dict[str, Any]:
+    """Group timeouts for aiokafka consumers (short locally, see Settings)."""
+    return {
+        "session_timeout_ms": settings.session_timeout_ms,
+        "rebalance_timeout_ms": settings.rebalance_timeout_ms,
+        "heartbeat_interval_ms": settings.heartbeat_interval_ms,
+    }
+
+
+def ensure_topics(settings: Settings, timeout_s: float = 10.0) -> list[str]:
+    """Create any missing metricbus topic (idempotent); return the names it created.
+
+    The events, aggregates and alerts topics get ``settings.partitions`` partitions; the
+    dead-letter topic one. Raises BrokerError when the broker cannot be reached.
+    """
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+    from ._errors import BrokerError
+
+    topics = settings.topics
+    try:
+        admin = KafkaAdminClient(
+            **client_options(settings),
+            request_timeout_ms=int(timeout_s * 1000),
+            bootstrap_timeout_ms=int(timeout_s * 1000),
+            client_id="metricbus-admin",
+        )
+    except KafkaError as exc:
+        raise BrokerError(
+            f"cannot reach Kafka at {settings.bootstrap_servers} to create topics: {exc}. "
+            "Start the local stack with `metricbus up`, or set METRICBUS_BOOTSTRAP."
+        ) from exc
+    try:
+        existing = set(admin.list_topics())
+        wanted = [
+            NewTopic(name, 1 if name == topics.deadletter else settings.partitions, 1)
+            for name in topics.all()
+            if name not in existing
+        ]
+        created = []
+        for topic in wanted:
+            try:
+                admin.create_topics([topic])
+                created.append(topic.name)
+            except TopicAlreadyExistsError:
+                pass  # another process won the race: that is the state we want
+        return created
+    except KafkaError as exc:
+        raise BrokerError(f"creating topics on {settings.bootstrap_servers} failed: {exc}") from exc
+    finally:
+        admin.close()

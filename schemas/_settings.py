@@ -1,0 +1,171 @@
+"""Settings, parsed once at the edge (environment variables and CLI flags) into frozen objects.
+
+Every component takes a :class:`Settings`; none reads the environment itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ._errors import ConfigError
+
+_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+@dataclasses.dataclass(frozen=True)
+class Topics:
+    """Names of the topics metricbus uses; all share one prefix."""
+
+    prefix: str = "metricbus."
+
+    @property
+    def events(self) -> str:
+        """Raw run events (EventBatch records), keyed by run_id."""
+        return f"{self.prefix}events"
+
+    @property
+    def aggregates(self) -> str:
+        """Derived series from the stream jobs, keyed by run_id."""
+        return f"{self.prefix}aggregates"
+
+    @property
+    def alerts(self) -> str:
+        """Alert transitions (firing / resolved), keyed by run_id."""
+        return f"{self.prefix}alerts"
+
+    @property
+    def deadletter(self) -> str:
+        """Records no consumer could process, with the reason in their headers."""
+        return f"{self.prefix}deadletter"
+
+    def all(self) -> tuple[str, ...]:
+        """Every topic, in creation order."""
+        return (self.events, self.aggregates, self.alerts, self.deadletter)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Where metricbus finds Kafka and keeps its files.
+
+    Build one with :meth:`from_env` (``METRICBUS_*`` variables) and ``dataclasses.replace``
+    for flags. Secrets are excluded from ``repr`` so a logged Settings never shows them.
+    """
+
+    #: Kafka bootstrap servers ("host:port,host:port"); None means the local embedded stack.
+    bootstrap: str | None = None
+    #: Port of the embedded broker (``metricbus broker`` / ``metricbus up``) on 127.0.0.1.
+    local_port: int = 9092
+    #: Prefix of every topic name.
+    topic_prefix: str = "metricbus."
+    #: Root of the spool (``spool/``), the Parquet archive (``archive/``) and state files.
+    data_dir: Path = dataclasses.field(default_factory=lambda: Path.home() / ".metricbus")
+    #: Never contact a broker: runs spool locally and ``metricbus sync`` publishes them later.
+    offline: bool = False
+    #: Partitions of the events topic when metricbus creates it.
+    partitions: int = 4
+    #: Consumer-group timeouts. Short by default for the local broker, whose group join
+    #: completes only after the rebalance timeout; raise them for a real cluster.
+    session_timeout_ms: int = 6000
+    rebalance_timeout_ms: int = 3000
+    heartbeat_interval_ms: int = 1000
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = dataclasses.field(default=None, repr=False)
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.security_protocol not in _PROTOCOLS:
+            raise ConfigError(
+                f"METRICBUS_SECURITY_PROTOCOL={self.security_protocol!r} is not one of "
+                f"{', '.join(_PROTOCOLS)}."
+            )
+        if self.security_protocol.startswith("SASL"):
+            if self.sasl_mechanism not in _MECHANISMS:
+                raise ConfigError(
+                    f"{self.security_protocol} needs METRICBUS_SASL_MECHANISM set to one of "
+                    f"{', '.join(_MECHANISMS)} (got {self.sasl_mechanism!r})."
+                )
+            if not self.sasl_username or self.sasl_password is None:
+                raise ConfigError(
+                    f"{self.security_protocol} needs METRICBUS_SASL_USERNAME and "
+                    "METRICBUS_SASL_PASSWORD."
+                )
+        if not 0 < self.local_port < 65536:
+            raise ConfigError(f"local port {self.local_port} is not a TCP port (1-65535).")
+        if self.partitions < 1:
+            raise ConfigError(f"partitions must be at least 1 (got {self.partitions}).")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read ``METRICBUS_*`` variables; keyword overrides (from CLI flags) win."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            raw = env.get(f"METRICBUS_{field.name.upper()}")
+            if raw is None or raw == "":
+                continue
+            values[field.name] = _parse(field.name, field.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def to_env(self) -> dict[str, str]:
+        """``METRICBUS_*`` variables that make :meth:`from_env` rebuild these settings (for child
+        processes; contains secrets, so never print it)."""
+        out = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is not None:
+                out[f"METRICBUS_{field.name.upper()}"] = str(int(value) if isinstance(value, bool) else value)
+        return out
+
+    @property
+    def is_local(self) -> bool:
+        """True when no cluster is configured and the embedded stack is the broker."""
+        return self.bootstrap is None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """The bootstrap string clients connect to."""
+        return self.bootstrap or f"127.0.0.1:{self.local_port}"
+
+    @property
+    def topics(self) -> Topics:
+        """The topic names under this settings' prefix."""
+        return Topics(self.topic_prefix)
+
+    @property
+    def spool_dir(self) -> Path:
+        """Where producers keep what they could not publish yet."""
+        return Path(self.data_dir) / "spool"
+
+    @property
+    def archive_dir(self) -> Path:
+        """Root of the Parquet archive."""
+        return Path(self.data_dir) / "archive"
+
+
+def _parse(name: str, type_: Any, raw: str) -> Any:
+    text = str(type_)
+    try:
+        if "bool" in text:
+            if raw.lower() in {"1", "true", "yes", "on"}:
+                return True
+            if raw.lower() in {"0", "false", "no", "off"}:
+                return False
+            raise ValueError(raw)
+        if "int" in text:
+            return int(raw)
+        if "Path" in text:
+            return Path(raw).expanduser()
+    except ValueError:
+        kind = "true/false" if "bool" in text else "an integer"
+        raise ConfigError(f"METRICBUS_{name.upper()}={raw!r} is not {kind}.") from None
+    return raw

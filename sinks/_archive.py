@@ -1,0 +1,104 @@
+"""The Parquet archive's layout and its read side (export, replay, the demo's summary).
+
+Layout: ``<archive>/project=<project>/run=<run_id>/part-<t>-<id>.parquet``, hive-style so
+pyarrow and duckdb read the project and run from the path. One row per scalar of a Metrics
+event (``name``, ``value``), one per sample array (``samples``), one per other event
+(``payload`` holds that event, single-object encoded, so replay loses nothing).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from schemas import path_segment
+
+FORMAT_VERSION = "1"
+SEQS_KEY = b"metricbus.seqs"
+FORMAT_KEY = b"metricbus.format"
+
+SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("producer_id", pa.string()),
+        ("seq", pa.int64()),
+        ("ts_ms", pa.int64()),
+        ("kind", pa.string()),
+        ("step", pa.int64()),
+        ("epoch", pa.int64()),
+        ("rank", pa.int32()),
+        ("name", pa.string()),
+        ("value", pa.float64()),
+        ("samples", pa.list_(pa.float64())),
+        ("payload", pa.binary()),
+        ("fingerprint", pa.string()),
+    ]
+)
+
+
+def run_dir(archive: Path, project: str, run_id: str) -> Path:
+    """The directory holding one run's files."""
+    return Path(archive) / f"project={path_segment(project)}" / f"run={run_id}"
+
+
+def find_run_dirs(archive: Path, run_id: str) -> list[Path]:
+    """Every directory of ``run_id`` in the archive (normally one)."""
+    return sorted(Path(archive).glob(f"project=*/run={run_id}"))
+
+
+def read_table(
+    archive: Path, run_id: str | None = None, project: str | None = None, columns: list[str] | None = None
+) -> pa.Table:
+    """Read the archive (or one run / project of it) as one Arrow table, sorted by producer and seq."""
+    import pyarrow.dataset as ds
+
+    archive = Path(archive)
+    if run_id is not None:
+        paths = [p for d in find_run_dirs(archive, run_id) for p in sorted(d.glob("*.parquet"))]
+    elif project is not None:
+        paths = sorted((archive / f"project={path_segment(project)}").glob("run=*/*.parquet"))
+    else:
+        paths = sorted(archive.glob("project=*/run=*/*.parquet"))
+    if not paths:
+        return SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
+    dataset = ds.dataset([str(p) for p in paths], schema=SCHEMA, format="parquet")
+    table = dataset.to_table(columns=columns)
+    if columns is None or {"producer_id", "seq"} <= set(columns):
+        table = table.sort_by([("producer_id", "ascending"), ("seq", "ascending")])
+    return table
+
+
+def tidy(archive: Path, run_id: str) -> pa.Table:
+    """One run's scalars as tidy rows: run, step, name, value, wall_time (UTC), sorted by step."""
+    import pyarrow.compute as pc
+
+    table = read_table(archive, run_id, columns=["run_id", "kind", "step", "name", "value", "ts_ms", "seq"])
+    table = table.filter(pc.and_(pc.equal(table["kind"], "metricbus.Metrics"), pc.is_valid(table["value"])))
+    wall = pc.cast(table["ts_ms"], pa.timestamp("ms", tz="UTC"))
+    out = pa.table(
+        {"run": table["run_id"], "step": table["step"], "name": table["name"], "value": table["value"],
+         "wall_time": wall, "seq": table["seq"]}
+    )
+    return out.sort_by([("step", "ascending"), ("seq", "ascending"), ("name", "ascending")]).drop_columns(["seq"])
+
+
+def summary(archive: Path, run_id: str) -> list[dict[str, Any]]:
+    """Per metric: count, first/last step, first/last/min/max/mean value (the demo's table)."""
+    table = tidy(archive, run_id)
+    grouped = table.group_by("name").aggregate(
+        [("value", "count"), ("step", "min"), ("step", "max"), ("value", "min"), ("value", "max"),
+         ("value", "mean")]
+    )
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for name, value in zip(table["name"].to_pylist(), table["value"].to_pylist(), strict=True):
+        first.setdefault(name, value)
+        last[name] = value
+    rows = []
+    for row in grouped.to_pylist():
+        rows.append({"name": row["name"], "count": row["value_count"], "first_step": row["step_min"],
+                     "last_step": row["step_max"], "first": first[row["name"]], "last": last[row["name"]], "min": row["value_min"],
+                     "max": row["value_max"], "mean": row["value_mean"]})
+    return sorted(rows, key=lambda r: r["name"])

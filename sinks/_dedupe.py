@@ -1,0 +1,102 @@
+"""Which (producer_id, seq) pairs a sink already holds: duplicates dropped, gaps reported.
+
+Per producer, a sorted list of disjoint closed intervals of seen seqs. In-order delivery
+(the normal case) only ever extends the last interval, so the check is O(1); a redelivery
+after a crash or a reordered retry lands in the slow path and is still exact.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+
+Interval = tuple[int, int]
+
+
+class SeqSet:
+    """The seqs seen from one producer, as disjoint intervals."""
+
+    __slots__ = ("_starts", "_ends")
+
+    def __init__(self, intervals: Iterable[Interval] = ()) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        for start, end in intervals:
+            self._fill(start, end)
+
+    def add(self, seq: int) -> bool:
+        """Record ``seq``; return False if it was already there (a duplicate)."""
+        ends = self._ends
+        if ends and ends[-1] + 1 == seq:  # the hot path: the next event in order
+            ends[-1] = seq
+            return True
+        starts = self._starts
+        i = bisect.bisect_right(starts, seq) - 1
+        if i >= 0 and seq <= ends[i]:
+            return False
+        joins_left = i >= 0 and ends[i] + 1 == seq
+        joins_right = i + 1 < len(starts) and starts[i + 1] - 1 == seq
+        if joins_left and joins_right:
+            ends[i] = ends[i + 1]
+            del starts[i + 1], ends[i + 1]
+        elif joins_left:
+            ends[i] = seq
+        elif joins_right:
+            starts[i + 1] = seq
+        else:
+            starts.insert(i + 1, seq)
+            ends.insert(i + 1, seq)
+        return True
+
+    def _fill(self, start: int, end: int) -> None:
+        # Merge [start, end] wholesale (used when loading durable state).
+        i = bisect.bisect_left(self._starts, start)
+        j = i
+        while j < len(self._starts) and self._starts[j] <= end + 1:
+            end = max(end, self._ends[j])
+            j += 1
+        if i > 0 and self._ends[i - 1] + 1 >= start:
+            i -= 1
+            start = self._starts[i]
+            end = max(end, self._ends[i])
+        self._starts[i:j] = [start]
+        self._ends[i:j] = [end]
+
+    def intervals(self) -> list[Interval]:
+        """The seen seqs as sorted disjoint ``(start, end)`` pairs."""
+        return list(zip(self._starts, self._ends, strict=True))
+
+    def missing(self) -> int:
+        """How many seqs below the highest seen have not been seen (0 = no gap)."""
+        if not self._starts:
+            return 0
+        held = sum(e - s + 1 for s, e in zip(self._starts, self._ends, strict=True))
+        return self._ends[-1] + 1 - held
+
+
+class Deduper:
+    """SeqSets for every producer a sink has seen."""
+
+    def __init__(self) -> None:
+        self.sets: dict[str, SeqSet] = {}
+        self.duplicates = 0
+
+    def load(self, producer_id: str, intervals: Iterable[Interval]) -> None:
+        """Merge durable state (what the sink's output already holds)."""
+        existing = self.sets.get(producer_id)
+        merged = (existing.intervals() if existing else []) + list(intervals)
+        self.sets[producer_id] = SeqSet(merged)
+
+    def is_new(self, producer_id: str, seq: int) -> bool:
+        """True the first time (producer_id, seq) is seen."""
+        seqs = self.sets.get(producer_id)
+        if seqs is None:
+            seqs = self.sets[producer_id] = SeqSet()
+        if seqs.add(seq):
+            return True
+        self.duplicates += 1
+        return False
+
+    def gaps(self) -> dict[str, int]:
+        """Producers with seqs missing below their highest seen seq, and how many."""
+        return {p: n for p, s in self.sets.items() if (n := s.missing())}

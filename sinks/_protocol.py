@@ -1,0 +1,41 @@
+"""The contract every sink implements (one module per sink; no sink imports another).
+
+Guarantee the runtime gives a sink: ``write`` sees each (producer_id, seq) at most once per
+process, in partition order, and offsets are committed only after ``flush`` returned. So a
+sink must make everything written so far durable before ``flush`` returns, and report in
+``recover`` what it already holds durably, so that events re-delivered after a crash are
+recognised as duplicates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from ._dedupe import Interval
+from ._events import Event
+
+
+class Sink(Protocol):
+    """open -> (write* flush)* -> close."""
+
+    #: Short name; the consumer group is ``<topic prefix>sink.<name>``.
+    name: str
+
+    def open(self) -> None:
+        """Prepare output (directories, clients); clean up leftovers of a crash."""
+
+    def recover(self, run_id: str) -> Mapping[str, Sequence[Interval]]:
+        """Seqs this sink already holds durably for ``run_id``: {producer_id: intervals}."""
+
+    def write(self, events: Sequence[Event]) -> None:
+        """Buffer events (already decoded and deduplicated)."""
+
+    def pending(self) -> int:
+        """Events buffered since the last flush."""
+
+    def flush(self) -> None:
+        """Make every buffered event durable; raise to signal failure (nothing is committed)."""
+
+    def close(self) -> None:
+        """Release resources; called after a final flush."""
