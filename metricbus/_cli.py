@@ -19,8 +19,10 @@ log = logging.getLogger("metricbus")
 
 def _settings(args: argparse.Namespace) -> Settings:
     return Settings.from_env(
-        bootstrap=args.bootstrap, data_dir=Path(args.data_dir).expanduser() if args.data_dir else None,
-        topic_prefix=args.topic_prefix, local_port=getattr(args, "port", None),
+        bootstrap=args.bootstrap,
+        data_dir=Path(args.data_dir).expanduser() if args.data_dir else None,
+        topic_prefix=args.topic_prefix,
+        local_port=getattr(args, "port", None),
     )
 
 
@@ -65,7 +67,10 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_topics(args: argparse.Namespace) -> int:
     settings = _settings(args)
     created = ensure_topics(settings, timeout_s=args.timeout)
-    print(f"topics ready on {settings.bootstrap_servers}" + (f" (created {', '.join(created)})" if created else ""))
+    print(
+        f"topics ready on {settings.bootstrap_servers}"
+        + (f" (created {', '.join(created)})" if created else "")
+    )
     return 0
 
 
@@ -93,8 +98,10 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     report = sync_spools(settings)
-    print(f"published {report.records_sent} records from {len(report.spools_done)} spool(s) to "
-          f"{settings.bootstrap_servers}")
+    print(
+        f"published {report.records_sent} records from {len(report.spools_done)} spool(s) to "
+        f"{settings.bootstrap_servers}"
+    )
     for path in report.spools_busy:
         print(f"skipped {path}: its run is still live and publishes it itself")
     for path, why in report.spools_failed.items():
@@ -144,8 +151,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed so tests can check every documented command exists)."""
     p = argparse.ArgumentParser(prog="metricbus", description=__doc__)
-    p.add_argument("--bootstrap", help="Kafka bootstrap servers (default: $METRICBUS_BOOTSTRAP, else the local stack)")
-    p.add_argument("--data-dir", help="spool, archive and logs (default: $METRICBUS_DATA_DIR or ~/.metricbus)")
+    p.add_argument(
+        "--bootstrap", help="Kafka bootstrap servers (default: $METRICBUS_BOOTSTRAP, else the local stack)"
+    )
+    p.add_argument(
+        "--data-dir", help="spool, archive and logs (default: $METRICBUS_DATA_DIR or ~/.metricbus)"
+    )
     p.add_argument("--topic-prefix", help="prefix of every topic (default: metricbus.)")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
@@ -176,7 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="file to write (default: stdout; required for parquet)")
     s.set_defaults(func=cmd_export)
 
-    s = sub.add_parser("demo", help="embedded stack + a short real PPO run on CartPole, read back from the archive")
+    s = sub.add_parser(
+        "demo", help="embedded stack + a short real PPO run on CartPole, read back from the archive"
+    )
     s.add_argument("--updates", type=int, default=30, help="PPO updates (each 512 environment steps)")
     s.add_argument("--port", type=int, help="port of the embedded broker (default 9092)")
     s.set_defaults(func=cmd_demo)

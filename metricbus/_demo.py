@@ -1,5 +1,4 @@
-"""``metricbus demo``: the embedded stack, a real PPO run logged through the hook, and the
-archive read back as a person would."""
+"""``metricbus demo``: the embedded stack, a real PPO run, and the archive read back."""
 
 from __future__ import annotations
 
@@ -44,13 +43,21 @@ def run_demo(settings: Settings, updates: int = 30) -> int:
 
     if settings.is_local and not _port_free("127.0.0.1", settings.local_port):
         port = _free_port()
-        print(f"port {settings.local_port} is busy (another metricbus up?); the demo's own broker uses {port}")
+        print(
+            f"port {settings.local_port} is busy (another metricbus up?); the demo's own broker uses {port}"
+        )
         settings = dataclasses.replace(settings, local_port=port)
     cfg = PPOConfig(updates=updates)
     with Stack(settings) as stack:
         print(stack.describe(), flush=True)
-        run = metricbus.init(project="demo-cartpole", name="ppo", config=cfg, tags=["demo", "ppo"],
-                             settings=settings, system_interval_s=1.0)
+        run = metricbus.init(
+            project="demo-cartpole",
+            name="ppo",
+            config=cfg,
+            tags=["demo", "ppo"],
+            settings=settings,
+            system_interval_s=1.0,
+        )
         print(f"\ntraining PPO on {cfg.env_id} for {cfg.updates} updates, run {run.run_id} ...", flush=True)
         t0 = time.perf_counter()
         final = train(run, cfg)
@@ -63,12 +70,15 @@ def run_demo(settings: Settings, updates: int = 30) -> int:
         rows = summary(settings.archive_dir, run.run_id)
         print(f"{'metric':<36}{'n':>5}{'first':>12}{'last':>12}{'min':>12}{'max':>12}")
         for r in rows:
-            print(f"{r['name']:<36}{r['count']:>5}{r['first']:>12.4g}{r['last']:>12.4g}"
-                  f"{r['min']:>12.4g}{r['max']:>12.4g}")
+            print(
+                f"{r['name']:<36}{r['count']:>5}{r['first']:>12.4g}{r['last']:>12.4g}"
+                f"{r['min']:>12.4g}{r['max']:>12.4g}"
+            )
     archive = settings.archive_dir
     print(f"\narchive: {archive}")
-    print(f"  duckdb -c \"SELECT step, value FROM read_parquet('{archive}/**/*.parquet', hive_partitioning=true) "
-          f"WHERE run='{run.run_id}' AND name='Train/AvgReward' ORDER BY step\"")
+    # printed for a person to paste, never executed here
+    query = f"SELECT step, value FROM read_parquet('{archive}/**/*.parquet', hive_partitioning=true) "  # noqa: S608
+    query += f"WHERE run='{run.run_id}' AND name='Train/AvgReward' ORDER BY step"
+    print(f'  duckdb -c "{query}"')
     print(f"  metricbus --data-dir {settings.data_dir} export --run {run.run_id} --format csv")
     return 0 if held >= events else 1
-

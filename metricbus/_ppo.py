@@ -1,5 +1,7 @@
-"""A small, real PPO (clipped objective, GAE) on CartPole, after cleanrl's ppo.py, logging
-through metricbus the seed metrics it can honestly produce. Needs the ``demo`` extra."""
+"""A small, real PPO (clipped objective, GAE) on CartPole, after cleanrl's ppo.py.
+
+It logs through metricbus the seed metrics it can honestly produce. Needs the ``demo`` extra.
+"""
 
 from __future__ import annotations
 
@@ -39,13 +41,15 @@ def train(run: Run, cfg: PPOConfig) -> dict[str, float]:
         import torch
         from torch import nn
     except ImportError as exc:
-        raise SystemExit(f"the demo needs torch and gymnasium: pip install 'metricbus[demo]' ({exc})") from None
+        raise SystemExit(
+            f"the demo needs torch and gymnasium: pip install 'metricbus[demo]' ({exc})"
+        ) from None
 
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(1)
     envs = gym.vector.SyncVectorEnv([lambda: gym.make(cfg.env_id) for _ in range(cfg.num_envs)])
-    obs_dim = int(np.prod(envs.single_observation_space.shape))
-    n_actions = int(envs.single_action_space.n)
+    obs_dim = int(np.prod(envs.single_observation_space.shape or (1,)))
+    n_actions = int(envs.single_action_space.n)  # type: ignore[attr-defined]
 
     def layer(i: int, o: int, std: float = 2**0.5) -> nn.Linear:
         lin = nn.Linear(i, o)
@@ -118,7 +122,7 @@ def train(run: Run, cfg: PPOConfig) -> dict[str, float]:
 
         b_obs, b_act = obs_buf.reshape(batch, obs_dim), act_buf.reshape(batch)
         b_logp, b_adv = logp_buf.reshape(batch), adv.reshape(batch)
-        b_ret, b_val = returns.reshape(batch), val_buf.reshape(batch)
+        b_ret = returns.reshape(batch)
         t1 = time.perf_counter()
         stats: dict[str, list[float]] = {k: [] for k in ("loss", "pg", "v", "ent", "kl", "clip", "gn")}
         for _ in range(cfg.update_epochs):
@@ -127,7 +131,9 @@ def train(run: Run, cfg: PPOConfig) -> dict[str, float]:
                 logp = dist.log_prob(b_act[idx])
                 ratio = (logp - b_logp[idx]).exp()
                 mb_adv = (b_adv[idx] - b_adv[idx].mean()) / (b_adv[idx].std() + 1e-8)
-                pg_loss = torch.max(-mb_adv * ratio, -mb_adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+                pg_loss = torch.max(
+                    -mb_adv * ratio, -mb_adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
+                ).mean()
                 v_loss = 0.5 * ((critic(b_obs[idx]).flatten() - b_ret[idx]) ** 2).mean()
                 entropy = dist.entropy().mean()
                 loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
@@ -139,7 +145,13 @@ def train(run: Run, cfg: PPOConfig) -> dict[str, float]:
                     log_ratio = logp - b_logp[idx]
                     stats["kl"].append(float(((ratio - 1) - log_ratio).mean()))
                     stats["clip"].append(float(((ratio - 1.0).abs() > cfg.clip_coef).float().mean()))
-                for key, val in (("loss", loss), ("pg", pg_loss), ("v", v_loss), ("ent", entropy), ("gn", grad_norm)):
+                for key, val in (
+                    ("loss", loss),
+                    ("pg", pg_loss),
+                    ("v", v_loss),
+                    ("ent", entropy),
+                    ("gn", grad_norm),
+                ):
                     stats[key].append(float(val.detach()))
         backprop_time = time.perf_counter() - t1
 
@@ -161,11 +173,17 @@ def train(run: Run, cfg: PPOConfig) -> dict[str, float]:
         }
         if finished_returns:
             r = np.asarray(finished_returns)
-            metrics.update({
-                "Train/AvgReward": r.mean(), "Train/RewardStd": r.std(), "Train/RewardMin": r.min(),
-                "Train/RewardMax": r.max(), "Train/RewardVariance": r.var(),
-                "episode/reward": finished_returns, "episode/length": finished_lengths,
-            })
+            metrics.update(
+                {
+                    "Train/AvgReward": r.mean(),
+                    "Train/RewardStd": r.std(),
+                    "Train/RewardMin": r.min(),
+                    "Train/RewardMax": r.max(),
+                    "Train/RewardVariance": r.var(),
+                    "episode/reward": finished_returns,
+                    "episode/length": finished_lengths,
+                }
+            )
             all_returns.extend(finished_returns)
         run.log(metrics, step=update, epoch=update // cfg.updates_per_epoch)
         if update % 5 == 0:

@@ -19,7 +19,9 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def spawn(argv: Sequence[str], log_path: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def spawn(
+    argv: Sequence[str], log_path: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """Start ``argv``; its output goes to ``log_path`` (or is inherited); it gets SIGTERM if we die."""
     out: IO[Any] | None = None
     if log_path is not None:
@@ -27,7 +29,10 @@ def spawn(argv: Sequence[str], log_path: Path | None = None, env: dict[str, str]
         out = open(log_path, "ab")  # noqa: SIM115 - the child owns the handle once started
     try:
         return subprocess.Popen(
-            list(argv), stdout=out, stderr=subprocess.STDOUT if out else None, env=env,
+            list(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            env=env,
             preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads exist in the child yet
         )
     finally:

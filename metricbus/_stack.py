@@ -46,7 +46,9 @@ class Stack:
         self.settings = settings
         self.log_dir = Path(settings.data_dir) / "logs"
         self.broker = (
-            EmbeddedBroker(settings.local_port, log_path=self.log_dir / "broker.log") if settings.is_local else None
+            EmbeddedBroker(settings.local_port, log_path=self.log_dir / "broker.log")
+            if settings.is_local
+            else None
         )
         env = {**os.environ, **settings.to_env()}
         self._env = env
@@ -78,11 +80,21 @@ class Stack:
                 child.restarts += 1
                 delay = min(2 ** (child.restarts - 1), 30)
                 child.next_start = now + delay
-                log.error("%s exited with code %s; restarting in %ds (log: %s)", child.name, code, delay, child.log_path)
+                log.error(
+                    "%s exited with code %s; restarting in %ds (log: %s)",
+                    child.name,
+                    code,
+                    delay,
+                    child.log_path,
+                )
             if child.proc is None and now >= child.next_start and not self._stopped.is_set():
                 self._start(child)
         if self.broker is not None and self.broker.proc is not None and self.broker.proc.poll() is not None:
-            log.error("the embedded broker exited (code %s); see %s", self.broker.proc.returncode, self.broker.log_path)
+            log.error(
+                "the embedded broker exited (code %s); see %s",
+                self.broker.proc.returncode,
+                self.broker.log_path,
+            )
 
     def run_until(self, stop: threading.Event) -> None:
         """Supervise until ``stop`` is set."""
@@ -104,7 +116,10 @@ class Stack:
 
     def describe(self) -> str:
         """Where everything is, for a person."""
-        lines = [f"kafka        {self.settings.bootstrap_servers}" + (" (embedded, memory-only)" if self.broker else "")]
+        lines = [
+            f"kafka        {self.settings.bootstrap_servers}"
+            + (" (embedded, memory-only)" if self.broker else "")
+        ]
         t = self.settings.topics
         lines.append(f"topics       {t.events}  {t.aggregates}  {t.alerts}  {t.deadletter}")
         lines.append(f"archive      {self.settings.archive_dir}")

@@ -1,5 +1,8 @@
-"""``Run``: what a training loop holds. log() costs about a microsecond and never raises for
-broker trouble; finish() flushes within its timeout and leaves the rest in the spool."""
+"""``Run``: what a training loop holds.
+
+log() costs about a microsecond and never raises for broker trouble; finish() flushes within
+its timeout and leaves the rest in the spool.
+"""
 
 from __future__ import annotations
 
@@ -117,9 +120,7 @@ class Run:
 
     # -- logging ------------------------------------------------------------------------
 
-    def log(
-        self, data: Mapping[str, Any], step: int | None = None, epoch: int | None = None
-    ) -> None:
+    def log(self, data: Mapping[str, Any], step: int | None = None, epoch: int | None = None) -> None:
         """Queue scalars (and per-sample arrays) at ``step`` (default: the last step + 1).
 
         Non-blocking: this only enqueues; a background thread encodes and publishes.
@@ -265,8 +266,13 @@ class Run:
 
     def _log_system(self, sample: dict[str, float]) -> None:
         if not self._finished:
-            body = {"step": max(self._step - 1, 0), "epoch": None, "rank": self.rank,
-                    "scalars": sample, "samples": {}}
+            body = {
+                "step": max(self._step - 1, 0),
+                "epoch": None,
+                "rank": self.rank,
+                "scalars": sample,
+                "samples": {},
+            }
             self._emit(METRICS, body)
 
     def _heartbeat(self) -> None:

@@ -71,7 +71,7 @@ class Spool:
         return len(data)
 
     def sync(self) -> None:
-        """fsync what was appended, so a machine crash does not lose it either."""
+        """Fsync what was appended, so a machine crash does not lose it either."""
         if self._dirty:
             os.fsync(self._file.fileno())
             self._dirty = False

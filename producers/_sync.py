@@ -53,4 +53,3 @@ def sync_spools(settings: Settings, transport: Transport | None = None) -> SyncR
     finally:
         transport.close()
     return report
-

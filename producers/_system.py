@@ -43,7 +43,7 @@ def _gpu() -> dict[str, float]:
         try:
             out["System/GPU_Utilization"] = float(torch.cuda.utilization())
         except Exception:  # noqa: BLE001 - needs NVML (pynvml); memory figures still stand
-            pass
+            log.debug("GPU utilisation unavailable (needs pynvml)", exc_info=True)
         return out
     except Exception:  # noqa: BLE001 - a broken driver must not break the training job
         log.debug("GPU sampling failed", exc_info=True)

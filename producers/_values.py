@@ -48,9 +48,7 @@ class ValueGate:
                 self._slow(key, value, scalars, samples)
         return scalars, samples
 
-    def _slow(
-        self, key: str, value: Any, scalars: dict[str, float], samples: dict[str, list[float]]
-    ) -> None:
+    def _slow(self, key: str, value: Any, scalars: dict[str, float], samples: dict[str, list[float]]) -> None:
         ndim = getattr(value, "ndim", None)
         try:
             if ndim == 0:  # numpy scalar or 0-d array / tensor
@@ -59,9 +57,7 @@ class ValueGate:
             if ndim is not None or isinstance(value, (list, tuple)):
                 flat = _flatten(value)
                 if len(flat) > self.max_samples:
-                    self._reject(
-                        key, value, f"{len(flat)} samples is over the limit of {self.max_samples}"
-                    )
+                    self._reject(key, value, f"{len(flat)} samples is over the limit of {self.max_samples}")
                     return
                 samples[key] = [float(v) for v in flat]
                 return
@@ -107,4 +103,3 @@ def _flatten(value: Any) -> list[Any]:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-

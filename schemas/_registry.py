@@ -62,8 +62,7 @@ def load_versions(directory: Path = SCHEMA_DIR) -> dict[str, list[SchemaVersion]
         match = _FILE.match(path.name)
         if match is None:
             raise ConfigError(
-                f"schema file {path} is not named <Record>.v<N>.avsc; rename it so its "
-                "version is known."
+                f"schema file {path} is not named <Record>.v<N>.avsc; rename it so its version is known."
             )
         raw = json.loads(path.read_text())
         canonical = str(to_parsing_canonical_form(raw))

@@ -95,8 +95,7 @@ class Settings:
                 )
             if not self.sasl_username or self.sasl_password is None:
                 raise ConfigError(
-                    f"{self.security_protocol} needs METRICBUS_SASL_USERNAME and "
-                    "METRICBUS_SASL_PASSWORD."
+                    f"{self.security_protocol} needs METRICBUS_SASL_USERNAME and METRICBUS_SASL_PASSWORD."
                 )
         if not 0 < self.local_port < 65536:
             raise ConfigError(f"local port {self.local_port} is not a TCP port (1-65535).")
@@ -117,8 +116,10 @@ class Settings:
         return cls(**values)
 
     def to_env(self) -> dict[str, str]:
-        """``METRICBUS_*`` variables that make :meth:`from_env` rebuild these settings (for child
-        processes; contains secrets, so never print it)."""
+        """``METRICBUS_*`` variables from which :meth:`from_env` rebuilds these settings.
+
+        For child processes; it contains secrets, so never print it.
+        """
         out = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)

@@ -78,18 +78,32 @@ def tidy(archive: Path, run_id: str) -> pa.Table:
     table = table.filter(pc.and_(pc.equal(table["kind"], "metricbus.Metrics"), pc.is_valid(table["value"])))
     wall = pc.cast(table["ts_ms"], pa.timestamp("ms", tz="UTC"))
     out = pa.table(
-        {"run": table["run_id"], "step": table["step"], "name": table["name"], "value": table["value"],
-         "wall_time": wall, "seq": table["seq"]}
+        {
+            "run": table["run_id"],
+            "step": table["step"],
+            "name": table["name"],
+            "value": table["value"],
+            "wall_time": wall,
+            "seq": table["seq"],
+        }
     )
-    return out.sort_by([("step", "ascending"), ("seq", "ascending"), ("name", "ascending")]).drop_columns(["seq"])
+    return out.sort_by([("step", "ascending"), ("seq", "ascending"), ("name", "ascending")]).drop_columns(
+        ["seq"]
+    )
 
 
 def summary(archive: Path, run_id: str) -> list[dict[str, Any]]:
     """Per metric: count, first/last step, first/last/min/max/mean value (the demo's table)."""
     table = tidy(archive, run_id)
     grouped = table.group_by("name").aggregate(
-        [("value", "count"), ("step", "min"), ("step", "max"), ("value", "min"), ("value", "max"),
-         ("value", "mean")]
+        [
+            ("value", "count"),
+            ("step", "min"),
+            ("step", "max"),
+            ("value", "min"),
+            ("value", "max"),
+            ("value", "mean"),
+        ]
     )
     first: dict[str, float] = {}
     last: dict[str, float] = {}
@@ -98,7 +112,17 @@ def summary(archive: Path, run_id: str) -> list[dict[str, Any]]:
         last[name] = value
     rows = []
     for row in grouped.to_pylist():
-        rows.append({"name": row["name"], "count": row["value_count"], "first_step": row["step_min"],
-                     "last_step": row["step_max"], "first": first[row["name"]], "last": last[row["name"]], "min": row["value_min"],
-                     "max": row["value_max"], "mean": row["value_mean"]})
+        rows.append(
+            {
+                "name": row["name"],
+                "count": row["value_count"],
+                "first_step": row["step_min"],
+                "last_step": row["step_max"],
+                "first": first[row["name"]],
+                "last": last[row["name"]],
+                "min": row["value_min"],
+                "max": row["value_max"],
+                "mean": row["value_mean"],
+            }
+        )
     return sorted(rows, key=lambda r: r["name"])

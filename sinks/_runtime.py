@@ -39,7 +39,7 @@ class SinkStats:
 
 
 class SinkRunner:
-    """Runs one sink until :meth:`stop`; ``run()`` is a coroutine, stop() is thread-safe-ish (call from the loop)."""
+    """Runs one sink until :meth:`stop` (call it from the event loop, e.g. a signal handler)."""
 
     def __init__(
         self,
@@ -99,8 +99,10 @@ class SinkRunner:
             metadata_max_age_ms=5000,
         )
         self._producer = AIOKafkaProducer(
-            **client_options(self.settings), client_id=f"metricbus-sink-{self.sink.name}-dlq",
-            enable_idempotence=False, acks=1,
+            **client_options(self.settings),
+            client_id=f"metricbus-sink-{self.sink.name}-dlq",
+            enable_idempotence=False,
+            acks=1,
         )
         await self._consumer.start()
         await self._producer.start()
@@ -158,8 +160,12 @@ class SinkRunner:
                 break
             except Exception as exc:  # noqa: BLE001 - keep the consumer alive; nothing is committed
                 self.stats.flush_failures += 1
-                log.error("sink %s: flush failed (%s); retrying in %.1fs, nothing committed",
-                          self.sink.name, exc, backoff)
+                log.error(
+                    "sink %s: flush failed (%s); retrying in %.1fs, nothing committed",
+                    self.sink.name,
+                    exc,
+                    backoff,
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
         self._last_flush = time.monotonic()
@@ -169,23 +175,36 @@ class SinkRunner:
                 await self._consumer.commit(offsets)
                 self.stats.commits += 1
             except Exception as exc:  # noqa: BLE001 - a lost commit only means harmless re-delivery
-                log.warning("sink %s: commit failed (%s); events may be re-delivered and deduplicated",
-                            self.sink.name, exc)
+                log.warning(
+                    "sink %s: commit failed (%s); events may be re-delivered and deduplicated",
+                    self.sink.name,
+                    exc,
+                )
         self._report_gaps()
 
     def _report_gaps(self) -> None:
         for producer, missing in self.dedupe.gaps().items():
             if self._gaps_reported.get(producer) != missing:
                 self._gaps_reported[producer] = missing
-                log.warning("sink %s: producer %s has %d events missing so far (gap in seq)",
-                            self.sink.name, producer, missing)
+                log.warning(
+                    "sink %s: producer %s has %d events missing so far (gap in seq)",
+                    self.sink.name,
+                    producer,
+                    missing,
+                )
 
     async def _deadletter(self, record: Any, exc: SchemaError) -> None:
         self.stats.deadlettered += 1
         reason = f"{type(exc).__name__}: {exc}"
-        log.error("sink %s: record %s[%d]@%d is undecodable (%s); sent to %s",
-                  self.sink.name, record.topic, record.partition, record.offset, reason,
-                  self.settings.topics.deadletter)
+        log.error(
+            "sink %s: record %s[%d]@%d is undecodable (%s); sent to %s",
+            self.sink.name,
+            record.topic,
+            record.partition,
+            record.offset,
+            reason,
+            self.settings.topics.deadletter,
+        )
         headers = [
             ("metricbus.reason", reason.encode()),
             ("metricbus.source", f"{record.topic}/{record.partition}/{record.offset}".encode()),

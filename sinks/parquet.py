@@ -61,7 +61,9 @@ class ParquetArchive:
 
     name = "parquet"
 
-    def __init__(self, archive_dir: Path, codec: Codec | None = None, max_rows_per_file: int = 2_000_000) -> None:
+    def __init__(
+        self, archive_dir: Path, codec: Codec | None = None, max_rows_per_file: int = 2_000_000
+    ) -> None:
         self.archive_dir = Path(archive_dir)
         self.codec = codec or default_codec()
         self.max_rows_per_file = max_rows_per_file
@@ -150,8 +152,12 @@ class ParquetArchive:
     # -- internals ----------------------------------------------------------------------
 
     def _payload(self, e: Event) -> bytes:
-        batch = {"run_id": e.run_id, "producer_id": e.producer_id, "sdk_version": None,
-                 "events": [{"seq": e.seq, "ts_ms": e.ts_ms, "body": (e.kind, e.body)}]}
+        batch = {
+            "run_id": e.run_id,
+            "producer_id": e.producer_id,
+            "sdk_version": None,
+            "events": [{"seq": e.seq, "ts_ms": e.ts_ms, "body": (e.kind, e.body)}],
+        }
         return self.codec.encode("EventBatch", batch)
 
     def _write_file(self, directory: Path, run_id: str, buf: _RunBuffer) -> None:
@@ -171,8 +177,12 @@ class ParquetArchive:
             compression_level=9,
             row_group_size=self.max_rows_per_file,
             use_dictionary=["run_id", "producer_id", "kind", "name", "fingerprint"],
-            column_encoding={"value": "BYTE_STREAM_SPLIT", "seq": "DELTA_BINARY_PACKED",
-                             "ts_ms": "DELTA_BINARY_PACKED", "step": "DELTA_BINARY_PACKED"},
+            column_encoding={
+                "value": "BYTE_STREAM_SPLIT",
+                "seq": "DELTA_BINARY_PACKED",
+                "ts_ms": "DELTA_BINARY_PACKED",
+                "step": "DELTA_BINARY_PACKED",
+            },
         )
         fd = os.open(tmp, os.O_RDONLY)
         try:

@@ -1,0 +1,192 @@
+import io
+import json
+
+import avro.io
+import avro.schema
+import pytest
+from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+from schemas import (
+    HEARTBEAT,
+    HISTOGRAM,
+    METRICS,
+    RUN_FINISHED,
+    RUN_STARTED,
+    TABLE,
+    BadMagicError,
+    Codec,
+    ConfigError,
+    EncodeError,
+    SchemaError,
+    TruncatedRecordError,
+    UnknownSchemaError,
+    crc64_avro,
+    default_codec,
+    load_versions,
+)
+
+BODIES = [
+    (
+        METRICS,
+        {
+            "step": 7,
+            "epoch": 1,
+            "rank": 0,
+            "scalars": {"Train/Loss": 0.25, "nan": float("inf")},
+            "samples": {"rewards/format_exact": [0.0, 1.0, 0.5]},
+        },
+    ),
+    (
+        HISTOGRAM,
+        {
+            "step": 3,
+            "name": "rewards/answer_check_hist",
+            "edges": [0.0, 0.5, 1.0],
+            "counts": [4, 6],
+            "rank": 0,
+        },
+    ),
+    (
+        RUN_STARTED,
+        {
+            "project": "p",
+            "name": "n",
+            "config_json": '{"lr": 0.001}',
+            "tags": ["a"],
+            "host": "h",
+            "pid": 12,
+            "git": None,
+            "rank": 0,
+            "world_size": 1,
+        },
+    ),
+    (RUN_FINISHED, {"status": "finished", "summary": {"final/x_mean": 1.5}}),
+    (HEARTBEAT, {"last_step": 10}),
+    (
+        TABLE,
+        {
+            "step": 9,
+            "name": "rubric_criteria_summary",
+            "columns": ["criterion", "mean", "samples", "ok"],
+            "rows": [["rubric/clarity", 0.75, 128, True], [None, 1.0, 2, False]],
+        },
+    ),
+]
+
+
+def batch(events):
+    return {
+        "run_id": "run-1",
+        "producer_id": "p" * 32,
+        "sdk_version": "0.1.0",
+        "events": [{"seq": i, "ts_ms": 1_700_000_000_000 + i, "body": b} for i, b in enumerate(events)],
+    }
+
+
+def test_round_trip_every_body_kind():
+    codec = default_codec()
+    datum = batch(BODIES)
+    name, back = codec.decode(codec.encode("EventBatch", datum))
+    assert name == "EventBatch"
+    assert back == datum
+
+
+def test_crc64_matches_the_spec_vector_and_fastavro():
+    # The Avro spec's fingerprint of the schema "int" (Java SchemaNormalization.parsingFingerprint64).
+    assert crc64_avro(b'"int"') == 0x7275D51A3F395C8F
+    for versions in load_versions().values():
+        for v in versions:
+            expected = fingerprint(to_parsing_canonical_form(v.raw), "CRC-64-AVRO")
+            assert v.fingerprint.hex() == expected
+
+
+def _apache(version):
+    return avro.schema.parse(json.dumps(version.raw))
+
+
+def test_bytes_we_write_are_read_by_apache_avro():
+    codec = default_codec()
+    newest = codec.newest("EventBatch")
+    data = codec.encode("EventBatch", batch(BODIES))
+    assert data[:2] == b"\xc3\x01" and data[2:10] == newest.fingerprint
+    decoded = avro.io.DatumReader(_apache(newest)).read(avro.io.BinaryDecoder(io.BytesIO(data[10:])))
+    assert decoded["run_id"] == "run-1"
+    assert decoded["events"][0]["body"]["scalars"]["Train/Loss"] == 0.25
+    assert decoded["events"][5]["body"]["rows"][0] == ["rubric/clarity", 0.75, 128, True]
+
+
+def test_bytes_apache_avro_writes_are_read_by_us():
+    codec = default_codec()
+    newest = codec.newest("EventBatch")
+    buf = io.BytesIO()
+    datum = {
+        "run_id": "r",
+        "producer_id": "p",
+        "sdk_version": None,
+        "events": [
+            {
+                "seq": 0,
+                "ts_ms": 5,
+                "body": {"step": 1, "epoch": None, "rank": 0, "scalars": {"a": 2.0}, "samples": {}},
+            },
+            {"seq": 1, "ts_ms": 6, "body": {"last_step": None}},
+        ],
+    }
+    avro.io.DatumWriter(_apache(newest)).write(datum, avro.io.BinaryEncoder(buf))
+    name, back = codec.decode(b"\xc3\x01" + newest.fingerprint + buf.getvalue())
+    assert back["events"][0]["body"] == (
+        METRICS,
+        {"step": 1, "epoch": None, "rank": 0, "scalars": {"a": 2.0}, "samples": {}},
+    )
+    assert back["events"][1]["body"] == (HEARTBEAT, {"last_step": None})
+
+
+def test_old_version_is_read_with_the_newest_reader():
+    codec = default_codec()
+    v1 = codec.versions["EventBatch"][0]
+    assert v1.version == 1 and codec.newest("EventBatch").version >= 2
+    old = dict(batch(BODIES))
+    del old["sdk_version"]  # v1 has no such field
+    data = codec.encode("EventBatch", old, version=1)
+    assert data[2:10] == v1.fingerprint
+    _, back = codec.decode(data)
+    assert back["sdk_version"] is None  # the default the newer reader fills in
+    assert back["events"] == old["events"]
+
+
+@pytest.mark.parametrize("name", sorted(load_versions()))
+def test_every_version_is_readable_by_the_newest(name):
+    versions = load_versions()[name]
+    reader = _apache(versions[-1])
+    for older in versions:
+        result = ReaderWriterCompatibilityChecker().get_compatibility(reader, _apache(older))
+        assert result.compatibility is SchemaCompatibilityType.compatible, (older.path, result.messages)
+
+
+def test_bad_magic_unknown_fingerprint_truncation_and_trailing_bytes():
+    codec = default_codec()
+    good = codec.encode("EventBatch", batch(BODIES))
+    with pytest.raises(BadMagicError, match="c301"):
+        codec.decode(b"\x00\x01" + good[2:])
+    with pytest.raises(UnknownSchemaError, match="upgrade"):
+        codec.decode(good[:2] + b"\x00" * 8 + good[10:])
+    with pytest.raises(TruncatedRecordError):
+        codec.decode(good[:5])
+    with pytest.raises(TruncatedRecordError):
+        codec.decode(good[: len(good) // 2])
+    with pytest.raises(SchemaError, match="after its end"):
+        codec.decode(good + b"\x00\x00")
+
+
+def test_wrong_type_is_an_encode_error_naming_the_schema():
+    codec = default_codec()
+    bad = batch([(METRICS, {"step": "seven", "epoch": None, "rank": 0, "scalars": {}, "samples": {}})])
+    with pytest.raises(EncodeError, match="EventBatch"):
+        codec.encode("EventBatch", bad)
+
+
+def test_schema_files_must_be_versioned(tmp_path):
+    (tmp_path / "Thing.avsc").write_text('{"type": "record", "name": "Thing", "fields": []}')
+    with pytest.raises(ConfigError, match="<Record>.v<N>.avsc"):
+        Codec(tmp_path)

@@ -1,0 +1,132 @@
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from schemas import HISTOGRAM, METRICS, RUN_STARTED, TABLE, default_codec
+from sinks import Event, ParquetArchive, read_table, summary, tidy
+
+FP = default_codec().newest("EventBatch").fingerprint
+
+
+def ev(seq, kind, body, run="run-1", producer="p1"):
+    return Event(run, producer, seq, 1_700_000_000_000 + seq, kind, body, FP)
+
+
+def started(project="grpo/gemma"):
+    return ev(
+        0,
+        RUN_STARTED,
+        {
+            "project": project,
+            "name": "n",
+            "config_json": "{}",
+            "tags": [],
+            "host": "h",
+            "pid": 1,
+            "git": None,
+            "rank": 0,
+            "world_size": 1,
+        },
+    )
+
+
+def metric(seq, step, scalars, samples=None):
+    return ev(
+        seq,
+        METRICS,
+        {"step": step, "epoch": step // 10, "rank": 0, "scalars": scalars, "samples": samples or {}},
+    )
+
+
+@pytest.fixture
+def archive(tmp_path):
+    sink = ParquetArchive(tmp_path / "archive")
+    sink.open()
+    return sink
+
+
+def test_rows_read_back_with_pyarrow_and_duckdb(archive):
+    events = [started()] + [
+        metric(i + 1, i, {"Train/Loss": 1.0 / (i + 1), "Train/AvgReward": i * 0.5}) for i in range(100)
+    ]
+    archive.write(events)
+    archive.flush()
+    files = list(archive.archive_dir.glob("project=*/run=run-1/*.parquet"))
+    assert len(files) == 1 and files[0].parent.parent.name == "project=grpo%2Fgemma"
+    table = tidy(archive.archive_dir, "run-1")
+    assert table.num_rows == 200
+    rows = duckdb.sql(
+        f"SELECT step, value FROM read_parquet('{archive.archive_dir}/**/*.parquet', hive_partitioning=true) "
+        "WHERE run='run-1' AND name='Train/Loss' ORDER BY step"
+    ).fetchall()
+    assert rows == [(i, 1.0 / (i + 1)) for i in range(100)]
+
+
+def test_non_scalar_events_keep_their_payload_losslessly(archive):
+    hist = ev(1, HISTOGRAM, {"step": 3, "name": "h", "edges": [0.0, 1.0], "counts": [5], "rank": 0})
+    table = ev(2, TABLE, {"step": 3, "name": "t", "columns": ["c"], "rows": [["x"]]})
+    samples = metric(3, 3, {}, {"rewards/format_exact": [0.0, 1.0]})
+    archive.write([started(), hist, table, samples])
+    archive.flush()
+    t = read_table(archive.archive_dir, "run-1")
+    by_seq = {row["seq"]: row for row in t.to_pylist()}
+    for original in (hist, table):
+        _, batch = default_codec().decode(by_seq[original.seq]["payload"])
+        assert batch["events"][0]["body"] == (original.kind, original.body)
+    assert by_seq[3]["samples"] == [0.0, 1.0] and by_seq[3]["name"] == "rewards/format_exact"
+
+
+def test_footer_records_held_seqs_and_recover_reads_them(archive, tmp_path):
+    archive.write([started()] + [metric(i, i, {"x": 1.0}) for i in range(1, 50)])
+    archive.flush()
+    archive.write(
+        [
+            metric(
+                i,
+                i,
+                {"x": 1.0},
+            )
+            for i in range(60, 70)
+        ]
+    )
+    archive.flush()
+    fresh = ParquetArchive(archive.archive_dir)
+    fresh.open()
+    assert sorted(fresh.recover("run-1")["p1"]) == [(0, 49), (60, 69)]
+    assert fresh.recover("no-such-run") == {}
+
+
+def test_interrupted_flush_leftovers_are_removed_and_never_read(archive):
+    archive.write([started(), metric(1, 0, {"x": 1.0})])
+    archive.flush()
+    run_dir = next(archive.archive_dir.glob("project=*/run=run-1"))
+    leftover = run_dir / ".part-crashed.parquet.tmp"
+    leftover.write_bytes(b"PAR1 half a file")
+    assert tidy(archive.archive_dir, "run-1").num_rows == 1  # readers never see it
+    ParquetArchive(archive.archive_dir).open()
+    assert not leftover.exists()
+
+
+def test_events_of_an_unknown_run_go_under_the_unknown_project(archive):
+    archive.write([metric(5, 5, {"x": 2.0})])
+    archive.flush()
+    assert list(archive.archive_dir.glob("project=_unknown/run=run-1/*.parquet"))
+
+
+def test_summary_and_compression_metadata(archive):
+    archive.write([started()] + [metric(i + 1, i, {"Epoch/AvgReward": float(i)}) for i in range(10)])
+    archive.flush()
+    (row,) = summary(archive.archive_dir, "run-1")
+    assert row == {
+        "name": "Epoch/AvgReward",
+        "count": 10,
+        "first_step": 0,
+        "last_step": 9,
+        "first": 0.0,
+        "last": 9.0,
+        "min": 0.0,
+        "max": 9.0,
+        "mean": 4.5,
+    }
+    path = next(archive.archive_dir.glob("project=*/run=*/*.parquet"))
+    assert pq.ParquetFile(path).metadata.row_group(0).column(0).compression == "ZSTD"

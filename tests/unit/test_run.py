@@ -1,0 +1,139 @@
+import logging
+import time
+
+import pytest
+
+from producers import Run
+from schemas import METRICS, RUN_FINISHED, RUN_STARTED, InvalidNameError, Settings
+from tests.fakes import FakeTransport
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return Settings(data_dir=tmp_path, bootstrap="127.0.0.1:1")
+
+
+def metrics(events):
+    return [(seq, body) for _, seq, (kind, body) in events if kind == METRICS]
+
+
+def test_events_arrive_in_order_with_contiguous_seq(settings):
+    fake = FakeTransport()
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    for i in range(5000):
+        run.log({"Train/Loss": 1.0 / (i + 1), "i": i}, step=i, epoch=i // 1000)
+    assert run.finish(timeout=10)
+    events = fake.events()
+    assert [seq for _, seq, _ in events] == list(range(5002))
+    assert events[0][2][0] == RUN_STARTED and events[-1][2][0] == RUN_FINISHED
+    steps = [body["step"] for _, body in metrics(events)]
+    assert steps == list(range(5000))
+    assert metrics(events)[1234][1]["scalars"] == {"Train/Loss": 1.0 / 1235, "i": 1234.0}
+    assert metrics(events)[1234][1]["epoch"] == 1
+
+
+def test_auto_step_counts_from_the_last_step(settings):
+    fake = FakeTransport()
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    run.log({"a": 1})
+    run.log({"a": 2})
+    run.log({"a": 3}, step=10)
+    run.log({"a": 4})
+    run.finish(timeout=5)
+    assert [b["step"] for _, b in metrics(fake.events())] == [0, 1, 10, 11]
+
+
+def test_broker_down_spools_then_delivers_everything_once_when_back(settings, caplog):
+    fake = FakeTransport()
+    fake.down = True
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    with caplog.at_level(logging.WARNING, logger="metricbus.producer"):
+        for i in range(300):
+            run.log({"x": i}, step=i)
+        time.sleep(0.3)
+    assert run.spool_path.stat().st_size > 0
+    assert sum("unreachable" in r.getMessage() for r in caplog.records) == 1  # said once
+    fake.down = False
+    assert run.finish(timeout=15)
+    assert [seq for _, seq, _ in fake.events()] == list(range(302))
+
+
+def test_finish_with_the_broker_down_returns_within_its_timeout_and_keeps_everything(settings):
+    fake = FakeTransport()
+    fake.down = True
+    fake.delay_s = 0.5  # each attempt hangs a while, like a dead broker
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    for i in range(1000):
+        run.log({"x": i}, step=i)
+    t0 = time.monotonic()
+    assert run.finish(timeout=1.0) is False
+    assert time.monotonic() - t0 < 1.0 + 0.5 + 0.3
+    assert run.spool_path.exists() and run.spool_path.stat().st_size > 0
+
+
+def test_queue_overflow_goes_to_the_spool_in_order(settings):
+    fake = FakeTransport()
+    fake.down = True
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    run._publisher.max_queue = 50
+    run._publisher.linger_s = 5.0  # the thread sleeps: the caller overflows
+    for i in range(500):
+        run.log({"x": i}, step=i)
+    assert run.stats()["overflows"] > 0
+    fake.down = False
+    assert run.finish(timeout=15)
+    assert [seq for _, seq, _ in fake.events()] == list(range(502))
+
+
+def test_bad_values_never_raise_into_the_loop(settings):
+    fake = FakeTransport()
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    run.log({"ok": 1.0, "bad": "x"})
+    run.log({"bad": None})  # nothing valid: no event at all
+    run.log({"ok": 2.0}, step="not-a-step")  # type: ignore[arg-type]
+    run.finish(timeout=5)
+    assert run.stats()["dropped_values"] == 2
+    assert [b["scalars"] for _, b in metrics(fake.events())] == [{"ok": 1.0}]
+
+
+def test_histograms_tables_and_summary(settings):
+    fake = FakeTransport()
+    run = Run("p", settings=settings, transport=fake, system_metrics=False, config={"lr": 0.1})
+    run.log({"a": 1.0}, step=4)
+    run.log_histogram("rewards/answer_check_hist", [0.0, 0.5, 1.0, 1.0], bins=2)
+    run.log_table("rubric_criteria_summary", ["criterion", "mean"], [["clarity", 0.5]])
+    run.finish(summary={"final/a_mean": 1.0}, timeout=5)
+    kinds = {body[0]: body[1] for _, _, body in fake.events()}
+    assert kinds["metricbus.Histogram"]["counts"] == [1, 3] and kinds["metricbus.Histogram"]["step"] == 4
+    assert kinds["metricbus.Table"]["rows"] == [["clarity", 0.5]]
+    assert kinds[RUN_FINISHED] == {"status": "finished", "summary": {"final/a_mean": 1.0}}
+    assert '"lr": 0.1' in kinds[RUN_STARTED]["config_json"]
+
+
+def test_unsafe_run_ids_are_refused_at_the_edge(settings):
+    with pytest.raises(InvalidNameError, match="run_id"):
+        Run("p", run_id="../etc", settings=settings, transport=FakeTransport())
+
+
+def test_context_manager_marks_failure(settings):
+    fake = FakeTransport()
+    with pytest.raises(ZeroDivisionError):
+        with Run("p", settings=settings, transport=fake, system_metrics=False):
+            1 / 0  # noqa: B018
+    assert fake.events()[-1][2] == (RUN_FINISHED, {"status": "failed", "summary": {}})
+
+
+def test_system_sampler_logs_seed_004_system_metrics(settings):
+    fake = FakeTransport()
+    run = Run("p", settings=settings, transport=fake, system_interval_s=0.1)
+    time.sleep(0.45)
+    run.finish(timeout=5)
+    names = {n for _, b in metrics(fake.events()) for n in b["scalars"]}
+    assert {
+        "System/CPU_Percent",
+        "System/Memory_Percent",
+        "System/Memory_Used_GB",
+        "System/Memory_Available_GB",
+        "System/Process_Memory_GB",
+    } <= names
+    assert any(body[0] == "metricbus.Heartbeat" for _, _, body in fake.events())

@@ -1,0 +1,62 @@
+import logging
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from producers import ValueGate
+from schemas import MetricValueError
+
+
+def test_numbers_numpy_and_torch_become_floats_and_arrays_become_samples():
+    gate = ValueGate()
+    scalars, samples = gate.split(
+        {
+            "f": 0.5,
+            "i": 3,
+            "b": True,
+            "np": np.float32(1.5),
+            "np0d": np.array(2.0),
+            "t0d": torch.tensor(4.0),
+            "arr": np.array([[1, 2], [3, 4]]),
+            "list": [1, 2.5],
+            "t1d": torch.tensor([1.0, 2.0], requires_grad=True),
+        }
+    )
+    assert scalars == {"f": 0.5, "i": 3.0, "b": 1.0, "np": 1.5, "np0d": 2.0, "t0d": 4.0}
+    assert samples == {"arr": [1.0, 2.0, 3.0, 4.0], "list": [1.0, 2.5], "t1d": [1.0, 2.0]}
+    assert all(type(v) is float for v in scalars.values())
+    assert gate.dropped == 0
+
+
+def test_nan_and_inf_are_kept():
+    scalars, _ = ValueGate().split(
+        {"loss": float("nan"), "kl": float("inf"), "t": torch.tensor(float("nan"))}
+    )
+    assert math.isnan(scalars["loss"]) and scalars["kl"] == math.inf and math.isnan(scalars["t"])
+
+
+def test_bad_values_are_dropped_counted_and_warned_once_per_name(caplog):
+    gate = ValueGate()
+    with caplog.at_level(logging.WARNING, logger="metricbus.producer"):
+        for _ in range(3):
+            scalars, _ = gate.split({"ok": 1.0, "text": "high", "obj": object(), 5: 1.0})
+            assert scalars == {"ok": 1.0}
+    assert gate.dropped == 9
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 3  # one per bad name, not one per call
+    assert any("'text'" in w and "str" in w for w in warnings)
+
+
+def test_oversize_arrays_are_refused_with_the_limit_in_the_message(caplog):
+    gate = ValueGate(max_samples=10)
+    with caplog.at_level(logging.WARNING):
+        _, samples = gate.split({"big": list(range(11)), "small": list(range(10))})
+    assert list(samples) == ["small"]
+    assert "over the limit of 10" in caplog.text
+
+
+def test_strict_raises_with_the_metric_name():
+    with pytest.raises(MetricValueError, match="'text'"):
+        ValueGate(strict=True).split({"text": "high"})
