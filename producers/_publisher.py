@@ -115,30 +115,30 @@ class Publisher:
     def stop(self, timeout: float) -> bool:
         """Flush up to ``timeout``, then stop the thread; True when nothing was left unsent.
 
-        Whatever is unsent stays in the spool file (fsynced) for ``metricbus sync``.
+        Whatever is unsent stays in the spool file (fsynced) for ``metricbus sync``. If the
+        thread is still inside a send, it closes the spool itself when that send returns
+        (bounded by the transport timeout).
         """
-        if not self._thread.is_alive():
-            return self._finalize()
-        deadline = time.monotonic() + timeout
-        sent = self.flush(timeout)
+        if self._thread.is_alive():
+            deadline = time.monotonic() + timeout
+            self.flush(timeout)
+            self._stopping = True
+            self._wake.set()
+            self._thread.join(max(0.0, deadline - time.monotonic()) + 0.05)
         self._stopping = True
-        self._wake.set()
-        # The thread ends after its current send, which is bounded by the transport timeout.
-        self._thread.join(max(0.0, deadline - time.monotonic()) + 0.05)
         if self._thread.is_alive():
             with self._lock:
                 self._spool_queue_locked()
                 self.spool.sync()
-            return False
-        return sent and self._finalize()
+        else:
+            with self._lock:
+                self._close_locked()
+        return not self._queue and self.spool.unsent_bytes == 0
 
-    def _finalize(self) -> bool:
-        with self._lock:
-            self._spool_queue_locked()
-            clean = self.spool.unsent_bytes == 0
-            self.spool.close()
+    def _close_locked(self) -> None:
+        self._spool_queue_locked()
+        self.spool.close()
         self.transport.close()
-        return clean
 
     # -- the thread ---------------------------------------------------------------------
 
@@ -155,8 +155,11 @@ class Publisher:
             log.exception("metricbus publisher thread failed; unsent events stay in the spool")
         finally:
             with self._lock:
-                self._spool_queue_locked()
-                self.spool.sync()
+                if self._stopping:
+                    self._close_locked()
+                else:
+                    self._spool_queue_locked()
+                    self.spool.sync()
 
     def _spool_queue_locked(self) -> None:
         queue = self._queue

@@ -1,0 +1,135 @@
+"""A real embedded broker (Tansu) for the whole session; every test gets its own topics."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from metricbus._broker import EmbeddedBroker
+from schemas import Settings, client_options, default_codec, ensure_topics
+
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory):
+    b = EmbeddedBroker(free_port(), log_path=tmp_path_factory.mktemp("broker") / "broker.log").start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def settings(broker, tmp_path) -> Settings:
+    s = Settings(bootstrap=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.", data_dir=tmp_path, partitions=2)
+    ensure_topics(s)
+    return s
+
+
+def read_topic(settings: Settings, topic: str, count: int, timeout: float = 30.0) -> list:
+    """Every record of ``topic`` from the beginning (no consumer group), until ``count`` or timeout."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    async def main():
+        consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False, auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            parts = set()
+            deadline = time.monotonic() + timeout
+            while not parts and time.monotonic() < deadline:
+                parts = consumer.partitions_for_topic(topic) or set()
+                if not parts:
+                    await consumer._client.force_metadata_update()
+            tps = [TopicPartition(topic, p) for p in sorted(parts)]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            out = []
+            while len(out) < count and time.monotonic() < deadline:
+                batches = await consumer.getmany(timeout_ms=200)
+                for records in batches.values():
+                    out.extend(records)
+            return out
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(main())
+
+
+def read_events(settings: Settings, count: int, timeout: float = 30.0) -> list[tuple[str, int, str, dict]]:
+    """Decoded events of the events topic: (producer_id, seq, kind, body), in partition order."""
+    codec = default_codec()
+    events: list = []
+    deadline = time.monotonic() + timeout
+    while len(events) < count and time.monotonic() < deadline:
+        events = []
+        for record in read_topic(settings, settings.topics.events, 1, timeout=max(0.5, deadline - time.monotonic())):
+            _, batch = codec.decode(record.value)
+            events.extend((batch["producer_id"], e["seq"], *e["body"]) for e in batch["events"])
+        if len(events) < count:
+            time.sleep(0.2)
+    return events
+
+
+def cli(settings: Settings, *args: str) -> list[str]:
+    return [sys.executable, "-m", "metricbus", "--bootstrap", settings.bootstrap_servers, "--topic-prefix",
+            settings.topic_prefix, "--data-dir", str(settings.data_dir), *args]
+
+
+class SinkProcess:
+    """`metricbus sink parquet` as a real child process."""
+
+    def __init__(self, settings: Settings, flush_interval: float = 0.3) -> None:
+        self.settings = settings
+        self.flush_interval = flush_interval
+        self.log = Path(settings.data_dir) / "sink.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> SinkProcess:
+        env = {**os.environ, **self.settings.to_env()}
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                cli(self.settings, "sink", "parquet", "--flush-interval", str(self.flush_interval)),
+                stdout=out, stderr=subprocess.STDOUT, env=env,
+            )
+        return self
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(20)
+        return self.proc.returncode
+
+
+@pytest.fixture
+def sink(settings):
+    procs: list[SinkProcess] = []
+
+    def make(**kw) -> SinkProcess:
+        p = SinkProcess(settings, **kw).start()
+        procs.append(p)
+        return p
+
+    yield make
+    for p in procs:
+        if p.proc is not None and p.proc.poll() is None:
+            p.stop()
