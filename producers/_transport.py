@@ -96,7 +96,7 @@ class KafkaTransport:
                 if future.failed():
                     raise TransportError(f"send failed: {future.exception}")
             if self._current_topic_id() != self._topic_id:
-                raise TransportError(f"topic {self.topic} was re-created or lost (broker restarted?); resending")
+                raise TransportError(f"topic {self.topic} was lost or re-created (broker restart?)")
         except (KafkaError, OSError, TransportError) as exc:
             self.close()
             if isinstance(exc, TransportError):

@@ -35,7 +35,9 @@ def broker(tmp_path_factory):
 
 @pytest.fixture
 def settings(broker, tmp_path) -> Settings:
-    s = Settings(bootstrap=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.", data_dir=tmp_path, partitions=2)
+    s = Settings(
+        bootstrap=broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:8]}.", data_dir=tmp_path, partitions=2
+    )
     ensure_topics(s)
     return s
 
@@ -45,7 +47,9 @@ def read_topic(settings: Settings, topic: str, count: int, timeout: float = 30.0
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     async def main():
-        consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False, auto_offset_reset="earliest")
+        consumer = AIOKafkaConsumer(
+            **client_options(settings), enable_auto_commit=False, auto_offset_reset="earliest"
+        )
         await consumer.start()
         try:
             parts = set()
@@ -76,7 +80,9 @@ def read_events(settings: Settings, count: int, timeout: float = 30.0) -> list[t
     deadline = time.monotonic() + timeout
     while len(events) < count and time.monotonic() < deadline:
         events = []
-        for record in read_topic(settings, settings.topics.events, 1, timeout=max(0.5, deadline - time.monotonic())):
+        for record in read_topic(
+            settings, settings.topics.events, 1, timeout=max(0.5, deadline - time.monotonic())
+        ):
             _, batch = codec.decode(record.value)
             events.extend((batch["producer_id"], e["seq"], *e["body"]) for e in batch["events"])
         if len(events) < count:
@@ -85,8 +91,18 @@ def read_events(settings: Settings, count: int, timeout: float = 30.0) -> list[t
 
 
 def cli(settings: Settings, *args: str) -> list[str]:
-    return [sys.executable, "-m", "metricbus", "--bootstrap", settings.bootstrap_servers, "--topic-prefix",
-            settings.topic_prefix, "--data-dir", str(settings.data_dir), *args]
+    return [
+        sys.executable,
+        "-m",
+        "metricbus",
+        "--bootstrap",
+        settings.bootstrap_servers,
+        "--topic-prefix",
+        settings.topic_prefix,
+        "--data-dir",
+        str(settings.data_dir),
+        *args,
+    ]
 
 
 class SinkProcess:
@@ -103,7 +119,9 @@ class SinkProcess:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 cli(self.settings, "sink", "parquet", "--flush-interval", str(self.flush_interval)),
-                stdout=out, stderr=subprocess.STDOUT, env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
             )
         return self
 

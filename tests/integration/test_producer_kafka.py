@@ -21,7 +21,12 @@ def test_100k_scalars_arrive_in_order_with_contiguous_seq(settings):
     events = read_events(settings, 10_002)
     assert [seq for _, seq, _, _ in events] == list(range(10_002))
     assert events[0][2] == RUN_STARTED and events[-1][2] == RUN_FINISHED
-    scalars = [(b["step"], name, v) for _, _, kind, b in events if kind == METRICS for name, v in b["scalars"].items()]
+    scalars = [
+        (b["step"], name, v)
+        for _, _, kind, b in events
+        if kind == METRICS
+        for name, v in b["scalars"].items()
+    ]
     assert len(scalars) == 100_000
     assert scalars[12_345] == (1234, "m5", 1234.5)
 

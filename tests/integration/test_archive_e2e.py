@@ -1,0 +1,192 @@
+import asyncio
+import subprocess
+import threading
+import time
+
+import duckdb
+import pyarrow.compute as pc
+import pytest
+
+from producers import Run
+from schemas import client_options
+from sinks import ParquetArchive, SinkRunner, read_table, tidy
+
+from .conftest import cli, read_topic
+
+pytestmark = pytest.mark.integration
+
+
+def wait_for_rows(archive, run_id, predicate, timeout=40.0):
+    deadline = time.monotonic() + timeout
+    table = None
+    while time.monotonic() < deadline:
+        table = read_table(archive, run_id)
+        if predicate(table):
+            return table
+        time.sleep(0.3)
+    return table
+
+
+def held_seqs(table):
+    return sorted(set(zip(table["producer_id"].to_pylist(), table["seq"].to_pylist())))
+
+
+def test_a_metric_logged_in_a_loop_lands_in_the_archive_with_the_same_value_and_step(settings, sink):
+    sink()
+    run = Run("grpo/gemma", name="e2e", settings=settings, system_metrics=False, config={"beta": 0.04})
+    expected = {}
+    for step in range(200):
+        values = {
+            "Train/Loss": 1.0 / (step + 1),
+            "rewards/total_mean": step * 0.01,
+            "Epoch/AvgReward": step / 200,
+        }
+        run.log(values, step=step, epoch=step // 50)
+        expected.update({(step, k): v for k, v in values.items()})
+    run.log({"rewards/format_exact": [0.0, 1.0, 1.0]}, step=200)
+    run.log_histogram("rewards/answer_check_hist", [0.1, 0.2, 0.9], bins=3, step=200)
+    run.log_table("rubric_criteria_summary", ["criterion", "mean"], [["clarity", 0.7]])
+    assert run.finish(timeout=20)
+    events = run.stats()["events"]
+    table = wait_for_rows(settings.archive_dir, run.run_id, lambda t: len(held_seqs(t)) >= events)
+    assert len(held_seqs(table)) == events
+    assert table.num_rows == len(table.to_pylist())
+    got = {
+        (r[0], r[1]): r[2]
+        for r in duckdb.sql(
+            f"SELECT step, name, value FROM read_parquet('{settings.archive_dir}/**/*.parquet', hive_partitioning=true) "
+            f"WHERE run='{run.run_id}' AND project='grpo/gemma' AND value IS NOT NULL AND name NOT LIKE 'final/%'"
+        ).fetchall()
+    }
+    assert got == expected
+    kinds = set(table["kind"].to_pylist())
+    assert {
+        "metricbus.RunStarted",
+        "metricbus.Metrics",
+        "metricbus.Histogram",
+        "metricbus.Table",
+        "metricbus.RunFinished",
+    } <= kinds
+    samples = [r["samples"] for r in table.to_pylist() if r["name"] == "rewards/format_exact"]
+    assert samples == [[0.0, 1.0, 1.0]]
+
+
+def test_sink_killed_with_sigkill_mid_stream_loses_nothing_and_duplicates_nothing(settings, sink):
+    run = Run("p", settings=settings, system_metrics=False)
+    stop = threading.Event()
+
+    def produce():
+        step = 0
+        while not stop.is_set():
+            run.log({"a": float(step), "b": -float(step)}, step=step)
+            step += 1
+            time.sleep(0.0005)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    first = sink(flush_interval=0.2)
+    time.sleep(6)  # group join (~3 s on the embedded broker) and a few flushes
+    first.kill9()
+    second = sink(flush_interval=0.2)
+    time.sleep(10)  # the dead member holds its partitions until its session times out (6 s)
+    second.kill9()
+    third = sink(flush_interval=0.2)
+    time.sleep(2)
+    stop.set()
+    producer.join()
+    assert run.finish(timeout=20)
+    events = run.stats()["events"]
+    table = wait_for_rows(settings.archive_dir, run.run_id, lambda t: len(held_seqs(t)) >= events, timeout=60)
+    assert third.stop() == 0
+    seqs = held_seqs(table)
+    assert [s for _, s in seqs] == list(range(events))  # nothing lost
+    scalar_rows = table.filter(pc.equal(table["kind"], "metricbus.Metrics"))
+    assert scalar_rows.num_rows == 2 * (events - 2)  # nothing duplicated: one row per scalar
+    rows = tidy(settings.archive_dir, run.run_id).to_pylist()
+    by_step = {}
+    for r in rows:
+        by_step.setdefault(r["step"], {})[r["name"]] = r["value"]
+    assert len(by_step) == events - 2
+    assert all(v == {"a": float(step), "b": -float(step)} for step, v in by_step.items())
+
+
+class _CrashAfterDurableFlush(ParquetArchive):
+    """Dies like kill -9 would, at the worst moment: files renamed into place, offsets not committed."""
+
+    def flush(self):
+        super().flush()
+        raise _Crash
+
+
+class _Crash(BaseException):
+    pass
+
+
+def test_crash_between_durable_flush_and_commit_is_deduplicated_on_restart(settings):
+    run = Run("p", settings=settings, system_metrics=False)
+    for step in range(300):
+        run.log({"x": float(step)}, step=step)
+    assert run.finish(timeout=20)
+    events = run.stats()["events"]
+
+    crashing = SinkRunner(_CrashAfterDurableFlush(settings.archive_dir), settings, flush_interval_s=0.5)
+    with pytest.raises(_Crash):
+        asyncio.run(crashing.run())
+    assert len(held_seqs(read_table(settings.archive_dir, run.run_id))) == crashing.stats.written > 0
+
+    restarted = SinkRunner(ParquetArchive(settings.archive_dir), settings, flush_interval_s=0.5)
+
+    async def until_done():
+        task = asyncio.create_task(restarted.run())
+        while restarted.stats.events < events and not task.done():
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
+        restarted.stop()
+        return await task
+
+    stats = asyncio.run(until_done())
+    assert stats.duplicates == crashing.stats.written  # everything re-delivered was recognised
+    table = read_table(settings.archive_dir, run.run_id)
+    assert [s for _, s in held_seqs(table)] == list(range(events))
+    assert table.num_rows == events  # one row per event here (one scalar each): no duplicate row
+
+
+def test_undecodable_records_go_to_the_dead_letter_topic_and_the_sink_goes_on(settings, sink):
+    from kafka import KafkaProducer
+
+    proc = sink(flush_interval=0.2)
+    producer = KafkaProducer(**client_options(settings), enable_idempotence=False)
+    producer.send(settings.topics.events, key=b"bad-run", value=b"not avro at all")
+    producer.send(settings.topics.events, key=b"bad-run", value=b"\xc3\x01" + b"\x00" * 8 + b"xx")
+    producer.flush()
+    producer.close()
+    run = Run("p", settings=settings, system_metrics=False)
+    run.log({"after": 1.0}, step=0)
+    assert run.finish(timeout=20)
+    table = wait_for_rows(settings.archive_dir, run.run_id, lambda t: len(held_seqs(t)) >= 3)
+    assert len(held_seqs(table)) == 3
+    dead = read_topic(settings, settings.topics.deadletter, 2)
+    assert [r.value for r in dead] == [b"not avro at all", b"\xc3\x01" + b"\x00" * 8 + b"xx"]
+    reasons = [dict(r.headers)["metricbus.reason"].decode() for r in dead]
+    assert "BadMagicError" in reasons[0] and "UnknownSchemaError" in reasons[1]
+    assert proc.proc.poll() is None  # still running
+
+
+def test_export_cli_writes_tidy_rows(settings, sink):
+    sink()
+    run = Run("p", settings=settings, system_metrics=False)
+    for step in range(5):
+        run.log({"Train/Loss": step / 10}, step=step)
+    assert run.finish(timeout=20)
+    wait_for_rows(settings.archive_dir, run.run_id, lambda t: len(held_seqs(t)) >= 7)
+    out = subprocess.run(
+        cli(settings, "export", "--run", run.run_id, "--format", "csv"),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert out[0] == '"run","step","name","value","wall_time"'
+    rows = [line.split(",") for line in out[1:]]
+    assert [(int(r[1]), r[2], float(r[3])) for r in rows] == [(s, '"Train/Loss"', s / 10) for s in range(5)]
+    missing = subprocess.run(cli(settings, "export", "--run", "nope"), capture_output=True, text=True)
+    assert missing.returncode == 2 and "no scalars" in missing.stderr

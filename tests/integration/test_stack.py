@@ -1,0 +1,121 @@
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from .conftest import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def metricbus(*args, data_dir):
+    return [sys.executable, "-m", "metricbus", "--data-dir", str(data_dir), *args]
+
+
+def wait_line(proc, text, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if text in line:
+            return seen
+    raise AssertionError(f"{text!r} not printed; got {seen}")
+
+
+def test_up_starts_broker_and_consumers_and_sigterm_stops_every_child(tmp_path):
+    port = free_port()
+    env = {**os.environ, "METRICBUS_LOCAL_PORT": str(port)}
+    proc = subprocess.Popen(
+        metricbus("up", data_dir=tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        lines = wait_line(proc, "metricbus is up")
+        assert any(f"127.0.0.1:{port}" in line for line in lines)
+        assert any("sink-parquet" in line for line in lines)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        names = " ".join(" ".join(c.cmdline()) for c in children)
+        assert "tansu" in names and "sink parquet" in names
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            pass
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        assert time.monotonic() - t0 < 15
+        gone, alive = psutil.wait_procs(children, timeout=5)
+        assert alive == [], [c.cmdline() for c in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_children_die_with_a_killed_supervisor(tmp_path):
+    port = free_port()
+    env = {**os.environ, "METRICBUS_LOCAL_PORT": str(port)}
+    proc = subprocess.Popen(
+        metricbus("up", data_dir=tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    wait_line(proc, "metricbus is up")
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.kill()  # no chance to clean up: PDEATHSIG must take the children down
+    proc.wait(5)
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert alive == [], [c.cmdline() for c in alive]
+
+
+def test_a_taken_port_is_a_clear_error_naming_the_flag(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            metricbus("broker", "--port", str(port), data_dir=tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert result.returncode == 2
+    assert f"port {port}" in result.stderr and "--port" in result.stderr
+
+
+def test_demo_trains_and_reads_every_event_back_from_the_archive(tmp_path):
+    env = {**os.environ, "METRICBUS_LOCAL_PORT": str(free_port())}
+    result = subprocess.run(
+        metricbus("demo", "--updates", "3", data_dir=tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "all acknowledged by Kafka: True" in out
+    held = next(line for line in out.splitlines() if line.startswith("archive holds"))
+    n, total = held.split()[2].split("/")
+    assert n == total and int(total) > 5
+    for metric in (
+        "Train/PolicyLoss",
+        "Train/Entropy",
+        "Train/ApproxKL",
+        "Train/ClipFraction",
+        "Train/GradNorm",
+        "Train/LearningRate",
+        "Performance/Rollout_StepsPerSec",
+        "Train/Loss",
+    ):
+        assert metric in out, metric
