@@ -58,11 +58,16 @@ class Publisher:
         self.max_queue = max_queue
         self.describe_target = describe_target
         self._key = run_id.encode()
-        self._queue: collections.deque[Event] = collections.deque()
+        #: Events waiting for the thread. Run.log appends here directly when below max_queue.
+        self.queue: collections.deque[Event] = collections.deque()
+        self._queue = self.queue
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name=f"metricbus-publisher-{run_id}")
+        # A daemon thread, because Python joins non-daemon threads *before* atexit handlers
+        # run: a script that forgot finish() would hang at exit. Run's atexit hook flushes
+        # it instead, and if even that never runs (os._exit, SIGKILL), the spool has the data.
+        self._thread = threading.Thread(target=self._loop, name=f"metricbus-publisher-{run_id}", daemon=True)
         self._next_attempt = 0.0
         self._failures = 0
         self._last_sync = 0.0

@@ -60,6 +60,10 @@ class OfflineTransport:
 class Run:
     """One training run publishing to metricbus. Create it with ``metricbus.init()``.
 
+    ``max_queue`` bounds the events held in memory (past it, log() encodes into the spool
+    itself: backpressure at encoding speed, never a network wait); ``linger_s`` is how long
+    the publisher batches before sending.
+
     Thread-safety: ``log`` may be called from any thread; events of one thread keep their
     order. Failure: broker faults never raise here; a value that cannot be a scalar is
     dropped with one warning per metric name (``strict=True`` raises MetricValueError).
@@ -79,6 +83,8 @@ class Run:
         system_interval_s: float = 10.0,
         rank: int | None = None,
         world_size: int | None = None,
+        max_queue: int = 100_000,
+        linger_s: float = 0.02,
         transport: Transport | None = None,
     ) -> None:
         if not isinstance(project, str) or not project.strip():
@@ -107,8 +113,13 @@ class Run:
             codec=default_codec(),
             sdk_version=SDK_VERSION,
             describe_target=self._describe_target,
+            max_queue=max_queue,
+            linger_s=linger_s,
         )
         self._publisher.start()
+        self._split = self._gate.split
+        self._queue = self._publisher.queue
+        self._max_queue = self._publisher.max_queue
         self._emit(RUN_STARTED, self._started_body(config, tags))
         self._sampler: SystemSampler | None = None
         if system_metrics:
@@ -126,22 +137,33 @@ class Run:
         Non-blocking: this only enqueues; a background thread encodes and publishes.
         """
         try:
-            scalars, samples = self._gate.split(data)
-            if not (scalars or samples) or self._closed("log"):
+            if self._finished:
+                self._closed("log")
+                return
+            scalars, samples = self._split(data)
+            if not (scalars or samples):
                 return
             if step is None:
                 step = self._step
             elif type(step) is not int:
                 step = int(step)
             self._step = step + 1
-            body = {
-                "step": step,
-                "epoch": None if epoch is None else int(epoch),
-                "rank": self.rank,
-                "scalars": scalars,
-                "samples": samples,
-            }
-            self._publisher.submit((next(self._seq), time.time_ns() // 1_000_000, METRICS, body))
+            event = (
+                next(self._seq),
+                time.time_ns() // 1_000_000,
+                METRICS,
+                {
+                    "step": step,
+                    "epoch": epoch if epoch is None else int(epoch),
+                    "rank": self.rank,
+                    "scalars": scalars,
+                    "samples": samples,
+                },
+            )
+            if len(self._queue) < self._max_queue:
+                self._queue.append(event)  # the hot path: Publisher.submit, inlined
+            else:
+                self._publisher.submit(event)
         except MetricValueError:
             raise
         except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
@@ -220,7 +242,9 @@ class Run:
         self._finished = True
         self.status = status
         atexit.unregister(self._atexit)
-        clean = self._publisher.stop(timeout)
+        clean = self._publisher.stop(
+            0.0 if self.settings.offline else timeout
+        )  # offline: nothing to wait for
         if not clean:
             log.warning(
                 "run %s: not every event reached %s within %.1fs; they are kept in %s. "

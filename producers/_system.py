@@ -65,7 +65,7 @@ class SystemSampler:
         self._beat = beat
         self._sample = sample
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="metricbus-system-sampler")
+        self._thread = threading.Thread(target=self._loop, name="metricbus-system-sampler", daemon=True)
 
     def start(self) -> None:
         """Start sampling (the first sample primes psutil's CPU counter)."""

@@ -33,6 +33,11 @@ class ValueGate:
 
     def split(self, data: Mapping[Any, Any]) -> tuple[dict[str, float], dict[str, list[float]]]:
         """Return ``(scalars, samples)``; what cannot be encoded is dropped and counted."""
+        for key, value in data.items():  # fast path: str -> float only, the common case
+            if type(value) is not float or type(key) is not str:
+                break
+        else:
+            return dict(data), {}
         scalars: dict[str, float] = {}
         samples: dict[str, list[float]] = {}
         for key, value in data.items():

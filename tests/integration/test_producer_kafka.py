@@ -83,9 +83,7 @@ def test_broker_killed_mid_run_and_restarted_loses_nothing_unacknowledged(settin
 
 
 def test_queue_overflow_goes_through_the_spool_in_order(settings):
-    run = Run("p", settings=settings, system_metrics=False)
-    run._publisher.max_queue = 100
-    run._publisher.linger_s = 2.0
+    run = Run("p", settings=settings, system_metrics=False, max_queue=100, linger_s=2.0)
     for i in range(3000):
         run.log({"x": float(i)}, step=i)
     assert run.stats()["overflows"] > 0

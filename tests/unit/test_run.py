@@ -74,9 +74,8 @@ def test_finish_with_the_broker_down_returns_within_its_timeout_and_keeps_everyt
 def test_queue_overflow_goes_to_the_spool_in_order(settings):
     fake = FakeTransport()
     fake.down = True
-    run = Run("p", settings=settings, transport=fake, system_metrics=False)
-    run._publisher.max_queue = 50
-    run._publisher.linger_s = 5.0  # the thread sleeps: the caller overflows
+    # the thread sleeps between batches: the caller overflows
+    run = Run("p", settings=settings, transport=fake, system_metrics=False, max_queue=50, linger_s=5.0)
     for i in range(500):
         run.log({"x": i}, step=i)
     assert run.stats()["overflows"] > 0
@@ -137,3 +136,32 @@ def test_system_sampler_logs_seed_004_system_metrics(settings):
         "System/Process_Memory_GB",
     } <= names
     assert any(body[0] == "metricbus.Heartbeat" for _, _, body in fake.events())
+
+
+def test_a_script_that_forgets_finish_exits_promptly_and_loses_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    script = f"""
+import metricbus
+from schemas import Settings
+run = metricbus.init("p", run_id="forgotten", settings=Settings(offline=True, data_dir={str(tmp_path)!r}))
+for i in range(1000):
+    run.log({{"x": float(i)}}, step=i)
+# no finish(): the atexit hook must flush, and the interpreter must not hang on our threads
+"""
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=30)
+    assert time.monotonic() - t0 < 20
+    from producers import Spool
+
+    (path,) = (tmp_path / "spool" / "forgotten").glob("*.spool")
+    spool = Spool(path)
+    from schemas import default_codec
+
+    events = [
+        e for record, _ in spool.read_unsent(10_000) for e in default_codec().decode(record)[1]["events"]
+    ]
+    spool.close()
+    assert [e["seq"] for e in events] == list(range(1002))  # RunStarted, 1000 metrics, RunFinished
+    assert events[-1]["body"] == (RUN_FINISHED, {"status": "finished", "summary": {}})

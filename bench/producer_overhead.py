@@ -1,0 +1,133 @@
+"""Cost of logging 10 scalars from a training loop: metricbus vs wandb.log (offline) vs
+TensorBoard's SummaryWriter.add_scalar x10, measured in the same run.
+
+Reports the median microseconds per call in the calling thread (median of per-call
+timings, then the median over REPEATS runs) and the machine CPU per event (all threads and
+child processes, including work deferred to background threads), after everything was flushed.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import EXCLUDED_PIDS, free_port, table, tree_cpu_s  # noqa: E402
+
+N = int(os.environ.get("BENCH_N", 20_000))
+REPEATS = int(os.environ.get("BENCH_REPEATS", 5))
+METRICS = [{f"Train/metric_{j}": 0.001 * i + j for j in range(10)} for i in range(N)]
+
+
+def per_call(fn) -> tuple[float, float]:
+    """(median µs per call in the caller, CPU µs per event including deferred work)."""
+    lat = []
+    cpu0 = tree_cpu_s()
+    for i in range(N):
+        t = time.perf_counter_ns()
+        fn(i)
+        lat.append(time.perf_counter_ns() - t)
+    return statistics.median(lat) / 1000, cpu0
+
+
+def bench_metricbus(bootstrap: str, data_dir: str) -> tuple[float, float]:
+    from producers import Run
+    from schemas import Settings
+
+    run = Run("bench", settings=Settings(bootstrap=bootstrap, data_dir=Path(data_dir)), system_metrics=False)
+    log = run.log
+    med, cpu0 = per_call(lambda i: log(METRICS[i], step=i))
+    assert run.finish(timeout=60), "benchmark run did not deliver everything"
+    return med, (tree_cpu_s() - cpu0) / N * 1e6
+
+
+def bench_floor() -> tuple[float, float]:
+    q: collections.deque = collections.deque()
+    med, cpu0 = per_call(lambda i: q.append((i, time.time_ns(), dict(METRICS[i]))))
+    return med, (tree_cpu_s() - cpu0) / N * 1e6
+
+
+def bench_wandb(data_dir: str) -> tuple[float, float]:
+    import wandb
+
+    os.environ["WANDB_MODE"] = "offline"
+    os.environ["WANDB_SILENT"] = "true"
+    run = wandb.init(
+        project="bench", dir=data_dir, settings=wandb.Settings(console="off", x_disable_stats=True)
+    )
+    med, cpu0 = per_call(lambda i: run.log(METRICS[i], step=i))
+    run.finish()
+    return med, (tree_cpu_s() - cpu0) / N * 1e6
+
+
+def bench_tensorboard(data_dir: str) -> tuple[float, float]:
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=data_dir)
+
+    def log(i: int) -> None:
+        for name, value in METRICS[i].items():
+            writer.add_scalar(name, value, i)
+
+    med, cpu0 = per_call(log)
+    writer.close()
+    return med, (tree_cpu_s() - cpu0) / N * 1e6
+
+
+def main() -> None:
+    from metricbus._broker import EmbeddedBroker
+
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    results: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        EmbeddedBroker(free_port(), log_path=Path(tmp) / "broker.log") as broker,
+    ):
+        EXCLUDED_PIDS.add(broker.proc.pid)  # the broker's CPU is Kafka's, not the producer's
+        for r in range(REPEATS):  # interleaved, so machine noise hits every contender alike
+            results["metricbus"].append(bench_metricbus(broker.bootstrap, f"{tmp}/mb{r}"))
+            results["floor"].append(bench_floor())
+            results["wandb"].append(bench_wandb(f"{tmp}/wb{r}"))
+            results["tensorboard"].append(bench_tensorboard(f"{tmp}/tb{r}"))
+
+    def med(name: str, k: int) -> float:
+        return statistics.median(v[k] for v in results[name])
+
+    print(
+        f"log 10 scalars per call, {N} calls, median of {REPEATS} interleaved runs "
+        f"(per-run values: {[round(v[0], 2) for v in results['metricbus']]} µs)"
+    )
+    ours = med("metricbus", 0)
+    table(
+        "caller-side latency (median µs per call; lower is better)",
+        [
+            ("metricbus Run.log", ours, "target <= 2 µs"),
+            ("floor: deque.append(copy of dict)", med("floor", 0), "nothing encoded or sent"),
+            ("wandb.log (offline)", med("wandb", 0), ""),
+            ("SummaryWriter.add_scalar x10", med("tensorboard", 0), ""),
+        ],
+        ours,
+        "µs/call",
+    )
+    ours_cpu = med("metricbus", 1)
+    table(
+        "machine CPU per event, all threads and child processes (µs; lower is better)",
+        [
+            ("metricbus (encode + Kafka + spool)", ours_cpu, ""),
+            ("wandb.log (offline)", med("wandb", 1), "includes the wandb-core service"),
+            ("SummaryWriter.add_scalar x10", med("tensorboard", 1), ""),
+        ],
+        ours_cpu,
+        "µs/event",
+    )
+
+
+if __name__ == "__main__":
+    main()
