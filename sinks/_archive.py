@@ -18,6 +18,7 @@ from schemas import path_segment
 FORMAT_VERSION = "1"
 SEQS_KEY = b"metricbus.seqs"
 FORMAT_KEY = b"metricbus.format"
+REPLACES_KEY = b"metricbus.replaces"
 
 SCHEMA = pa.schema(
     [

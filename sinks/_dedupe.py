@@ -8,7 +8,7 @@ after a crash or a reordered retry lands in the slow path and is still exact.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 Interval = tuple[int, int]
 
@@ -21,8 +21,7 @@ class SeqSet:
     def __init__(self, intervals: Iterable[Interval] = ()) -> None:
         self._starts: list[int] = []
         self._ends: list[int] = []
-        for start, end in intervals:
-            self._fill(start, end)
+        self.merge(intervals)
 
     def add(self, seq: int) -> bool:
         """Record ``seq``; return False if it was already there (a duplicate)."""
@@ -47,6 +46,11 @@ class SeqSet:
             starts.insert(i + 1, seq)
             ends.insert(i + 1, seq)
         return True
+
+    def merge(self, intervals: Iterable[Sequence[int]]) -> None:
+        """Add every seq of the given closed intervals."""
+        for start, end in intervals:
+            self._fill(start, end)
 
     def _fill(self, start: int, end: int) -> None:
         # Merge [start, end] wholesale (used when loading durable state).

@@ -5,7 +5,14 @@ renames it into place and fsyncs the directory, so a file is either whole or abs
 file records in its footer metadata which (producer_id, seq) it holds; after a crash that
 happened between a rename and the offset commit, ``recover`` reads those and the runtime
 drops the re-delivered events as duplicates. Files roll at every flush (time, set by the
-runtime) and at ``max_rows_per_file`` (size).
+runtime).
+
+Compaction: small flush files compress badly (measured: ~17 bytes per scalar for a file per
+2 s at 10 steps/s, ~5 for one file per run), so once a run has ``compact_after`` flush files
+they are merged into one ``compacted-*`` file, and when the run finishes all its files are
+merged into one (up to ``max_rows_per_file`` rows). The merged file is renamed into place
+first and names the files it replaces in its footer; they are deleted next. A crash between
+the two leaves both for a moment; ``open`` finishes the deletion before anything is read.
 """
 
 from __future__ import annotations
@@ -23,9 +30,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from schemas import METRICS, RUN_STARTED, Codec, default_codec
+from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Codec, default_codec
 
-from ._archive import FORMAT_KEY, FORMAT_VERSION, SCHEMA, SEQS_KEY, find_run_dirs, run_dir
+from ._archive import FORMAT_KEY, FORMAT_VERSION, REPLACES_KEY, SCHEMA, SEQS_KEY, find_run_dirs, run_dir
 from ._dedupe import Interval, SeqSet
 from ._events import Event
 
@@ -51,6 +58,7 @@ class _RunBuffer:
         self.samples: list[list[float] | None] = []
         self.payload: list[bytes | None] = []
         self.seqs: dict[str, SeqSet] = {}
+        self.finished = False
 
     def __len__(self) -> int:
         return len(self.name)
@@ -62,15 +70,21 @@ class ParquetArchive:
     name = "parquet"
 
     def __init__(
-        self, archive_dir: Path, codec: Codec | None = None, max_rows_per_file: int = 2_000_000
+        self,
+        archive_dir: Path,
+        codec: Codec | None = None,
+        max_rows_per_file: int = 2_000_000,
+        compact_after: int = 64,
     ) -> None:
         self.archive_dir = Path(archive_dir)
         self.codec = codec or default_codec()
         self.max_rows_per_file = max_rows_per_file
+        self.compact_after = compact_after
         self._buffers: dict[str, _RunBuffer] = {}
         self._dirs: dict[str, Path] = {}
         self._events = 0
         self.files_written = 0
+        self.compactions = 0
 
     def open(self) -> None:
         """Create the archive root and remove temporaries a crash left behind."""
@@ -78,6 +92,14 @@ class ParquetArchive:
         for tmp in self.archive_dir.glob("project=*/run=*/.*.tmp"):
             log.info("removing %s, left by an interrupted flush", tmp)
             tmp.unlink(missing_ok=True)
+        for merged in self.archive_dir.glob("project=*/run=*/compacted-*.parquet"):
+            for name in _replaced(merged):
+                stale = merged.parent / name
+                if stale.exists():
+                    log.info(
+                        "removing %s, already merged into %s by an interrupted compaction", stale, merged
+                    )
+                    stale.unlink()
 
     def recover(self, run_id: str) -> Mapping[str, Sequence[Interval]]:
         """Read the seqs held by this run's files (footer metadata only)."""
@@ -123,6 +145,8 @@ class ParquetArchive:
             else:
                 if e.kind == RUN_STARTED and e.run_id not in self._dirs:
                     self._dirs[e.run_id] = run_dir(self.archive_dir, body["project"], e.run_id)
+                elif e.kind == RUN_FINISHED:
+                    buf.finished = True
                 buf.step.append(body.get("step"))
                 buf.epoch.append(None)
                 buf.rank.append(body.get("rank", 0))
@@ -142,8 +166,9 @@ class ParquetArchive:
         for run_id in list(self._buffers):
             buf = self._buffers[run_id]
             directory = self._dirs.get(run_id) or run_dir(self.archive_dir, UNKNOWN_PROJECT, run_id)
-            self._write_file(directory, run_id, buf)
+            self._write_file(directory, self._table(run_id, buf), buf.seqs, prefix="part")
             del self._buffers[run_id]  # only once durable: a failed flush keeps the buffer
+            self._maybe_compact(directory, finished=buf.finished)
         self._events = 0
 
     def close(self) -> None:
@@ -160,15 +185,49 @@ class ParquetArchive:
         }
         return self.codec.encode("EventBatch", batch)
 
-    def _write_file(self, directory: Path, run_id: str, buf: _RunBuffer) -> None:
-        table = self._table(run_id, buf)
+    def _maybe_compact(self, directory: Path, finished: bool) -> None:
+        parts = sorted(directory.glob("part-*.parquet"))
+        if finished:
+            files = parts + sorted(directory.glob("compacted-*.parquet"))
+            rows = sum(pq.read_metadata(f).num_rows for f in files)
+            if len(files) > 1 and rows <= self.max_rows_per_file:
+                self._compact(directory, files)
+                return
+        if len(parts) >= self.compact_after:
+            self._compact(directory, parts)
+
+    def _compact(self, directory: Path, files: list[Path]) -> None:
+        seqs: dict[str, SeqSet] = {}
+        tables = []
+        for path in files:
+            meta = pq.read_metadata(path).metadata or {}
+            for producer, intervals in json.loads(meta.get(SEQS_KEY, b"{}")).items():
+                seqs.setdefault(producer, SeqSet()).merge(intervals)
+            tables.append(pq.read_table(path, schema=SCHEMA).replace_schema_metadata(None))
+        merged = pa.concat_tables(tables).sort_by(_ORDER)
+        self._write_file(directory, merged, seqs, prefix="compacted", replaces=[f.name for f in files])
+        for path in files:
+            path.unlink()
+        _fsync_dir(directory)
+        self.compactions += 1
+
+    def _write_file(
+        self,
+        directory: Path,
+        table: pa.Table,
+        seqs: Mapping[str, SeqSet],
+        prefix: str,
+        replaces: Sequence[str] = (),
+    ) -> None:
         metadata = {
-            SEQS_KEY: json.dumps({p: s.intervals() for p, s in buf.seqs.items()}).encode(),
+            SEQS_KEY: json.dumps({p: s.intervals() for p, s in seqs.items()}).encode(),
             FORMAT_KEY: FORMAT_VERSION.encode(),
         }
+        if replaces:
+            metadata[REPLACES_KEY] = json.dumps(list(replaces)).encode()
         table = table.replace_schema_metadata(metadata)
         directory.mkdir(parents=True, exist_ok=True)
-        name = f"part-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}.parquet"
+        name = f"{prefix}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}.parquet"
         tmp = directory / f".{name}.tmp"
         pq.write_table(
             table,
@@ -190,11 +249,7 @@ class ParquetArchive:
         finally:
             os.close(fd)
         os.replace(tmp, directory / name)
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        _fsync_dir(directory)
         self.files_written += 1
 
     def _table(self, run_id: str, buf: _RunBuffer) -> pa.Table:
@@ -219,6 +274,21 @@ class ParquetArchive:
             "payload": pa.array(buf.payload, pa.binary()),
             "fingerprint": per_row(buf.fingerprint, pa.string()),
         }
-        table = pa.table(columns, schema=SCHEMA)
-        # Series together: a metric's consecutive values compress far better than interleaved ones.
-        return table.sort_by([("name", "ascending"), ("producer_id", "ascending"), ("seq", "ascending")])
+        return pa.table(columns, schema=SCHEMA).sort_by(_ORDER)
+
+
+# Series together: a metric's consecutive values compress far better than interleaved ones.
+_ORDER = [("name", "ascending"), ("producer_id", "ascending"), ("seq", "ascending")]
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replaced(path: Path) -> list[str]:
+    meta = pq.read_metadata(path).metadata or {}
+    return list(json.loads(meta.get(REPLACES_KEY, b"[]")))

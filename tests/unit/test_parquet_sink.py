@@ -130,3 +130,42 @@ def test_summary_and_compression_metadata(archive):
     }
     path = next(archive.archive_dir.glob("project=*/run=*/*.parquet"))
     assert pq.ParquetFile(path).metadata.row_group(0).column(0).compression == "ZSTD"
+
+
+def test_small_flush_files_are_compacted_and_a_finished_run_ends_in_one_file(tmp_path):
+    sink = ParquetArchive(tmp_path / "archive", compact_after=4)
+    sink.open()
+    sink.write([started()])
+    sink.flush()
+    for i in range(1, 10):
+        sink.write([metric(i, i, {"x": float(i)})])
+        sink.flush()
+    run_dir = next(sink.archive_dir.glob("project=*/run=run-1"))
+    assert sink.compactions == 2  # after the 4th and the 8th flush file
+    assert len(list(run_dir.glob("compacted-*.parquet"))) == 2
+    sink.write([ev(10, "metricbus.RunFinished", {"status": "finished", "summary": {}})])
+    sink.flush()
+    (only,) = run_dir.glob("*.parquet")
+    assert only.name.startswith("compacted-")
+    table = read_table(sink.archive_dir, "run-1")
+    assert table["seq"].to_pylist() == list(range(11))
+    assert ParquetArchive(sink.archive_dir).recover("run-1") == {"p1": [(0, 10)]}
+
+
+def test_an_interrupted_compaction_is_finished_at_open(tmp_path):
+    sink = ParquetArchive(tmp_path / "archive", compact_after=1000)
+    sink.open()
+    sink.write([started()])
+    sink.flush()
+    sink.write([metric(1, 1, {"x": 1.0})])
+    sink.flush()
+    run_dir = next(sink.archive_dir.glob("project=*/run=run-1"))
+    parts = sorted(run_dir.glob("part-*.parquet"))
+    copies = {p: p.read_bytes() for p in parts}
+    sink._compact(run_dir, parts)  # merged file renamed in ...
+    for path, data in copies.items():  # ... and a crash before the old files were deleted
+        path.write_bytes(data)
+    assert tidy(sink.archive_dir, "run-1").num_rows == 2  # the window in which readers see both
+    ParquetArchive(sink.archive_dir).open()
+    assert [p.name.split("-")[0] for p in run_dir.glob("*.parquet")] == ["compacted"]
+    assert tidy(sink.archive_dir, "run-1").num_rows == 1
