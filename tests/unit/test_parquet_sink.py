@@ -169,3 +169,21 @@ def test_an_interrupted_compaction_is_finished_at_open(tmp_path):
     ParquetArchive(sink.archive_dir).open()
     assert [p.name.split("-")[0] for p in run_dir.glob("*.parquet")] == ["compacted"]
     assert tidy(sink.archive_dir, "run-1").num_rows == 1
+
+
+def test_export_writes_json_lines_and_parquet(archive, tmp_path, capsys):
+    import json
+
+    from metricbus._cli import main
+
+    archive.write([started()] + [metric(i + 1, i, {"Train/Loss": i / 4}) for i in range(4)])
+    archive.flush()
+    data_dir = str(archive.archive_dir.parent)
+    assert main(["--data-dir", data_dir, "export", "--run", "run-1", "--format", "json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["step"], r["name"], r["value"]) for r in lines] == [(i, "Train/Loss", i / 4) for i in range(4)]
+    assert lines[0]["run"] == "run-1" and lines[0]["wall_time"].startswith("2023-11-14T22:13:20")
+    out = tmp_path / "loss.parquet"
+    assert main(["--data-dir", data_dir, "export", "--run", "run-1", "--format", "parquet", "--out", str(out)]) == 0
+    assert pq.read_table(out).column_names == ["run", "step", "name", "value", "wall_time"]
+    assert main(["--data-dir", data_dir, "export", "--run", "run-1", "--format", "parquet"]) == 2
