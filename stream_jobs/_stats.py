@@ -1,0 +1,231 @@
+"""Numerically careful statistics as plain objects: update one value at a time, read any time.
+
+No Faust, no Kafka: the stream job feeds these, the tests compare them with numpy.
+NaN and inf are counted (``nonfinite``) but never enter a mean or a variance: one diverged
+step must not poison a window; the NaN rule in the alerts sees it instead.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Iterable
+
+import numpy as np
+
+
+class Welford:
+    """Running count, mean, variance (population and sample), min and max; mergeable (Chan et al.).
+
+    Accumulates ``x - shift`` (shift: the first value seen), so a series with a large offset
+    and a tiny spread (a timestamp, a loss of 1e9 + noise) keeps its precision.
+    """
+
+    __slots__ = ("count", "_shift", "_mean", "_m2", "min", "max", "nonfinite")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._shift: float | None = None
+        self._mean = 0.0  # of the shifted values
+        self._m2 = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+        self.nonfinite = 0
+
+    def add(self, x: float) -> None:
+        """Fold in one value."""
+        if not math.isfinite(x):
+            self.nonfinite += 1
+            return
+        if self._shift is None:
+            self._shift = x
+        x -= self._shift
+        self.count += 1
+        delta = x - self._mean
+        self._mean += delta / self.count
+        self._m2 += delta * (x - self._mean)
+        x += self._shift
+        if x < self.min:
+            self.min = x
+        if x > self.max:
+            self.max = x
+
+    def extend(self, xs: Iterable[float]) -> None:
+        """Fold in many values (one batch is merged as a block: exact and fast)."""
+        arr = np.asarray(list(xs) if not isinstance(xs, np.ndarray) else xs, dtype=float)
+        finite = arr[np.isfinite(arr)]
+        self.nonfinite += int(arr.size - finite.size)
+        if finite.size:
+            other = Welford()
+            other._shift = float(finite[0])
+            shifted = finite - other._shift
+            other.count = int(finite.size)
+            other._mean = float(shifted.mean())
+            other._m2 = float(((shifted - other._mean) ** 2).sum())
+            other.min, other.max = float(finite.min()), float(finite.max())
+            self.merge(other)
+
+    def merge(self, other: Welford) -> None:
+        """Combine with statistics of another part of the data (Chan's parallel formulas)."""
+        if other.count == 0:
+            self.nonfinite += other.nonfinite
+            return
+        if self._shift is None or other._shift is None or self.count == 0:
+            self._shift = other._shift
+            self._mean = 0.0 if self.count == 0 else self._mean
+        n = self.count + other.count
+        # other's mean expressed against our shift; the shifts' difference is formed first
+        delta = (other._shift - self._shift) + other._mean - self._mean  # type: ignore[operator]
+        self._mean += delta * other.count / n
+        self._m2 += other._m2 + delta * delta * self.count * other.count / n
+        self.count = n
+        self.min = min(self.min, other.min)
+        self.max = max(self.max, other.max)
+        self.nonfinite += other.nonfinite
+
+    @property
+    def mean(self) -> float:
+        """Mean of the finite values; NaN when empty."""
+        return (self._shift or 0.0) + self._mean if self.count else math.nan
+
+    @property
+    def variance(self) -> float:
+        """Population variance (numpy's ``var``, ddof=0); NaN when empty."""
+        return self._m2 / self.count if self.count else math.nan
+
+    @property
+    def sample_variance(self) -> float:
+        """Sample variance (ddof=1); NaN below two values."""
+        return self._m2 / (self.count - 1) if self.count > 1 else math.nan
+
+    @property
+    def std(self) -> float:
+        """Population standard deviation."""
+        return math.sqrt(self.variance) if self.count else math.nan
+
+
+class Window:
+    """The last ``size`` finite values: mean, std, min, max, median, quantiles, slope."""
+
+    __slots__ = ("size", "values", "nonfinite")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.values: collections.deque[float] = collections.deque(maxlen=size)
+        self.nonfinite = 0
+
+    def add(self, x: float) -> None:
+        """Append a value (NaN/inf are counted and skipped)."""
+        if math.isfinite(x):
+            self.values.append(x)
+        else:
+            self.nonfinite += 1
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @property
+    def full(self) -> bool:
+        """True once ``size`` values are held."""
+        return len(self.values) == self.size
+
+    def mean(self) -> float:
+        """Mean of the window (math.fsum: exact summation, then one division)."""
+        return math.fsum(self.values) / len(self.values) if self.values else math.nan
+
+    def std(self) -> float:
+        """Population standard deviation of the window (two-pass, stable with large offsets)."""
+        n = len(self.values)
+        if not n:
+            return math.nan
+        m = self.mean()
+        return math.sqrt(math.fsum((v - m) ** 2 for v in self.values) / n)
+
+
+    def quantile(self, q: float) -> float:
+        """Linear-interpolated quantile, as numpy's default; q in [0, 1]."""
+        return float(np.quantile(np.fromiter(self.values, float), q)) if self.values else math.nan
+
+    def median(self) -> float:
+        """Median of the window."""
+        return self.quantile(0.5)
+
+    def slope(self) -> float:
+        """Least-squares slope per value over the window (0 with fewer than two values)."""
+        n = len(self.values)
+        if n < 2:
+            return 0.0
+        y = np.fromiter(self.values, float)
+        y -= y[0]  # shift first: a large offset would swamp the centring below
+        x = np.arange(n, dtype=float)
+        x -= x.mean()
+        return float((x * (y - y.mean())).sum() / (x * x).sum())
+
+
+class EMA:
+    """Exponential moving average with TensorBoard's smoothing and debiasing.
+
+    ``weight`` is TensorBoard's smoothing slider (0.6 by default there): the first values
+    are not biased toward zero because the estimate is divided by ``1 - weight**n``.
+    """
+
+    __slots__ = ("weight", "_last", "_n")
+
+    def __init__(self, weight: float = 0.6) -> None:
+        if not 0.0 <= weight < 1.0:
+            raise ValueError(f"EMA weight must be in [0, 1), got {weight}")
+        self.weight = weight
+        self._last = 0.0
+        self._n = 0
+
+    def add(self, x: float) -> float:
+        """Fold in a value and return the debiased average (NaN/inf leave it unchanged)."""
+        if math.isfinite(x):
+            self._last = self._last * self.weight + (1 - self.weight) * x
+            self._n += 1
+        return self.value
+
+    @property
+    def value(self) -> float:
+        """The debiased average; NaN before any finite value."""
+        if not self._n:
+            return math.nan
+        return self._last / (1 - self.weight**self._n)
+
+
+IMPROVING, STABLE, DECLINING = 1, 0, -1
+
+
+def trend_class(slope: float, scale: float, higher_is_better: bool, tolerance: float = 0.01) -> int:
+    """Classify a slope as IMPROVING (+1), STABLE (0) or DECLINING (-1).
+
+    ``tolerance`` is relative: a slope smaller than ``tolerance * scale`` per value (scale:
+    the window's typical magnitude, e.g. its std or mean) is stable. Direction matters:
+    loss falling is improving, reward rising is improving.
+    """
+    if not math.isfinite(slope) or abs(slope) <= tolerance * max(abs(scale), 1e-12):
+        return STABLE
+    rising = slope > 0
+    return IMPROVING if rising == higher_is_better else DECLINING
+
+
+class Convergence:
+    """Converged when, for ``patience`` consecutive full windows, |slope| and the window's std
+    are both under their tolerances (relative to the window's mean magnitude)."""
+
+    __slots__ = ("slope_tol", "std_tol", "patience", "streak")
+
+    def __init__(self, slope_tol: float = 1e-3, std_tol: float = 0.05, patience: int = 3) -> None:
+        self.slope_tol = slope_tol
+        self.std_tol = std_tol
+        self.patience = patience
+        self.streak = 0
+
+    def update(self, window: Window) -> bool:
+        """Evaluate one (full) window; return whether the series has converged."""
+        if not window.full:
+            return False
+        scale = max(abs(window.mean()), 1e-12)
+        calm = abs(window.slope()) <= self.slope_tol * scale and window.std() <= self.std_tol * scale
+        self.streak = self.streak + 1 if calm else 0
+        return self.streak >= self.patience
