@@ -141,7 +141,6 @@ class Window:
         m = self.mean()
         return math.sqrt(math.fsum((v - m) ** 2 for v in self.values) / n)
 
-
     def quantile(self, q: float) -> float:
         """Linear-interpolated quantile, as numpy's default; q in [0, 1]."""
         return float(np.quantile(np.fromiter(self.values, float), q)) if self.values else math.nan
@@ -210,8 +209,11 @@ def trend_class(slope: float, scale: float, higher_is_better: bool, tolerance: f
 
 
 class Convergence:
-    """Converged when, for ``patience`` consecutive full windows, |slope| and the window's std
-    are both under their tolerances (relative to the window's mean magnitude)."""
+    """A series that has stopped moving.
+
+    Converged when, for ``patience`` consecutive full windows, |slope| and the window's std
+    are both under their tolerances (relative to the window's mean magnitude).
+    """
 
     __slots__ = ("slope_tol", "std_tol", "patience", "streak")
 

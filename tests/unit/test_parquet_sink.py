@@ -184,6 +184,9 @@ def test_export_writes_json_lines_and_parquet(archive, tmp_path, capsys):
     assert [(r["step"], r["name"], r["value"]) for r in lines] == [(i, "Train/Loss", i / 4) for i in range(4)]
     assert lines[0]["run"] == "run-1" and lines[0]["wall_time"].startswith("2023-11-14T22:13:20")
     out = tmp_path / "loss.parquet"
-    assert main(["--data-dir", data_dir, "export", "--run", "run-1", "--format", "parquet", "--out", str(out)]) == 0
+    assert (
+        main(["--data-dir", data_dir, "export", "--run", "run-1", "--format", "parquet", "--out", str(out)])
+        == 0
+    )
     assert pq.read_table(out).column_names == ["run", "step", "name", "value", "wall_time"]
     assert main(["--data-dir", data_dir, "export", "--run", "run-1", "--format", "parquet"]) == 2

@@ -4,7 +4,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from stream_jobs._stats import EMA, DECLINING, IMPROVING, STABLE, Convergence, Welford, Window, trend_class
+from stream_jobs._stats import DECLINING, EMA, IMPROVING, STABLE, Convergence, Welford, Window, trend_class
 
 SERIES = {
     "normal": np.random.default_rng(0).normal(3.0, 2.0, 5000),
