@@ -1,0 +1,244 @@
+"""Per-run derivation: logged events in, derived points out.
+
+Plain Python; the Faust agent and the back-tests feed it the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from schemas import METRICS, RUN_FINISHED
+
+from ._config import StreamConfig
+from ._stats import EMA, Convergence, Welford, Window, trend_class
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One derived value; becomes an Aggregate record."""
+
+    name: str
+    source: str
+    kind: str
+    step: int
+    epoch: int | None
+    value: float
+    ts_ms: int
+
+    def as_record(self) -> dict[str, Any]:
+        """The Aggregate Avro record."""
+        return dataclasses.asdict(self)
+
+
+class _Series:
+    __slots__ = ("recent", "ema", "trend", "convergence")
+
+    def __init__(self, cfg: StreamConfig) -> None:
+        self.recent = Window(cfg.window)
+        self.ema = EMA(cfg.ema_weight)
+        self.trend = Window(cfg.trend_window)
+        self.convergence = Convergence()
+
+
+class _Epoch:
+    __slots__ = ("reward", "reward_samples", "loss", "samples", "steps", "sums", "last_step")
+
+    def __init__(self) -> None:
+        self.reward = Welford()  # the logged reward scalar
+        self.reward_samples = Welford()  # per-sample rewards, preferred when logged
+        self.loss = Welford()
+        self.samples = 0
+        self.steps = 0
+        self.sums: dict[str, float] = {}
+        self.last_step = 0
+
+
+class RunDeriver:
+    """All derived series of one run. Feed events in (producer, seq) order per producer."""
+
+    def __init__(self, run_id: str, cfg: StreamConfig | None = None) -> None:
+        self.run_id = run_id
+        self.cfg = cfg or StreamConfig()
+        self._series: dict[str, _Series] = {}
+        self._sample_windows: dict[str, Window] = {}
+        self._sample_totals: dict[str, Welford] = {}
+        self._throughput: dict[str, tuple[Welford, Window]] = {}
+        self._epoch: _Epoch | None = None
+        self._epoch_no: int | None = None
+        self._previous: dict[str, float] = {}
+        self._last_step = 0
+        self.finished = False
+
+    def feed(self, kind: str, body: dict[str, Any], ts_ms: int) -> list[Point]:
+        """Derived points caused by one event."""
+        if kind == METRICS:
+            return self._metrics(body, ts_ms)
+        if kind == RUN_FINISHED and not self.finished:
+            self.finished = True
+            out = self._close_epoch(ts_ms)
+            out.extend(self._final(ts_ms))
+            return out
+        return []
+
+    # -- metrics ------------------------------------------------------------------------
+
+    def _metrics(self, body: dict[str, Any], ts: int) -> list[Point]:
+        cfg = self.cfg
+        step, epoch = body["step"], body["epoch"]
+        self._last_step = max(self._last_step, step)
+        out: list[Point] = []
+        if epoch is not None and self._epoch_no is not None and epoch != self._epoch_no:
+            out.extend(self._close_epoch(ts))
+        if epoch is not None:
+            if self._epoch is None:
+                self._epoch = _Epoch()
+            self._epoch_no = epoch
+        ep = self._epoch
+        if ep is not None:
+            ep.steps += 1
+            ep.last_step = step
+
+        def point(name: str, source: str, kind: str, value: float) -> None:
+            out.append(Point(name, source, kind, step, epoch, value, ts))
+
+        for name, value in body["scalars"].items():
+            series = self._series.get(name)
+            if series is None:
+                series = self._series[name] = _Series(cfg)
+            series.recent.add(value)
+            series.trend.add(value)
+            ema = series.ema.add(value)
+            if cfg.per_metric_stats:
+                point(f"stats/{name}/recent_mean", name, "rolling_mean", series.recent.mean())
+                point(f"stats/{name}/ema", name, "ema", ema)
+            if name.endswith(cfg.throughput_suffix):
+                self._throughput_point(name, value, point)
+            if ep is not None:
+                if name == cfg.reward_metric:
+                    ep.reward.add(value)
+                elif name == cfg.loss_metric:
+                    ep.loss.add(value)
+                for suffix in cfg.epoch_sums:
+                    if name.endswith(suffix) and math.isfinite(value):
+                        ep.sums[suffix] = ep.sums.get(suffix, 0.0) + value
+
+        total_means: list[float] = []
+        for name, values in body["samples"].items():
+            batch = Welford()
+            batch.extend(values)
+            aliases = cfg.sample_aliases.get(name, {})
+            stats = {
+                "mean": batch.mean,
+                "std": batch.std,
+                "min": batch.min,
+                "max": batch.max,
+                "variance": batch.variance,
+            }
+            if batch.count:
+                for stat, value in stats.items():
+                    point(aliases.get(stat, f"{name}_{stat}"), name, stat, value)
+            window = self._sample_windows.get(name)
+            if window is None:
+                window = self._sample_windows[name] = Window(cfg.window)
+                self._sample_totals[name] = Welford()
+            for v in values:
+                window.add(v)
+            self._sample_totals[name].extend(values)
+            if len(window):
+                point(aliases.get("recent_mean", f"{name}_recent_mean"), name, "rolling_mean", window.mean())
+            if name.startswith("rewards/") and batch.count:
+                total_means.append(batch.mean)
+            if ep is not None:
+                ep.samples += batch.count
+                if aliases.get("mean") == cfg.reward_metric:
+                    ep.reward_samples.extend(values)
+        if total_means:
+            point("rewards/total_mean", "rewards/*", "sum_of_means", math.fsum(total_means))
+        return out
+
+    def _throughput_point(self, name: str, value: float, point: Any) -> None:
+        suffix = self.cfg.throughput_suffix
+        avg, recent = self._throughput.setdefault(name, (Welford(), Window(self.cfg.p99_window)))
+        avg.add(value)
+        recent.add(value)
+        stem = name[: -len(suffix)]
+        point(f"{stem}Avg{suffix}", name, "mean", avg.mean)
+        point(f"{stem}P99{suffix}", name, "p99", recent.quantile(0.99))
+
+    # -- epochs and the end ---------------------------------------------------------------
+
+    def _close_epoch(self, ts: int) -> list[Point]:
+        ep, number = self._epoch, self._epoch_no
+        if ep is None or number is None or ep.steps == 0:
+            return []
+        self._epoch = _Epoch()
+        out: list[Point] = []
+
+        def point(name: str, source: str, kind: str, value: float) -> None:
+            out.append(Point(name, source, kind, ep.last_step, number, value, ts))
+
+        cfg = self.cfg
+        reward = ep.reward_samples if ep.reward_samples.count else ep.reward
+        if reward.count:
+            avg = reward.mean
+            point("Epoch/AvgReward", cfg.reward_metric, "epoch_mean", avg)
+            point("Epoch/RewardVariance", cfg.reward_metric, "epoch_variance", reward.variance)
+            if "reward" in self._previous:
+                point("Epoch/RewardTrend", cfg.reward_metric, "epoch_trend", avg - self._previous["reward"])
+            self._previous["reward"] = avg
+        if ep.loss.count:
+            loss = ep.loss.mean
+            point("Epoch/AvgLoss", cfg.loss_metric, "epoch_mean", loss)
+            if "loss" in self._previous:
+                # positive = improving, as loss should decrease (seed 004)
+                point("Epoch/LossTrend", cfg.loss_metric, "epoch_trend", self._previous["loss"] - loss)
+            self._previous["loss"] = loss
+        point("Epoch/NumSamples", "*", "count", float(ep.samples or ep.steps))
+        for suffix, total in sorted(ep.sums.items()):
+            point(f"Epoch/{suffix}", f"*{suffix}", "epoch_sum", total)
+        for name in (cfg.reward_metric, cfg.loss_metric):
+            series = self._series.get(name)
+            if series is not None and len(series.trend) >= 2:
+                scale = series.trend.std() or abs(series.trend.mean())
+                point(
+                    f"stats/{name}/trend",
+                    name,
+                    "trend",
+                    float(trend_class(series.trend.slope(), scale, cfg.higher_is_better(name))),
+                )
+                point(
+                    f"stats/{name}/converged",
+                    name,
+                    "converged",
+                    float(series.convergence.update(series.trend)),
+                )
+        return out
+
+    def _final(self, ts: int) -> list[Point]:
+        out = []
+        for name, total in sorted(self._sample_totals.items()):
+            if not total.count:
+                continue
+            short = name[len("rewards/") :] if name.startswith("rewards/") else name
+            for stat, value in (
+                ("mean", total.mean),
+                ("std", total.std),
+                ("max", total.max),
+                ("min", total.min),
+                ("total_samples", float(total.count)),
+            ):
+                out.append(
+                    Point(f"final/{short}_{stat}", name, "final", self._last_step, self._epoch_no, value, ts)
+                )
+        return out
+
+
+def derive_all(
+    events: Iterable[tuple[str, dict[str, Any], int]], run_id: str = "run", cfg: StreamConfig | None = None
+) -> list[Point]:
+    """Every point one run's events derive (for back-tests and tests)."""
+    deriver = RunDeriver(run_id, cfg)
+    return [p for kind, body, ts in events for p in deriver.feed(kind, body, ts)]
