@@ -5,6 +5,7 @@ ours: producers, stream_jobs, sinks and the metricbus face all build on it.
 """
 
 from ._codec import HEADER_SIZE, MAGIC, Codec, default_codec
+from ._dedupe import Deduper, Interval, SeqSet
 from ._errors import (
     BadMagicError,
     BrokerError,
@@ -18,6 +19,7 @@ from ._errors import (
     TruncatedRecordError,
     UnknownSchemaError,
 )
+from ._events import Event, decode_events
 from ._kafka import client_options, consumer_group_options, ensure_topics
 from ._names import check_run_id, path_segment
 from ._registry import SCHEMA_DIR, SchemaVersion, crc64_avro, load_versions
@@ -45,6 +47,10 @@ __all__ = [
     "BrokerError",
     "Codec",
     "ConfigError",
+    "Deduper",
+    "Event",
+    "Interval",
+    "SeqSet",
     "EncodeError",
     "InvalidNameError",
     "MetricValueError",
@@ -60,6 +66,7 @@ __all__ = [
     "client_options",
     "consumer_group_options",
     "crc64_avro",
+    "decode_events",
     "default_codec",
     "ensure_topics",
     "load_versions",

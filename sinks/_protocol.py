@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from ._dedupe import Interval
-from ._events import Event
+from schemas import Event, Interval
 
 
 class Sink(Protocol):

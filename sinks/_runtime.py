@@ -15,10 +15,18 @@ import logging
 import time
 from typing import Any
 
-from schemas import Codec, SchemaError, Settings, client_options, consumer_group_options, default_codec
+from schemas import (
+    Codec,
+    Deduper,
+    Event,
+    SchemaError,
+    Settings,
+    client_options,
+    consumer_group_options,
+    decode_events,
+    default_codec,
+)
 
-from ._dedupe import Deduper
-from ._events import Event, decode_events
 from ._protocol import Sink
 
 log = logging.getLogger("metricbus.sink")

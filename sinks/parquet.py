@@ -30,11 +30,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Codec, default_codec
+from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Codec, Event, Interval, SeqSet, default_codec
 
 from ._archive import FORMAT_KEY, FORMAT_VERSION, REPLACES_KEY, SCHEMA, SEQS_KEY, find_run_dirs, run_dir
-from ._dedupe import Interval, SeqSet
-from ._events import Event
 
 log = logging.getLogger("metricbus.sink.parquet")
 UNKNOWN_PROJECT = "_unknown"

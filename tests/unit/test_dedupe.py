@@ -1,6 +1,6 @@
 import random
 
-from sinks import Deduper, SeqSet
+from schemas import Deduper, SeqSet
 
 
 def expand(intervals):

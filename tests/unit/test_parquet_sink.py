@@ -2,8 +2,8 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from schemas import HISTOGRAM, METRICS, RUN_STARTED, TABLE, default_codec
-from sinks import Event, ParquetArchive, read_table, summary, tidy
+from schemas import HISTOGRAM, METRICS, RUN_STARTED, TABLE, Event, default_codec
+from sinks import ParquetArchive, read_table, summary, tidy
 
 FP = default_codec().newest("EventBatch").fingerprint
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from schemas import Codec, SchemaError
+from ._codec import Codec
+from ._errors import SchemaError
 
 
 class Event(NamedTuple):

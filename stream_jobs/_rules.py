@@ -1,0 +1,152 @@
+"""Alert rules from YAML: parsed once, validated with the file's line numbers in every error."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import operator
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from schemas import ConfigError
+
+DEFAULT_RULES = Path(__file__).parent / "rules" / "default.yaml"
+
+OPS: dict[str, Callable[[float, float], bool]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+}
+KINDS = ("threshold", "nonfinite", "absent", "zscore", "rate")
+_FIELDS = {
+    "name",
+    "kind",
+    "metric",
+    "op",
+    "value",
+    "for",
+    "warmup",
+    "window",
+    "z",
+    "direction",
+    "max_change",
+    "seconds",
+    "severity",
+    "resolve_after_s",
+    "message",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One alert rule. ``metric`` is a glob over logged and derived series names."""
+
+    name: str
+    kind: str  #: threshold | nonfinite | absent | zscore | rate
+    metric: str = "*"
+    op: str = ">"  #: threshold: > >= < <=
+    value: float = 0.0  #: threshold: the limit
+    for_: int = 1  #: consecutive evaluations the condition must hold before firing
+    warmup: int = 0  #: first evaluations of each series that are ignored
+    window: int = 20  #: zscore: values in the reference window
+    z: float = 4.0  #: zscore: |value - mean| / std above this fires
+    direction: str = "both"  #: zscore: both | above | below
+    max_change: float = 0.0  #: rate: |value - previous value| above this fires
+    seconds: float = 300.0  #: absent: silence longer than this fires
+    severity: str = "warning"
+    resolve_after_s: float = 30.0  #: the condition must stay false this long before "resolved"
+    message: str = ""
+    line: int = 0  #: where the rule starts in its file
+
+    def matches(self, series: str) -> bool:
+        """Whether this rule watches ``series``."""
+        return fnmatch.fnmatchcase(series, self.metric)
+
+
+class _LineLoader(yaml.SafeLoader):
+    pass
+
+
+def _mapping_with_line(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
+    mapping: dict[str, Any] = {str(k): v for k, v in loader.construct_mapping(node, deep=True).items()}
+    mapping["__line__"] = node.start_mark.line + 1
+    return mapping
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_with_line)
+
+
+def load_rules(path: Path | str = DEFAULT_RULES) -> list[Rule]:
+    """Parse a rules file; raise ConfigError naming the file, line and fix for anything wrong."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read rules file {path}: {exc}") from exc
+    return parse_rules(text, source=str(path))
+
+
+def parse_rules(text: str, source: str = "<rules>") -> list[Rule]:
+    """Parse rules from YAML text (see :func:`load_rules`)."""
+    try:
+        doc = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise ConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("rules"), list):
+        raise ConfigError(f"{source}: expected a top-level 'rules:' list of rules")
+    rules, names = [], set()
+    for raw in doc["rules"]:
+        rule = _rule(raw, source)
+        if rule.name in names:
+            raise ConfigError(
+                f"{source}:{rule.line}: rule name {rule.name!r} is used twice; names must be unique"
+            )
+        names.add(rule.name)
+        rules.append(rule)
+    return rules
+
+
+def _rule(raw: Any, source: str) -> Rule:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: each rule must be a mapping with at least 'name' and 'kind'")
+    line = raw.pop("__line__", 0)
+    where = f"{source}:{line}"
+    unknown = set(raw) - _FIELDS
+    if unknown:
+        raise ConfigError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(_FIELDS)}")
+    name, kind = raw.get("name"), raw.get("kind")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}: every rule needs a 'name'")
+    if kind not in KINDS:
+        raise ConfigError(f"{where}: rule {name!r} has kind {kind!r}; use one of {', '.join(KINDS)}")
+    fields: dict[str, Any] = {"name": name, "kind": kind, "line": line}
+    for key in _FIELDS - {"name", "kind"}:
+        if key in raw:
+            fields["for_" if key == "for" else key] = raw[key]
+    if kind == "threshold":
+        if "value" not in raw or fields.get("op", ">") not in OPS:
+            raise ConfigError(
+                f"{where}: threshold rule {name!r} needs 'op' (one of {' '.join(OPS)}) and a numeric 'value'"
+            )
+    if kind == "rate" and "max_change" not in raw:
+        raise ConfigError(
+            f"{where}: rate rule {name!r} needs 'max_change' (largest allowed change per value)"
+        )
+    if kind == "zscore" and fields.get("direction", "both") not in ("both", "above", "below"):
+        raise ConfigError(f"{where}: zscore rule {name!r}: direction must be both, above or below")
+    try:
+        rule = Rule(**fields)
+        for numeric in ("value", "z", "max_change", "seconds", "resolve_after_s"):
+            float(getattr(rule, numeric))
+        for integer in ("for_", "warmup", "window"):
+            if int(getattr(rule, integer)) < 0:
+                raise ValueError(integer)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: rule {name!r} has a value of the wrong type ({exc})") from None
+    return rule

@@ -1,0 +1,102 @@
+import math
+
+import pytest
+
+from schemas import ConfigError, default_codec
+from stream_jobs._alerts import AlertEngine
+from stream_jobs._rules import DEFAULT_RULES, load_rules, parse_rules
+
+
+def engine(yaml_text):
+    return AlertEngine(parse_rules(yaml_text))
+
+
+def test_the_default_rule_pack_loads_and_covers_the_seed_thresholds():
+    rules = {r.name: r for r in load_rules(DEFAULT_RULES)}
+    assert rules["epoch_reward_below_target"].value == 0.7 and rules["epoch_reward_below_target"].warmup > 0
+    assert rules["epoch_reward_unstable"].value == 0.01
+    assert rules["slow_generation"].value == 1.0
+    assert rules["gpu_underused"].value == 50
+    assert rules["memory_pressure"].value == 90
+    assert rules["nan_loss"].kind == "nonfinite" and rules["run_stalled"].kind == "absent"
+
+
+def test_threshold_with_for_fires_once_and_resolves_after_hysteresis():
+    e = engine("""
+rules:
+  - {name: mem, kind: threshold, metric: System/Memory_Percent, op: ">", value: 90, for: 2, resolve_after_s: 10}
+""")
+    seq = [95, 95, 95, 50, 95, 50, 50, 50]
+    ts = [0, 1000, 2000, 3000, 4000, 5000, 9000, 16000]
+    alerts = [a for v, t in zip(seq, ts) for a in e.observe("r", "System/Memory_Percent", v, 1, t)]
+    # one firing at the 2nd high value; the flap at 3-5 s does not resolve; resolved 10 s after it calmed
+    assert [(a["state"], a["ts_ms"]) for a in alerts] == [("firing", 1000), ("resolved", 16000)]
+    assert "95 > 90 for 2 evaluations" in alerts[0]["message"]
+
+
+def test_warmup_skips_the_first_evaluations():
+    e = engine("rules: [{name: t, kind: threshold, metric: Epoch/AvgReward, op: '<', value: 0.7, warmup: 3}]")
+    fired = [bool(e.observe("r", "Epoch/AvgReward", 0.1, i, i)) for i in range(5)]
+    assert fired == [False, False, False, True, False]
+
+
+def test_nonfinite_glob_catches_a_nan_loss():
+    e = engine("rules: [{name: nan_loss, kind: nonfinite, metric: '*Loss*'}]")
+    assert e.observe("r", "Train/Loss", 0.5, 1, 1) == []
+    (alert,) = e.observe("r", "Train/Loss", math.nan, 2, 2)
+    assert alert["state"] == "firing" and alert["metric"] == "Train/Loss" and alert["step"] == 2
+    assert e.observe("r", "Train/AvgReward", math.nan, 2, 2) == []
+
+
+def test_zscore_and_rate():
+    e = engine("""
+rules:
+  - {name: collapse, kind: zscore, metric: r, window: 20, z: 4, direction: below}
+  - {name: jump, kind: rate, metric: r, max_change: 5}
+""")
+    out = []
+    for i in range(30):
+        out += e.observe("run", "r", 10 + 0.1 * (i % 3), i, i)
+    assert out == []
+    out = e.observe("run", "r", 2.0, 30, 30)
+    assert {a["rule"] for a in out} == {"collapse", "jump"}
+
+
+def test_absent_fires_for_a_silent_live_run_and_resolves_when_it_speaks():
+    e = engine("rules: [{name: stalled, kind: absent, seconds: 60}]")
+    e.seen("r1", 0)
+    e.seen("done", 0, finished=True)
+    assert e.check_absent(30_000) == []
+    (alert,) = e.check_absent(61_000)
+    assert (alert["run_id"], alert["state"]) == ("r1", "firing")
+    assert e.check_absent(120_000) == []  # once, not every tick
+    (back,) = e.seen("r1", 125_000)
+    assert back["state"] == "resolved"
+
+
+def test_alerts_encode_as_alert_records():
+    e = engine("rules: [{name: nan_loss, kind: nonfinite, metric: '*'}]")
+    (alert,) = e.observe("r", "Train/Loss", math.inf, 3, 3)
+    codec = default_codec()
+    assert codec.decode(codec.encode("Alert", alert))[1]["value"] == math.inf
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("rules: [{name: a, kind: thresh, metric: x}]", "<t>:1: rule 'a' has kind 'thresh'"),
+        ("rules:\n  - name: a\n    kind: threshold\n    metric: x\n", "<t>:2: threshold rule 'a' needs 'op'"),
+        (
+            "rules:\n  - {name: a, kind: nonfinite}\n  - {name: a, kind: nonfinite}\n",
+            "<t>:3: rule name 'a' is used twice",
+        ),
+        ("rules: [{name: a, kind: threshold, op: '>', value: high}]", "wrong type"),
+        ("rules: [{name: a, kind: nonfinite, treshold: 3}]", "unknown field(s) ['treshold']"),
+        ("rules: [ {name: a", "not valid YAML"),
+        ("alerts: []", "top-level 'rules:'"),
+    ],
+)
+def test_a_bad_rules_file_fails_at_load_with_the_line_and_the_fix(text, fragment):
+    with pytest.raises(ConfigError) as exc:
+        parse_rules(text, source="<t>")
+    assert fragment in str(exc.value)
