@@ -93,6 +93,20 @@ def cmd_sink(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    import faust
+
+    from stream_jobs import DEFAULT_RULES, build_app, load_rules
+
+    settings = _settings(args)
+    rules = load_rules(args.rules or DEFAULT_RULES)
+    app = build_app(settings, rules=rules)
+    log.info("stream worker: %d alert rules from %s", len(rules), args.rules or DEFAULT_RULES)
+    worker = faust.Worker(app, loglevel="WARN", quiet=True)
+    worker.execute_from_commandline()  # handles SIGINT/SIGTERM itself; exits the process
+    return 0
+
+
 def cmd_sync(args: argparse.Namespace) -> int:
     from producers import sync_spools
 
@@ -177,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("sink", choices=["parquet"])
     s.add_argument("--flush-interval", type=float, default=2.0, help="seconds between durable flushes")
     s.set_defaults(func=cmd_sink)
+
+    s = sub.add_parser("worker", help="run the stream jobs (rolling statistics, epochs, alerts)")
+    s.add_argument("--rules", help="alert rules YAML (default: the seed rule pack)")
+    s.set_defaults(func=cmd_worker)
 
     s = sub.add_parser("sync", help="publish what runs left in their local spools")
     s.set_defaults(func=cmd_sync)

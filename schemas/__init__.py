@@ -20,7 +20,7 @@ from ._errors import (
     UnknownSchemaError,
 )
 from ._events import Event, decode_events
-from ._kafka import client_options, consumer_group_options, ensure_topics
+from ._kafka import client_options, consumer_group_options, ensure_topics, ssl_context
 from ._names import check_run_id, path_segment
 from ._registry import SCHEMA_DIR, SchemaVersion, crc64_avro, load_versions
 from ._settings import Settings, Topics
@@ -71,4 +71,5 @@ __all__ = [
     "ensure_topics",
     "load_versions",
     "path_segment",
+    "ssl_context",
 ]

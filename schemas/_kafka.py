@@ -22,7 +22,8 @@ def _security(settings: Settings) -> dict[str, Any]:
     return opts
 
 
-def _ssl_context(settings: Settings) -> ssl.SSLContext | None:
+def ssl_context(settings: Settings) -> ssl.SSLContext | None:
+    """The TLS context for SSL / SASL_SSL, else None."""
     if not settings.security_protocol.endswith("SSL"):
         return None
     ctx = ssl.create_default_context(cafile=settings.ssl_cafile)
@@ -34,7 +35,7 @@ def _ssl_context(settings: Settings) -> ssl.SSLContext | None:
 def client_options(settings: Settings) -> dict[str, Any]:
     """Connection and security options; kafka-python and aiokafka take the same names."""
     opts = {"bootstrap_servers": settings.bootstrap_servers, **_security(settings)}
-    ctx = _ssl_context(settings)
+    ctx = ssl_context(settings)
     if ctx is not None:
         opts["ssl_context"] = ctx
     return opts

@@ -1,0 +1,33 @@
+"""Stream jobs: rolling statistics, epochs, trends, convergence and alerts.
+
+The statistics and rules are plain Python objects; ``build_app`` wraps them in a Faust app
+(imported only when called, so importing this package never imports Faust).
+"""
+
+from ._alerts import AlertEngine
+from ._app import build_app
+from ._config import StreamConfig
+from ._derive import Point, RunDeriver, derive_all
+from ._processor import Output, StreamProcessor
+from ._rules import DEFAULT_RULES, Rule, load_rules, parse_rules
+from ._stats import EMA, Convergence, Welford, Window, trend_class
+
+__all__ = [
+    "DEFAULT_RULES",
+    "EMA",
+    "AlertEngine",
+    "Convergence",
+    "Output",
+    "Point",
+    "Rule",
+    "RunDeriver",
+    "StreamConfig",
+    "StreamProcessor",
+    "Welford",
+    "Window",
+    "build_app",
+    "derive_all",
+    "load_rules",
+    "parse_rules",
+    "trend_class",
+]

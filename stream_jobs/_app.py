@@ -1,0 +1,112 @@
+"""The Faust app: a thin adapter that feeds the events topic to :class:`StreamProcessor`.
+
+Faust's cost is per record, so each record is a whole EventBatch and each input record
+produces at most one AggregateBatch record per run; the statistics are plain Python objects
+(``_stats``, ``_derive``, ``_alerts``) with no Faust import.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from schemas import SchemaError, Settings, decode_events, default_codec, ssl_context
+
+from ._config import StreamConfig
+from ._processor import Output, StreamProcessor
+from ._rules import Rule
+
+log = logging.getLogger("metricbus.stream")
+
+
+def _credentials(settings: Settings) -> Any:
+    import faust
+
+    ctx = ssl_context(settings)
+    if settings.security_protocol.startswith("SASL"):
+        return faust.SASLCredentials(
+            username=settings.sasl_username,
+            password=settings.sasl_password,
+            mechanism=settings.sasl_mechanism,
+            ssl_context=ctx,
+        )
+    return faust.SSLCredentials(ctx) if ctx is not None else None
+
+
+def build_app(settings: Settings, cfg: StreamConfig | None = None, rules: list[Rule] | None = None) -> Any:
+    """The stream worker's Faust app (consumer group ``<prefix>stream``)."""
+    import faust
+
+    topics = settings.topics
+    codec = default_codec()
+    processor = StreamProcessor(cfg, rules or [])
+    app = faust.App(
+        f"{settings.topic_prefix}stream",
+        broker=[f"kafka://{server}" for server in settings.bootstrap_servers.split(",")],
+        broker_credentials=_credentials(settings),
+        value_serializer="raw",
+        key_serializer="raw",
+        store="memory://",
+        web_enabled=False,
+        topic_partitions=settings.partitions,
+        topic_allow_declare=False,  # metricbus creates its topics (metricbus up / metricbus topics)
+        broker_session_timeout=settings.session_timeout_ms / 1000,
+        broker_heartbeat_interval=settings.heartbeat_interval_ms / 1000,
+        broker_rebalance_timeout=settings.rebalance_timeout_ms / 1000,
+        consumer_auto_offset_reset="earliest",
+        producer_acks=1,
+    )
+    app.processor = processor  # type: ignore[attr-defined]  # for tests and status
+    events = app.topic(topics.events, value_serializer="raw", key_serializer="raw")
+    aggregates = app.topic(topics.aggregates, value_serializer="raw", key_serializer="raw")
+    alerts = app.topic(topics.alerts, value_serializer="raw", key_serializer="raw")
+    deadletter = app.topic(topics.deadletter, value_serializer="raw", key_serializer="raw")
+
+    async def publish(output: Any) -> None:
+        for run_id, points in output.points.items():
+            record = {"run_id": run_id, "points": [p.as_record() for p in points]}
+            await aggregates.send(key=run_id.encode(), value=codec.encode("AggregateBatch", record))
+        for alert in output.alerts:
+            log.warning(
+                "alert %s %s [%s] run %s: %s",
+                alert["state"],
+                alert["rule"],
+                alert["severity"],
+                alert["run_id"],
+                alert["message"],
+            )
+            await alerts.send(key=alert["run_id"].encode(), value=codec.encode("Alert", alert))
+
+    @app.agent(events)
+    async def derive(stream: Any) -> None:
+        async for event in stream.events():
+            try:
+                batch = decode_events(codec, event.value)
+            except SchemaError as exc:
+                log.error(
+                    "undecodable record %s[%d]@%d (%s); sent to %s",
+                    event.message.topic,
+                    event.message.partition,
+                    event.message.offset,
+                    exc,
+                    topics.deadletter,
+                )
+                await deadletter.send(
+                    key=event.key,
+                    value=event.value,
+                    headers={
+                        "metricbus.reason": f"{type(exc).__name__}: {exc}".encode(),
+                        "metricbus.consumer": f"{settings.topic_prefix}stream".encode(),
+                    },
+                )
+                continue
+            await publish(processor.process(batch))
+
+    @app.timer(1.0)
+    async def stalled_runs() -> None:
+        alerts_out = processor.tick(int(time.time() * 1000))
+        if alerts_out:
+            await publish(Output(alerts=alerts_out))
+
+    return app
