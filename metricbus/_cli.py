@@ -221,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    for noisy in ("kafka", "aiokafka"):
-        logging.getLogger(noisy).setLevel(logging.WARNING if not args.verbose else logging.INFO)
+    for noisy in ("kafka", "aiokafka"):  # their connection chatter is ours to report, once
+        logging.getLogger(noisy).setLevel(logging.ERROR if not args.verbose else logging.INFO)
     try:
         return int(args.func(args))
     except MetricbusError as exc:

@@ -6,6 +6,7 @@ import dataclasses
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 from schemas import Settings
 
@@ -32,6 +33,57 @@ def wait_archived(archive: Path, run_id: str, events: int, timeout: float) -> in
             break
         time.sleep(0.5)
     return held
+
+
+def _print_stream_results(settings: Settings, run_id: str, timeout: float = 30.0) -> None:
+    """What the stream worker derived and fired, read back from its topics."""
+    from schemas import default_codec
+
+    from ._read import read_topic
+
+    codec = default_codec()
+    deadline = time.monotonic() + timeout
+    points: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:  # the worker emits final/* once it has seen RunFinished
+        points = [
+            p
+            for r in read_topic(settings, settings.topics.aggregates)
+            for p in codec.decode(r.value)[1]["points"]
+            if r.key == run_id.encode()
+        ]
+        if any(p["kind"] == "final" for p in points):
+            break
+        time.sleep(1.0)
+    alerts = [
+        codec.decode(r.value)[1]
+        for r in read_topic(settings, settings.topics.alerts)
+        if r.key == run_id.encode()
+    ]
+    epochs: dict[int, dict[str, float]] = {}
+    last: dict[str, float] = {}
+    for p in points:
+        if p["name"].startswith("Epoch/") and p["epoch"] is not None:
+            epochs.setdefault(p["epoch"], {})[p["name"][6:]] = p["value"]
+        last[p["name"]] = p["value"]
+    print(f"stream worker: {len(points)} derived points, {len(alerts)} alert transitions\n")
+    cols = ["AvgReward", "RewardVariance", "RewardTrend", "AvgLoss", "LossTrend", "NumSamples"]
+    print("epoch" + "".join(f"{c:>16}" for c in cols))
+    for epoch in sorted(epochs):
+        print(
+            f"{epoch:<5}"
+            + "".join(f"{epochs[epoch][c]:>16.4g}" if c in epochs[epoch] else f"{'-':>16}" for c in cols)
+        )
+    print("\nfinal rolling statistics (last 10 values, EMA):")
+    for name in ("Train/AvgReward", "Train/Loss", "Train/Entropy", "Train/ApproxKL"):
+        mean, ema = last.get(f"stats/{name}/recent_mean"), last.get(f"stats/{name}/ema")
+        if mean is not None and ema is not None:
+            print(f"  {name:<22} recent_mean {mean:>10.4g}   ema {ema:>10.4g}")
+    for name in sorted(n for n in last if n.startswith("final/")):
+        print(f"  {name:<40} {last[name]:>10.4g}")
+    print("\nalerts:" + ("" if alerts else " none fired"))
+    for a in alerts:
+        print(f"  {a['state']:<9}{a['rule']} [{a['severity']}] step {a['step']}: {a['message']}")
+    print()
 
 
 def run_demo(settings: Settings, updates: int = 30) -> int:
@@ -67,6 +119,7 @@ def run_demo(settings: Settings, updates: int = 30) -> int:
         print(f"trained in {elapsed:.1f}s; {events} events logged, all acknowledged by Kafka: {delivered}")
         held = wait_archived(settings.archive_dir, run.run_id, events, timeout=30)
         print(f"archive holds {held}/{events} events of the run\n")
+        _print_stream_results(settings, run.run_id)
         rows = summary(settings.archive_dir, run.run_id)
         print(f"{'metric':<36}{'n':>5}{'first':>12}{'last':>12}{'min':>12}{'max':>12}")
         for r in rows:

@@ -126,6 +126,7 @@ class RunDeriver:
                         ep.sums[suffix] = ep.sums.get(suffix, 0.0) + value
 
         total_means: list[float] = []
+        batch_size = 0  # one batch logs several sample series of the same samples: count it once
         for name, values in body["samples"].items():
             batch = Welford()
             batch.extend(values)
@@ -151,12 +152,14 @@ class RunDeriver:
                 point(aliases.get("recent_mean", f"{name}_recent_mean"), name, "rolling_mean", window.mean())
             if name.startswith("rewards/") and batch.count:
                 total_means.append(batch.mean)
+            batch_size = max(batch_size, batch.count + batch.nonfinite)
             if ep is not None:
-                ep.samples += batch.count
                 if aliases.get("mean") == cfg.reward_metric:
                     ep.reward_samples.extend(values)
         if total_means:
             point("rewards/total_mean", "rewards/*", "sum_of_means", math.fsum(total_means))
+        if ep is not None:
+            ep.samples += batch_size
         return out
 
     def _throughput_point(self, name: str, value: float, point: Any) -> None:

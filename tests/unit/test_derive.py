@@ -82,7 +82,7 @@ def test_seed_004_batch_reward_statistics_and_epochs():
     assert [p.value for p in pts["Epoch/AvgLoss"]] == pytest.approx(loss)
     assert [p.value for p in pts["Epoch/LossTrend"]] == pytest.approx([loss[0] - loss[1], loss[1] - loss[2]])
     assert all(p.value > 0 for p in pts["Epoch/LossTrend"])  # loss falling = positive = improving
-    assert [p.value for p in pts["Epoch/NumSamples"]] == [160.0] * 3
+    assert [p.value for p in pts["Epoch/NumSamples"]] == [160.0] * 3  # 10 steps x 16 samples, counted once
     assert [p.value for p in pts["Epoch/APITokens"]] == [1000.0] * 3
     assert [(p.epoch, p.step) for p in pts["Epoch/AvgReward"]] == [(0, 9), (1, 19), (2, 29)]
     assert pts["stats/Train/Loss/trend"][-1].value == 1.0  # loss falling: improving

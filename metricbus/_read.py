@@ -1,0 +1,53 @@
+"""Read a whole topic once (the demo's and `status`-style tools' view of derived topics).
+
+The end is the high watermark from Fetch responses: the embedded broker answers ListOffsets
+LATEST with the last batch's base offset + 1, which would stop a reader early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from schemas import Settings, client_options
+
+
+def read_topic(settings: Settings, topic: str, idle_s: float = 1.0, timeout_s: float = 30.0) -> list[Any]:
+    """Every record of ``topic`` from the beginning, in partition order (no consumer group)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    async def main() -> list[Any]:
+        consumer = AIOKafkaConsumer(
+            **client_options(settings), enable_auto_commit=False, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        try:
+            partitions = consumer.partitions_for_topic(topic)
+            if not partitions:
+                await consumer._client.force_metadata_update()
+                partitions = consumer.partitions_for_topic(topic) or set()
+            tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+            if not tps:
+                return []
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            out: list[Any] = []
+            deadline = time.monotonic() + timeout_s
+            last_data = time.monotonic()
+            while time.monotonic() < deadline:
+                batches = await consumer.getmany(timeout_ms=200)
+                for records in batches.values():
+                    out.extend(records)
+                    last_data = time.monotonic()
+                caught_up = True
+                for tp in tps:
+                    high = consumer.highwater(tp)
+                    caught_up = caught_up and high is not None and await consumer.position(tp) >= high
+                if caught_up or time.monotonic() - last_data > idle_s:
+                    break
+            return out
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(main())
