@@ -96,11 +96,13 @@ def cmd_sink(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
-    from stream_jobs import DEFAULT_RULES, build_app, load_rules
+    from stream_jobs import DEFAULT_RULES, StreamProcessor, build_app, group_id, load_rules, rebuild
 
     settings = _settings(args)
     rules = load_rules(args.rules or DEFAULT_RULES)
-    app = build_app(settings, rules=rules)
+    processor = StreamProcessor(rules=rules)
+    rebuild(processor, settings, group_id(settings))  # the state before our committed offsets
+    app = build_app(settings, processor=processor)
     log.info("stream worker: %d alert rules from %s", len(rules), args.rules or DEFAULT_RULES)
     worker = faust.Worker(app, loglevel="WARN", quiet=True)
     worker.execute_from_commandline()  # handles SIGINT/SIGTERM itself; exits the process

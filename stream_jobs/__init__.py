@@ -5,10 +5,11 @@ The statistics and rules are plain Python objects; ``build_app`` wraps them in a
 """
 
 from ._alerts import AlertEngine
-from ._app import build_app
+from ._app import build_app, group_id
 from ._config import StreamConfig
 from ._derive import Point, RunDeriver, derive_all
 from ._processor import Output, StreamProcessor
+from ._rebuild import committed_offsets, rebuild
 from ._rules import DEFAULT_RULES, Rule, load_rules, parse_rules
 from ._stats import EMA, Convergence, Welford, Window, trend_class
 
@@ -26,6 +27,9 @@ __all__ = [
     "Welford",
     "Window",
     "build_app",
+    "committed_offsets",
+    "group_id",
+    "rebuild",
     "derive_all",
     "load_rules",
     "parse_rules",

@@ -34,15 +34,29 @@ def _credentials(settings: Settings) -> Any:
     return faust.SSLCredentials(ctx) if ctx is not None else None
 
 
-def build_app(settings: Settings, cfg: StreamConfig | None = None, rules: list[Rule] | None = None) -> Any:
-    """The stream worker's Faust app (consumer group ``<prefix>stream``)."""
+def group_id(settings: Settings) -> str:
+    """The stream worker's consumer group (Faust's app id)."""
+    return f"{settings.topic_prefix}stream"
+
+
+def build_app(
+    settings: Settings,
+    cfg: StreamConfig | None = None,
+    rules: list[Rule] | None = None,
+    processor: StreamProcessor | None = None,
+) -> Any:
+    """The stream worker's Faust app (consumer group :func:`group_id`).
+
+    Pass a ``processor`` already rebuilt with :func:`stream_jobs.rebuild` to resume after a
+    restart with the state an uninterrupted worker would have.
+    """
     import faust
 
     topics = settings.topics
     codec = default_codec()
-    processor = StreamProcessor(cfg, rules or [])
+    processor = processor or StreamProcessor(cfg, rules or [])
     app = faust.App(
-        f"{settings.topic_prefix}stream",
+        group_id(settings),
         broker=[f"kafka://{server}" for server in settings.bootstrap_servers.split(",")],
         broker_credentials=_credentials(settings),
         value_serializer="raw",
