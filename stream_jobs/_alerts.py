@@ -13,6 +13,8 @@ from typing import Any
 from ._rules import OPS, Rule
 from ._stats import Window
 
+_NONE: list[dict[str, Any]] = []  # shared, never appended to: most series match no rule
+
 
 @dataclasses.dataclass
 class _State:
@@ -43,6 +45,8 @@ class AlertEngine:
         rules = self._matches.get(series)
         if rules is None:
             rules = self._matches[series] = [r for r in self._value_rules if r.matches(series)]
+        if not rules:
+            return _NONE
         out = []
         for rule in rules:
             state = self._state.setdefault((run_id, rule.name, series), _State())

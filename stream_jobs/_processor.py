@@ -39,24 +39,40 @@ class StreamProcessor:
         """Feed events (one producer's in seq order); return what they derived and fired."""
         out = Output()
         observe = self.alerts.observe
+        touched: dict[str, RunDeriver] = {}
         for e in events:
             if not self.dedupe.is_new(e.producer_id, e.seq):
                 continue
             self.events += 1
             run = e.run_id
-            out.alerts.extend(self.alerts.seen(run, e.ts_ms, finished=e.kind == RUN_FINISHED))
+            fired = self.alerts.seen(run, e.ts_ms, finished=e.kind == RUN_FINISHED)
+            if fired:
+                out.alerts.extend(fired)
             deriver = self._runs.get(run)
             if deriver is None:
                 deriver = self._runs[run] = RunDeriver(run, self.cfg)
+            touched[run] = deriver
             points = deriver.feed(e.kind, e.body, e.ts_ms)
             if e.kind == METRICS:
                 step = e.body["step"]
                 for name, value in e.body["scalars"].items():
-                    out.alerts.extend(observe(run, name, value, step, e.ts_ms))
+                    fired = observe(run, name, value, step, e.ts_ms)
+                    if fired:
+                        out.alerts.extend(fired)
             for p in points:
-                out.alerts.extend(observe(run, p.name, p.value, p.step, p.ts_ms))
+                fired = observe(run, p.name, p.value, p.step, p.ts_ms)
+                if fired:
+                    out.alerts.extend(fired)
             if points:
                 out.points.setdefault(run, []).extend(points)
+        for run, deriver in touched.items():
+            rolling = deriver.rolling_points()
+            for p in rolling:
+                fired = observe(run, p.name, p.value, p.step, p.ts_ms)
+                if fired:
+                    out.alerts.extend(fired)
+            if rolling:
+                out.points.setdefault(run, []).extend(rolling)
         return out
 
     def tick(self, now_ms: int) -> list[dict[str, Any]]:

@@ -1,0 +1,200 @@
+"""Stream job throughput and latency, beside a bare aiokafka + fastavro loop over the same topic.
+
+1. Fill a topic with N events (EventBatch records of ~100 events, as the producer hook writes).
+2. Events/s of: the bare loop (consume + decode only); the same loop feeding the full
+   StreamProcessor (every statistic and every default rule; no Faust); and the Faust worker
+   (`metricbus worker`), timed by the Kafka timestamps of its first and last output records.
+3. Latency from run.log() to the aggregate and to the alert on their topics, with the
+   worker running and a producer logging at a steady RATE events/s for SECONDS seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import free_port  # noqa: E402
+
+N = int(os.environ.get("BENCH_EVENTS", 200_000))
+REPEATS = int(os.environ.get("BENCH_REPEATS", 3))
+RATE = int(os.environ.get("BENCH_RATE", 1000))
+SECONDS = int(os.environ.get("BENCH_SECONDS", 10))
+
+
+def fill(settings, n: int) -> None:
+    from producers import Run
+
+    run = Run("bench", settings=settings, system_metrics=False, linger_s=0.05)
+    for step in range(n - 2):
+        run.log(
+            {
+                "Train/Loss": 1.0 / (step + 1),
+                "Train/AvgReward": (step % 100) / 100,
+                "System/Memory_Percent": 40.0,
+            },
+            step=step,
+            epoch=step // 1000,
+        )
+    assert run.finish(timeout=120)
+
+
+def consume(settings, with_processor: bool) -> float:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from schemas import client_options, decode_events, default_codec
+    from stream_jobs import DEFAULT_RULES, StreamProcessor, load_rules
+
+    codec = default_codec()
+    processor = StreamProcessor(rules=load_rules(DEFAULT_RULES)) if with_processor else None
+
+    async def main() -> float:
+        c = AIOKafkaConsumer(
+            **client_options(settings), enable_auto_commit=False, max_partition_fetch_bytes=8 << 20
+        )
+        await c.start()
+        tps = [
+            TopicPartition(settings.topics.events, p)
+            for p in sorted(c.partitions_for_topic(settings.topics.events))
+        ]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        seen, t0 = 0, time.perf_counter()
+        while seen < N:
+            for records in (await c.getmany(timeout_ms=500, max_records=10_000)).values():
+                for r in records:
+                    events = decode_events(codec, r.value)
+                    seen += len(events)
+                    if processor is not None:
+                        processor.process(events)
+        elapsed = time.perf_counter() - t0
+        await c.stop()
+        return N / elapsed
+
+    return asyncio.run(main())
+
+
+def faust_worker(settings, tmp: str) -> float:
+    from metricbus._read import read_topic
+
+    env = {**os.environ, **settings.to_env()}
+    log = open(Path(tmp) / "worker.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "metricbus", "worker"], stdout=log, stderr=subprocess.STDOUT, env=env
+    )
+    try:
+        from schemas import default_codec
+
+        codec = default_codec()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            records = read_topic(settings, settings.topics.aggregates, idle_s=0.5)
+            if any(
+                p["kind"] == "final" or p["name"] == "Epoch/NumSamples" and p["step"] >= N - 3
+                for r in records[-5:]
+                for p in codec.decode(r.value)[1]["points"]
+            ):
+                stamps = [r.timestamp for r in records]
+                return N / ((max(stamps) - min(stamps)) / 1000)
+        raise RuntimeError("the worker did not finish in time")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+def latency(settings, tmp: str) -> tuple[list[float], list[float]]:
+    from metricbus._read import read_topic
+    from producers import Run
+    from schemas import default_codec
+
+    env = {**os.environ, **settings.to_env()}
+    log = open(Path(tmp) / "worker-latency.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "metricbus", "worker"], stdout=log, stderr=subprocess.STDOUT, env=env
+    )
+    try:
+        time.sleep(8)  # joined and idle
+        run = Run("latency", settings=settings, system_metrics=False)
+        interval = 1.0 / RATE
+        start = time.perf_counter()
+        for i in range(RATE * SECONDS):
+            while time.perf_counter() < start + i * interval:
+                time.sleep(interval / 4)
+            loss = float("nan") if i % 1000 == 999 else 1.0 / (i + 1)
+            run.log({"Train/Loss": loss}, step=i)
+        run.finish(timeout=30)
+        time.sleep(5)
+        codec = default_codec()
+        agg = [
+            r.timestamp - p["ts_ms"]
+            for r in read_topic(settings, settings.topics.aggregates)
+            for p in codec.decode(r.value)[1]["points"]
+            if r.key == run.run_id.encode()
+        ]
+        alerts = [
+            r.timestamp - codec.decode(r.value)[1]["ts_ms"]
+            for r in read_topic(settings, settings.topics.alerts)
+            if r.key == run.run_id.encode()
+        ]
+        return agg, alerts
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def main() -> None:
+    from metricbus._broker import EmbeddedBroker
+    from schemas import Settings, ensure_topics
+
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    bare, full, worker = [], [], []
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        EmbeddedBroker(free_port(), log_path=Path(tmp) / "broker.log") as broker,
+    ):
+        for r in range(REPEATS):
+            settings = Settings(
+                bootstrap=broker.bootstrap, data_dir=Path(tmp) / f"d{r}", topic_prefix=f"b{r}.", partitions=1
+            )
+            ensure_topics(settings)
+            fill(settings, N)
+            bare.append(consume(settings, with_processor=False))
+            full.append(consume(settings, with_processor=True))
+            worker.append(faust_worker(settings, tmp))
+        lat_settings = dataclasses.replace(settings, topic_prefix="lat.", data_dir=Path(tmp) / "lat")
+        ensure_topics(lat_settings)
+        agg, alerts = latency(lat_settings, tmp)
+    b, f, w = (statistics.median(x) for x in (bare, full, worker))
+    print(f"{N:,} events (3 scalars each) in ~100-event records, median of {REPEATS} runs")
+    print(f"  {'bare aiokafka + fastavro decode':<44}{b:>12,.0f} events/s   1.00x")
+    print(f"  {'+ StreamProcessor (all stats and rules)':<44}{f:>12,.0f} events/s   {f / b:.2f}x of bare")
+    print(
+        f"  {'metricbus worker (Faust, end to end)':<44}{w:>12,.0f} events/s   {w / b:.2f}x of bare"
+        "  (target >= 0.50x)"
+    )
+    print(
+        f"latency at {RATE} events/s for {SECONDS}s, run.log() -> topic (ms): "
+        f"aggregates p50 {pct(agg, 0.5):.0f} p99 {pct(agg, 0.99):.0f} (n={len(agg)}); "
+        f"alerts p50 {pct(alerts, 0.5):.0f} p99 {pct(alerts, 0.99):.0f} (n={len(alerts)}); target p99 < 1000"
+    )
+
+
+if __name__ == "__main__":
+    main()
