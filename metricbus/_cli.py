@@ -109,6 +109,29 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_alerts(args: argparse.Namespace) -> int:
+    from sinks.alerts import ConsoleAlerts, WebhookAlerts, consume_alerts
+
+    settings = _settings(args)
+    if bool(args.console) == bool(args.webhook):
+        raise MetricbusError("choose one consumer: --console or --webhook URL (run one process per consumer)")
+    try:
+        handler: Any = ConsoleAlerts() if args.console else WebhookAlerts(args.webhook)
+    except ValueError as exc:
+        raise MetricbusError(str(exc)) from None
+    group = f"{settings.topic_prefix}alerts.{args.group or handler.name}"
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await consume_alerts(settings, handler, group, stop)
+
+    asyncio.run(main())
+    return 0
+
+
 def cmd_sync(args: argparse.Namespace) -> int:
     from producers import sync_spools
 
@@ -197,6 +220,16 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("worker", help="run the stream jobs (rolling statistics, epochs, alerts)")
     s.add_argument("--rules", help="alert rules YAML (default: the seed rule pack)")
     s.set_defaults(func=cmd_worker)
+
+    s = sub.add_parser("alerts", help="deliver alerts: one line each on the console, or POST to a webhook")
+    s.add_argument("--console", action="store_true", help="print each alert as one line")
+    s.add_argument(
+        "--webhook", metavar="URL", help="POST Slack-compatible JSON to URL (retries with backoff)"
+    )
+    s.add_argument(
+        "--group", help="consumer group suffix (default: console / webhook); one group per endpoint"
+    )
+    s.set_defaults(func=cmd_alerts)
 
     s = sub.add_parser("sync", help="publish what runs left in their local spools")
     s.set_defaults(func=cmd_sync)

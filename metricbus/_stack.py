@@ -27,6 +27,7 @@ log = logging.getLogger("metricbus.up")
 CONSUMERS: dict[str, list[str]] = {
     "sink-parquet": ["sink", "parquet"],
     "stream-worker": ["worker"],
+    "alerts-console": ["alerts", "--console"],
 }
 
 

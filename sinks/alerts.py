@@ -1,0 +1,133 @@
+"""Alert consumers: console (one line per alert) and webhook (Slack-compatible JSON, retries).
+
+Each reads the alerts topic as its own consumer group and delivers every alert once.
+
+A slow or failing endpoint only delays its own consumer: the console, the other webhooks and
+the pipeline have their own groups. Offsets are committed after delivery (or after the last
+retry failed, which is logged with the alert, so nothing is silently lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable
+from typing import Any, TextIO
+
+from schemas import SchemaError, Settings, client_options, consumer_group_options, default_codec
+
+log = logging.getLogger("metricbus.alerts")
+
+Handler = Callable[[dict[str, Any]], Awaitable[bool]]
+
+
+def format_alert(alert: dict[str, Any]) -> str:
+    """One clear line: state, severity, rule, run, metric, step, message."""
+    icon = {"firing": "FIRING", "resolved": "RESOLVED"}.get(alert["state"], alert["state"].upper())
+    where = f" {alert['metric']}" if alert["metric"] != "*" else ""
+    step = f" step {alert['step']}" if alert["step"] is not None else ""
+    head = f"[{icon}] {alert['severity']} {alert['rule']}"
+    return f"{head}: run {alert['run_id']}{where}{step}: {alert['message']}"
+
+
+class ConsoleAlerts:
+    """Print each alert as one line."""
+
+    name = "console"
+
+    def __init__(self, out: TextIO = sys.stdout) -> None:
+        self.out = out
+
+    async def __call__(self, alert: dict[str, Any]) -> bool:
+        """Print the alert's line; always succeeds."""
+        print(format_alert(alert), file=self.out, flush=True)
+        return True
+
+
+class WebhookAlerts:
+    """POST ``{"text": <the console line>, "alert": {...}}`` (Slack's incoming-webhook shape)."""
+
+    def __init__(self, url: str, retries: int = 5, backoff_s: float = 1.0, timeout_s: float = 10.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"webhook URL must start with http:// or https:// (got {url!r})")
+        self.url = url
+        self.name = "webhook"
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.timeout_s = timeout_s
+        self.failed = 0
+
+    async def __call__(self, alert: dict[str, Any]) -> bool:
+        """POST the alert; retry with backoff; False (logged with the alert) after the last try."""
+        body = json.dumps({"text": format_alert(alert), "alert": alert}).encode()
+        delay = self.backoff_s
+        for attempt in range(1, self.retries + 1):
+            try:
+                await asyncio.to_thread(self._post, body)
+                return True
+            except (urllib.error.URLError, OSError) as exc:
+                if attempt == self.retries:
+                    break
+                log.warning(
+                    "webhook %s failed (%s); retry %d/%d in %.1fs",
+                    self.url,
+                    exc,
+                    attempt,
+                    self.retries - 1,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 60.0)
+        self.failed += 1
+        log.error(
+            "webhook %s: giving up on alert after %d attempts: %s",
+            self.url,
+            self.retries,
+            format_alert(alert),
+        )
+        return False
+
+    def _post(self, body: bytes) -> None:
+        headers = {"Content-Type": "application/json"}
+        request = urllib.request.Request(self.url, data=body, headers=headers)  # noqa: S310 - http(s) checked
+        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310 - http(s) checked
+            response.read()
+
+
+async def consume_alerts(settings: Settings, handler: Handler, group: str, stop: asyncio.Event) -> int:
+    """Deliver every alert to ``handler`` until ``stop`` is set; return how many were handled."""
+    from aiokafka import AIOKafkaConsumer
+
+    codec = default_codec()
+    consumer = AIOKafkaConsumer(
+        settings.topics.alerts,
+        **client_options(settings),
+        **consumer_group_options(settings),
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    await consumer.start()
+    handled = 0
+    try:
+        while not stop.is_set():
+            batches = await consumer.getmany(timeout_ms=200)
+            for records in batches.values():
+                for record in records:
+                    try:
+                        name, alert = codec.decode(record.value)
+                    except SchemaError as exc:
+                        log.error("undecodable alert record at offset %d: %s", record.offset, exc)
+                        continue
+                    if name == "Alert":
+                        await handler(alert)
+                        handled += 1
+            if batches:
+                await consumer.commit()
+    finally:
+        await consumer.stop()
+    return handled
