@@ -77,10 +77,14 @@ def cmd_topics(args: argparse.Namespace) -> int:
 def cmd_sink(args: argparse.Namespace) -> int:
     from sinks import ParquetArchive, SinkRunner
 
+    from ._replay import make_sink
+
     settings = _settings(args)
-    if args.sink != "parquet":
-        raise MetricbusError(f"unknown sink {args.sink!r}")
-    runner = SinkRunner(ParquetArchive(settings.archive_dir), settings, flush_interval_s=args.flush_interval)
+    if args.sink == "parquet":
+        sink: Any = ParquetArchive(settings.archive_dir)
+    else:
+        sink = make_sink(args.sink, Path(args.logdir) if args.logdir else settings.data_dir / "tensorboard")
+    runner = SinkRunner(sink, settings, flush_interval_s=args.flush_interval)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -129,6 +133,41 @@ def cmd_alerts(args: argparse.Namespace) -> int:
         await consume_alerts(settings, handler, group, stop)
 
     asyncio.run(main())
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from ._replay import archived_runs, make_sink, replay_to_kafka, replay_to_sink
+
+    settings = _settings(args)
+    runs = archived_runs(settings.archive_dir, args.run, args.project)
+    if args.to == "kafka":
+        if not args.to_prefix or args.to_prefix == settings.topic_prefix:
+            raise MetricbusError(
+                "--to kafka needs --to-prefix NEW. (a fresh set of topics, not the live ones)"
+            )
+        target = dataclasses.replace(settings, topic_prefix=args.to_prefix)
+        n = replay_to_kafka(settings, target, runs)
+        print(f"republished {n} events of {len(runs)} run(s) to {target.topics.events}")
+        return 0
+    if not args.out:
+        raise MetricbusError(f"--to {args.to} needs --out DIR (a fresh directory)")
+    n = replay_to_sink(settings, runs, make_sink(args.to, Path(args.out)))
+    print(f"replayed {n} events of {len(runs)} run(s) into {args.to} at {args.out}")
+    if args.to == "tensorboard":
+        print(f"  tensorboard --logdir {args.out}")
+    return 0
+
+
+def cmd_backtest(args: argparse.Namespace) -> int:
+    from ._replay import backtest, describe_alert
+
+    settings = _settings(args)
+    alerts = backtest(settings, Path(args.rules), args.run)
+    for alert in alerts:
+        print(describe_alert(alert))
+    firing = sum(a["state"] == "firing" for a in alerts)
+    print(f"{firing} alert(s) would have fired on run {args.run} ({len(alerts)} transitions)")
     return 0
 
 
@@ -213,7 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_topics)
 
     s = sub.add_parser("sink", help="run one sink consumer")
-    s.add_argument("sink", choices=["parquet"])
+    s.add_argument("sink", choices=["parquet", "tensorboard"])
+    s.add_argument(
+        "--logdir", help="tensorboard: root of the log directories (default: <data dir>/tensorboard)"
+    )
     s.add_argument("--flush-interval", type=float, default=2.0, help="seconds between durable flushes")
     s.set_defaults(func=cmd_sink)
 
@@ -230,6 +272,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--group", help="consumer group suffix (default: console / webhook); one group per endpoint"
     )
     s.set_defaults(func=cmd_alerts)
+
+    s = sub.add_parser("replay", help="re-materialise archived runs in a new sink or a fresh set of topics")
+    who = s.add_mutually_exclusive_group(required=True)
+    who.add_argument("--run")
+    who.add_argument("--project")
+    s.add_argument("--to", required=True, choices=["tensorboard", "parquet", "kafka"])
+    s.add_argument("--out", help="directory for --to tensorboard / parquet")
+    s.add_argument(
+        "--to-prefix", help="topic prefix for --to kafka (fresh topics; the stream worker can run on them)"
+    )
+    s.set_defaults(func=cmd_replay)
+
+    s = sub.add_parser("backtest", help="what alert rules would have fired on an archived run")
+    s.add_argument("--rules", required=True)
+    s.add_argument("--run", required=True)
+    s.set_defaults(func=cmd_backtest)
 
     s = sub.add_parser("sync", help="publish what runs left in their local spools")
     s.set_defaults(func=cmd_sync)

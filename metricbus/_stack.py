@@ -26,6 +26,7 @@ log = logging.getLogger("metricbus.up")
 #: Consumer processes `up` runs: name -> CLI arguments after `metricbus`.
 CONSUMERS: dict[str, list[str]] = {
     "sink-parquet": ["sink", "parquet"],
+    "sink-tensorboard": ["sink", "tensorboard"],
     "stream-worker": ["worker"],
     "alerts-console": ["alerts", "--console"],
 }

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from schemas import path_segment
+from schemas import METRICS, Codec, Event, default_codec, path_segment
 
 FORMAT_VERSION = "1"
 SEQS_KEY = b"metricbus.seqs"
@@ -69,6 +69,63 @@ def read_table(
     if columns is None or {"producer_id", "seq"} <= set(columns):
         table = table.sort_by([("producer_id", "ascending"), ("seq", "ascending")])
     return table
+
+
+def read_events(archive: Path, run_id: str, codec: Codec | None = None) -> list[Event]:
+    """The run's events, rebuilt losslessly from the archive, in (producer_id, seq) order.
+
+    Metrics events come back from their rows (one per scalar or sample array); every other
+    event from its ``payload``. This is what replay feeds to sinks and back-tests.
+    """
+    codec = codec or default_codec()
+    table = read_table(archive, run_id)
+    events: list[Event] = []
+    current: tuple[str, int] | None = None
+    body: dict[str, Any] = {}
+    for row in table.to_pylist():
+        key = (row["producer_id"], row["seq"])
+        if row["payload"] is not None:
+            _, batch = codec.decode(row["payload"])
+            (e,) = batch["events"]
+            kind, payload_body = e["body"]
+            events.append(
+                Event(
+                    run_id,
+                    row["producer_id"],
+                    row["seq"],
+                    row["ts_ms"],
+                    kind,
+                    payload_body,
+                    bytes.fromhex(row["fingerprint"]),
+                )
+            )
+            current = None
+            continue
+        if key != current:
+            current = key
+            body = {
+                "step": row["step"],
+                "epoch": row["epoch"],
+                "rank": row["rank"],
+                "scalars": {},
+                "samples": {},
+            }
+            events.append(
+                Event(
+                    run_id,
+                    row["producer_id"],
+                    row["seq"],
+                    row["ts_ms"],
+                    METRICS,
+                    body,
+                    bytes.fromhex(row["fingerprint"]),
+                )
+            )
+        if row["samples"] is not None:
+            body["samples"][row["name"]] = row["samples"]
+        else:
+            body["scalars"][row["name"]] = row["value"]
+    return events
 
 
 def tidy(archive: Path, run_id: str) -> pa.Table:

@@ -1,0 +1,324 @@
+"""The TensorBoard sink: one log directory per run, written the way TensorBoard reads it.
+
+Per run, ``<root>/<project>/<run name>-<run id>/``: scalars at the event's own step and wall
+time (all scalars of one event in one TensorBoard Event), per-sample arrays and Histogram
+events as histograms, tables and the config as text, the config as HParams, and a custom
+scalars layout grouping seed 004's metric groups. Values are float32 (``simple_value``),
+as TensorBoard itself stores them.
+
+Durability: records are appended to an event file of our own (TensorBoard's record format)
+and fsynced at ``flush``; the (producer_id, seq) pairs written are then saved beside it, so
+a restarted sink drops re-delivered events. A crash between the two can repeat the events
+of one flush interval (at-least-once).
+
+Names: TensorBoard tags keep letters, digits, ``_ - / .``; any other character becomes ``_`` and, so that two
+names never merge, the tag gets ``~`` and 6 hex digits of the original name's hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from schemas import (
+    HISTOGRAM,
+    METRICS,
+    RUN_FINISHED,
+    RUN_STARTED,
+    TABLE,
+    Event,
+    Interval,
+    SeqSet,
+    check_run_id,
+    path_segment,
+)
+
+log = logging.getLogger("metricbus.sink.tensorboard")
+_SAFE = re.compile(r"[^-/\w.]")
+SEQS_FILE = ".metricbus-seqs.json"
+
+#: Seed 004's metric groups, as a custom-scalars layout (category -> chart -> tag regexes).
+LAYOUT = {
+    "Reward": {
+        "Epoch reward": [r"Epoch/AvgReward", r"Epoch/RewardTrend"],
+        "Reward consistency": [r"Epoch/RewardVariance", r"Train/RewardStd", r"Train/RewardVariance"],
+        "Rewards": [r"rewards/.*_mean"],
+    },
+    "Loss": {
+        "Epoch loss": [r"Epoch/AvgLoss", r"Epoch/LossTrend"],
+        "Training loss": [r"Train/Loss", r"Train/PolicyLoss", r"Train/KLPenalty"],
+    },
+    "Performance": {"Generation": [r"Performance/Generation_.*"], "Backprop": [r"Performance/Backprop_.*"]},
+    "System": {
+        "CPU and memory": [r"System/CPU_Percent", r"System/Memory_Percent"],
+        "GPU": [r"System/GPU_Utilization", r"System/GPU_Memory_Percent"],
+    },
+}
+
+
+def tag(name: str) -> str:
+    """The TensorBoard tag for a metric name (deterministic; distinct names stay distinct)."""
+    safe = _SAFE.sub("_", name)
+    if safe == name and "~" not in name:
+        return name
+    return f"{safe}~{hashlib.sha1(name.encode()).hexdigest()[:6]}"  # noqa: S324 - a name, not a secret
+
+
+class _RunWriter:
+    """One run's event file, written synchronously with TensorBoard's record framing."""
+
+    def __init__(self, directory: Path) -> None:
+        from tensorboard.compat.proto import event_pb2
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        name = f"events.out.tfevents.{time.time():010.0f}.{socket.gethostname()}.{os.getpid()}.metricbus"
+        self._file: BinaryIO = open(directory / name, "ab")  # noqa: SIM115 - closed in close()
+        self._records = RecordWriter(self._file)
+        self._event = event_pb2.Event
+        self.write(self._event(wall_time=time.time(), file_version="brain.Event:2"))
+        self.seqs: dict[str, SeqSet] = {}
+        self.dirty = False
+
+    def write(self, event: Any) -> None:
+        self._records.write(event.SerializeToString())
+        self.dirty = True
+
+    def flush(self) -> None:
+        if self.dirty:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            tmp = self.directory / (SEQS_FILE + ".tmp")
+            tmp.write_text(json.dumps({p: s.intervals() for p, s in self.seqs.items()}))
+            os.replace(tmp, self.directory / SEQS_FILE)
+            self.dirty = False
+
+    def close(self) -> None:
+        self.flush()
+        self._file.close()
+
+
+class TensorBoardSink:
+    """The ``tensorboard`` sink (see the module docstring for its guarantees)."""
+
+    name = "tensorboard"
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self._writers: dict[str, _RunWriter] = {}
+        self._pending = 0
+
+    def open(self) -> None:
+        """Create the root directory."""
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def run_dir(self, project: str, name: str, run_id: str) -> Path:
+        """Where a run's event files go."""
+        label = path_segment(name) if name == run_id else f"{path_segment(name)}-{run_id}"
+        return self.root / path_segment(project) / label
+
+    def recover(self, run_id: str) -> Mapping[str, Sequence[Interval]]:
+        """Seqs already written for the run (from the sidecar file of each of its directories)."""
+        check_run_id(run_id)
+        held: dict[str, list[Interval]] = {}
+        for path in self.root.glob(f"*/*{run_id}/{SEQS_FILE}"):
+            for producer, intervals in json.loads(path.read_text()).items():
+                held.setdefault(producer, []).extend((a, b) for a, b in intervals)
+        return held
+
+    def write(self, events: Sequence[Event]) -> None:
+        """Turn events into TensorBoard records (buffered in the OS until flush)."""
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        for e in events:
+            writer = self._writer(e)
+            seqs = writer.seqs.get(e.producer_id)
+            if seqs is None:
+                seqs = writer.seqs[e.producer_id] = SeqSet()
+            seqs.add(e.seq)
+            wall = e.ts_ms / 1000
+            body = e.body
+            if e.kind == METRICS:
+                values = [
+                    summary_pb2.Summary.Value(tag=tag(k), simple_value=v) for k, v in body["scalars"].items()
+                ]
+                values += [_histogram_value(k, v) for k, v in body["samples"].items() if v]
+                if values:
+                    writer.write(
+                        event_pb2.Event(
+                            wall_time=wall, step=body["step"], summary=summary_pb2.Summary(value=values)
+                        )
+                    )
+            elif e.kind == HISTOGRAM:
+                writer.write(
+                    event_pb2.Event(
+                        wall_time=wall,
+                        step=body["step"],
+                        summary=summary_pb2.Summary(
+                            value=[_histogram_from_bins(body["name"], body["edges"], body["counts"])]
+                        ),
+                    )
+                )
+            elif e.kind == TABLE:
+                writer.write(_text_event(wall, body["step"], tag(body["name"]), _markdown_table(body)))
+            elif e.kind == RUN_STARTED:
+                self._run_started(writer, wall, body)
+            elif e.kind == RUN_FINISHED:
+                text = f"status: **{body['status']}**\n\n" + "\n".join(
+                    f"- `{k}`: {v:.6g}" for k, v in sorted(body["summary"].items())
+                )
+                writer.write(_text_event(wall, 0, "run/finished", text))
+            self._pending += 1
+
+    def pending(self) -> int:
+        """Events written since the last flush."""
+        return self._pending
+
+    def flush(self) -> None:
+        """Make every run's event file durable (fsync), then record which seqs it holds."""
+        for writer in self._writers.values():
+            writer.flush()
+        self._pending = 0
+
+    def close(self) -> None:
+        """Flush and close every file."""
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _writer(self, e: Event) -> _RunWriter:
+        writer = self._writers.get(e.run_id)
+        if writer is None:
+            if e.kind == RUN_STARTED:
+                directory = self.run_dir(e.body["project"], e.body["name"], e.run_id)
+            else:
+                existing = sorted(self.root.glob(f"*/*{e.run_id}"))
+                directory = existing[0] if existing else self.run_dir("_unknown", e.run_id, e.run_id)
+            writer = self._writers[e.run_id] = _RunWriter(directory)
+            for producer, intervals in self.recover(e.run_id).items():
+                writer.seqs.setdefault(producer, SeqSet()).merge(intervals)
+        return writer
+
+    def _run_started(self, writer: _RunWriter, wall: float, body: dict[str, Any]) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+        from tensorboard.plugins.custom_scalar import layout_pb2
+        from tensorboard.plugins.hparams import summary_v2 as hparams
+
+        config = json.loads(body["config_json"] or "{}")
+        flat = {
+            k: v if isinstance(v, (bool, int, float, str)) else json.dumps(v)
+            for k, v in _flatten(config).items()
+        }
+        writer.write(
+            event_pb2.Event(wall_time=wall, step=0, summary=hparams.hparams_pb(flat, trial_id=body["name"]))
+        )
+        text = f"project **{body['project']}**, run **{body['name']}** on {body['host']} (pid {body['pid']})"
+        if body.get("git"):
+            text += f", git {body['git']}"
+        text += "\n\n```json\n" + json.dumps(config, indent=2, sort_keys=True) + "\n```"
+        writer.write(_text_event(wall, 0, "run/config", text))
+        layout = layout_pb2.Layout(
+            category=[
+                layout_pb2.Category(
+                    title=title,
+                    chart=[
+                        layout_pb2.Chart(title=chart, multiline=layout_pb2.MultilineChartContent(tag=tags))
+                        for chart, tags in charts.items()
+                    ],
+                )
+                for title, charts in LAYOUT.items()
+            ]
+        )
+        # What custom_scalar.summary.pb writes, without the TensorFlow import it needs.
+        layout_value = summary_pb2.Summary.Value(
+            tag="custom_scalars__config__",
+            metadata=summary_pb2.SummaryMetadata(
+                plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="custom_scalars")
+            ),
+            tensor=tensor_pb2.TensorProto(
+                dtype="DT_STRING",
+                string_val=[layout.SerializeToString()],
+                tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+            ),
+        )
+        writer.write(
+            event_pb2.Event(wall_time=wall, step=0, summary=summary_pb2.Summary(value=[layout_value]))
+        )
+
+
+def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}/"))
+        elif value is not None:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _histogram_value(name: str, values: Sequence[float]) -> Any:
+    import numpy as np
+
+    arr = np.asarray(values, dtype=float)
+    finite = arr[np.isfinite(arr)]
+    if not finite.size:
+        finite = np.zeros(1)
+    counts, edges = np.histogram(finite, bins=min(30, max(1, finite.size)))
+    return _histogram_from_bins(name, edges.tolist(), counts.tolist(), finite)
+
+
+def _histogram_from_bins(name: str, edges: Sequence[float], counts: Sequence[int], raw: Any = None) -> Any:
+    from tensorboard.compat.proto import summary_pb2
+
+    total = float(sum(counts))
+    centers = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    if raw is not None:
+        s, s2 = float(raw.sum()), float((raw * raw).sum())
+    else:
+        s = sum(c * w for c, w in zip(centers, counts, strict=True))
+        s2 = sum(c * c * w for c, w in zip(centers, counts, strict=True))
+    histo = summary_pb2.HistogramProto(
+        min=float(edges[0]),
+        max=float(edges[-1]),
+        num=total,
+        sum=s,
+        sum_squares=s2,
+        bucket_limit=[float(e) for e in edges[1:]],
+        bucket=[float(c) for c in counts],
+    )
+    return summary_pb2.Summary.Value(tag=tag(name), histo=histo)
+
+
+def _text_event(wall: float, step: int, name: str, text: str) -> Any:
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.plugins.text import metadata as text_metadata
+    from tensorboard.util import tensor_util
+
+    value = summary_pb2.Summary.Value(
+        tag=name,
+        metadata=text_metadata.create_summary_metadata(display_name=name, description=""),
+        tensor=tensor_util.make_tensor_proto([text]),
+    )
+    return event_pb2.Event(wall_time=wall, step=step, summary=summary_pb2.Summary(value=[value]))
+
+
+def _markdown_table(body: dict[str, Any]) -> str:
+    head = "| " + " | ".join(body["columns"]) + " |\n|" + "---|" * len(body["columns"])
+    rows = [
+        "| "
+        + " | ".join("" if c is None else f"{c:.6g}" if isinstance(c, float) else str(c) for c in row)
+        + " |"
+        for row in body["rows"]
+    ]
+    return "\n".join([head, *rows])

@@ -1,0 +1,132 @@
+import json
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from schemas import HISTOGRAM, METRICS, RUN_FINISHED, RUN_STARTED, TABLE, Event, default_codec
+from sinks.tensorboard import TensorBoardSink, tag
+
+FP = default_codec().newest("EventBatch").fingerprint
+
+
+def ev(seq, kind, body, run="run-1"):
+    return Event(run, "p1", seq, 1_700_000_000_000 + seq * 1000, kind, body, FP)
+
+
+def started(config=None):
+    return ev(
+        0,
+        RUN_STARTED,
+        {
+            "project": "grpo",
+            "name": "gemma",
+            "config_json": json.dumps(config or {"lr": 1e-4}),
+            "tags": [],
+            "host": "h",
+            "pid": 1,
+            "git": "abc",
+            "rank": 0,
+            "world_size": 1,
+        },
+    )
+
+
+def accumulate(path):
+    acc = EventAccumulator(str(path), size_guidance={"scalars": 0, "histograms": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def test_every_logged_value_is_read_back_at_its_step_by_tensorboards_reader(tmp_path):
+    sink = TensorBoardSink(tmp_path / "tb")
+    sink.open()
+    values = {step: {"Train/Loss": 1 / (step + 1), "rewards/total_mean": step * 0.1} for step in range(50)}
+    events = [started({"lr": 1e-4, "model": {"id": "gemma", "lora_rank": 8}})]
+    events += [
+        ev(step + 1, METRICS, {"step": step, "epoch": None, "rank": 0, "scalars": v, "samples": {}})
+        for step, v in values.items()
+    ]
+    sink.write(events)
+    sink.flush()
+    run_dir = tmp_path / "tb" / "grpo" / "gemma-run-1"
+    acc = accumulate(run_dir)
+    for name in ("Train/Loss", "rewards/total_mean"):
+        got = [(s.step, s.value, s.wall_time) for s in acc.Scalars(name)]
+        assert [g[0] for g in got] == list(range(50))
+        assert [g[1] for g in got] == pytest.approx([np.float32(values[s][name]) for s in range(50)])
+        assert got[3][2] == pytest.approx(1_700_000_000 + 4)
+    assert {"run/config", "custom_scalars__config__", "_hparams_/session_start_info"} <= set(
+        acc.Tags()["tensors"]
+    )
+    sink.close()
+
+
+def test_histograms_tables_and_unmappable_names(tmp_path):
+    sink = TensorBoardSink(tmp_path / "tb")
+    sink.open()
+    sink.write(
+        [
+            started(),
+            ev(
+                1,
+                METRICS,
+                {
+                    "step": 5,
+                    "epoch": None,
+                    "rank": 0,
+                    "scalars": {"loss (nats)": 2.0, "loss_(nats)": 3.0},
+                    "samples": {"rewards/format_exact": [0.0, 1.0, 1.0, 0.5]},
+                },
+            ),
+            ev(
+                2,
+                HISTOGRAM,
+                {
+                    "step": 6,
+                    "name": "rewards/answer_check_hist",
+                    "edges": [0.0, 0.5, 1.0],
+                    "counts": [3, 7],
+                    "rank": 0,
+                },
+            ),
+            ev(
+                3,
+                TABLE,
+                {
+                    "step": 7,
+                    "name": "rubric_criteria_summary",
+                    "columns": ["criterion", "mean"],
+                    "rows": [["clarity", 0.75]],
+                },
+            ),
+            ev(4, RUN_FINISHED, {"status": "finished", "summary": {"final/x_mean": 1.0}}),
+        ]
+    )
+    sink.close()
+    acc = accumulate(tmp_path / "tb" / "grpo" / "gemma-run-1")
+    tags = acc.Tags()
+    a, b = tag("loss (nats)"), tag("loss_(nats)")
+    assert a != b and a.startswith("loss__nats_~") and b.startswith("loss__nats_~")  # mapped, still distinct
+    assert tag("Train/Loss") == "Train/Loss" and tag("a~b") != "a~b"
+    assert {a, b} <= set(tags["scalars"])  # both kept, none dropped
+    assert acc.Scalars(a)[0].value == 2.0 and acc.Scalars(b)[0].value == 3.0
+    (h,) = acc.Histograms("rewards/answer_check_hist")
+    assert h.step == 6 and h.histogram_value.bucket == [3.0, 7.0]
+    assert acc.Histograms("rewards/format_exact")[0].histogram_value.num == 4
+    (table,) = acc.Tensors("rubric_criteria_summary")
+    assert b"| clarity | 0.75 |" in table.tensor_proto.string_val[0]
+
+
+def test_a_restarted_sink_knows_which_seqs_it_wrote(tmp_path):
+    sink = TensorBoardSink(tmp_path / "tb")
+    sink.open()
+    sink.write(
+        [
+            started(),
+            ev(1, METRICS, {"step": 0, "epoch": None, "rank": 0, "scalars": {"x": 1.0}, "samples": {}}),
+        ]
+    )
+    sink.flush()
+    again = TensorBoardSink(tmp_path / "tb")
+    assert again.recover("run-1") == {"p1": [(0, 1)]}
