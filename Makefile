@@ -27,6 +27,8 @@ test: lint
 bench: $(STAMP)
 	$(PY) bench/producer_overhead.py
 	$(PY) bench/archive_size.py
+	$(PY) bench/stream_throughput.py
+	$(PY) bench/replay.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

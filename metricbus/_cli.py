@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    for noisy in ("kafka", "aiokafka"):  # their connection chatter is ours to report, once
+    for noisy in ("kafka", "aiokafka", "tensorboard"):  # their chatter is ours to report, once
         logging.getLogger(noisy).setLevel(logging.ERROR if not args.verbose else logging.INFO)
     try:
         return int(args.func(args))

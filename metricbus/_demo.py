@@ -86,6 +86,41 @@ def _print_stream_results(settings: Settings, run_id: str, timeout: float = 30.0
     print()
 
 
+def _tensorboard(settings: Settings, run_id: str, timeout: float = 30.0) -> None:
+    """Where the live TensorBoard sink wrote the run, and a replay of it from the archive."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None:
+        print("tensorboard is not installed: pip install 'metricbus[tensorboard]'")
+        return
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from ._replay import make_sink, replay_to_sink
+
+    def scalars(root: Path) -> dict[str, list[tuple[int, float]]]:
+        dirs = sorted(root.glob(f"*/*{run_id}"))
+        if not dirs:
+            return {}
+        acc = EventAccumulator(str(dirs[0]), size_guidance={"scalars": 0})
+        acc.Reload()
+        return {t: [(s.step, s.value) for s in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+    live_root = settings.data_dir / "tensorboard"
+    replay_root = settings.data_dir / "tensorboard-replay" / run_id
+    replay_to_sink(settings, [run_id], make_sink("tensorboard", replay_root))
+    replayed = scalars(replay_root)
+    deadline = time.monotonic() + timeout
+    live = scalars(live_root)
+    while live != replayed and time.monotonic() < deadline:  # the live sink flushes every 2 s
+        time.sleep(0.5)
+        live = scalars(live_root)
+    print(f"\ntensorboard (live sink): {live_root}   ->  tensorboard --logdir {live_root}")
+    print(
+        f"replayed from the archive into {replay_root}: {sum(map(len, replayed.values()))} scalars "
+        f"in {len(replayed)} tags, identical to the live sink's: {replayed == live}"
+    )
+
+
 def run_demo(settings: Settings, updates: int = 30) -> int:
     """Run the demo; return the exit code."""
     import metricbus
@@ -127,6 +162,7 @@ def run_demo(settings: Settings, updates: int = 30) -> int:
                 f"{r['name']:<36}{r['count']:>5}{r['first']:>12.4g}{r['last']:>12.4g}"
                 f"{r['min']:>12.4g}{r['max']:>12.4g}"
             )
+        _tensorboard(settings, run.run_id)
     archive = settings.archive_dir
     print(f"\narchive: {archive}")
     # printed for a person to paste, never executed here

@@ -24,12 +24,29 @@ from ._broker import EmbeddedBroker
 log = logging.getLogger("metricbus.up")
 
 #: Consumer processes `up` runs: name -> CLI arguments after `metricbus`.
+#: Optional ones run only when their extra is installed (see OPTIONAL).
 CONSUMERS: dict[str, list[str]] = {
     "sink-parquet": ["sink", "parquet"],
     "sink-tensorboard": ["sink", "tensorboard"],
     "stream-worker": ["worker"],
     "alerts-console": ["alerts", "--console"],
 }
+#: Consumer -> the module it needs; without it `up` says how to install it and skips it.
+OPTIONAL = {"sink-tensorboard": "tensorboard"}
+
+
+def available_consumers() -> dict[str, list[str]]:
+    """CONSUMERS whose optional dependencies are importable (the others are named in a log line)."""
+    import importlib.util
+
+    out = {}
+    for name, argv in CONSUMERS.items():
+        module = OPTIONAL.get(name)
+        if module is not None and importlib.util.find_spec(module) is None:
+            log.warning("%s is not started: pip install 'metricbus[%s]'", name, module)
+            continue
+        out[name] = argv
+    return out
 
 
 @dataclasses.dataclass
@@ -57,7 +74,7 @@ class Stack:
         self._env = env
         self.children = [
             _Child(name, [sys.executable, "-m", "metricbus", *args], self.log_dir / f"{name}.log")
-            for name, args in (CONSUMERS if consumers is None else consumers).items()
+            for name, args in (available_consumers() if consumers is None else consumers).items()
         ]
         self._stopped = threading.Event()
 
