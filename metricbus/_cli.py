@@ -83,7 +83,13 @@ def cmd_sink(args: argparse.Namespace) -> int:
     if args.sink == "parquet":
         sink: Any = ParquetArchive(settings.archive_dir)
     else:
-        sink = make_sink(args.sink, Path(args.logdir) if args.logdir else settings.data_dir / "tensorboard")
+        default = settings.data_dir / args.sink
+        sink = make_sink(
+            args.sink,
+            Path(args.logdir) if args.logdir else default,
+            include=tuple(args.include or ()),
+            exclude=tuple(args.exclude or ()),
+        )
     runner = SinkRunner(sink, settings, flush_interval_s=args.flush_interval)
 
     async def main() -> None:
@@ -252,9 +258,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_topics)
 
     s = sub.add_parser("sink", help="run one sink consumer")
-    s.add_argument("sink", choices=["parquet", "tensorboard"])
+    s.add_argument("sink", choices=["parquet", "tensorboard", "wandb"])
     s.add_argument(
-        "--logdir", help="tensorboard: root of the log directories (default: <data dir>/tensorboard)"
+        "--logdir", help="tensorboard / wandb: output root (default: <data dir>/tensorboard or /wandb)"
+    )
+    s.add_argument(
+        "--include", action="append", metavar="GLOB", help="wandb: only metrics matching (repeatable)"
+    )
+    s.add_argument(
+        "--exclude", action="append", metavar="GLOB", help="wandb: never metrics matching (repeatable)"
     )
     s.add_argument("--flush-interval", type=float, default=2.0, help="seconds between durable flushes")
     s.set_defaults(func=cmd_sink)
@@ -277,8 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     who = s.add_mutually_exclusive_group(required=True)
     who.add_argument("--run")
     who.add_argument("--project")
-    s.add_argument("--to", required=True, choices=["tensorboard", "parquet", "kafka"])
-    s.add_argument("--out", help="directory for --to tensorboard / parquet")
+    s.add_argument("--to", required=True, choices=["tensorboard", "wandb", "parquet", "kafka"])
+    s.add_argument("--out", help="directory for --to tensorboard / wandb / parquet")
     s.add_argument(
         "--to-prefix", help="topic prefix for --to kafka (fresh topics; the stream worker can run on them)"
     )

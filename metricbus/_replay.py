@@ -27,16 +27,21 @@ def archived_runs(archive: Path, run: str | None, project: str | None) -> list[s
     return runs
 
 
-def make_sink(kind: str, out: Path) -> Any:
+def make_sink(kind: str, out: Path, include: tuple[str, ...] = (), exclude: tuple[str, ...] = ()) -> Any:
     """A sink writing to ``out`` (a fresh directory for a replay)."""
     from sinks import ParquetArchive, TensorBoardSink
 
     if kind == "tensorboard":
         _require("tensorboard")
         return TensorBoardSink(out)
+    if kind == "wandb":
+        _require("wandb")
+        from sinks.wandb import WandbSink
+
+        return WandbSink(out, include=include or ("*",), exclude=exclude)
     if kind == "parquet":
         return ParquetArchive(out)
-    raise MetricbusError(f"cannot replay into {kind!r}; choose tensorboard, parquet or kafka")
+    raise MetricbusError(f"cannot replay into {kind!r}; choose tensorboard, wandb, parquet or kafka")
 
 
 def replay_to_sink(settings: Settings, runs: Iterable[str], sink: Any, chunk: int = 50_000) -> int:

@@ -28,11 +28,12 @@ log = logging.getLogger("metricbus.up")
 CONSUMERS: dict[str, list[str]] = {
     "sink-parquet": ["sink", "parquet"],
     "sink-tensorboard": ["sink", "tensorboard"],
+    "sink-wandb": ["sink", "wandb"],
     "stream-worker": ["worker"],
     "alerts-console": ["alerts", "--console"],
 }
 #: Consumer -> the module it needs; without it `up` says how to install it and skips it.
-OPTIONAL = {"sink-tensorboard": "tensorboard"}
+OPTIONAL = {"sink-tensorboard": "tensorboard", "sink-wandb": "wandb"}
 
 
 def available_consumers() -> dict[str, list[str]]:

@@ -1,0 +1,98 @@
+import json
+
+import pytest
+
+from schemas import HISTOGRAM, METRICS, RUN_FINISHED, RUN_STARTED, TABLE, Event, default_codec
+from sinks.wandb import WandbSink
+from tests.wandb_reader import read_run
+
+FP = default_codec().newest("EventBatch").fingerprint
+
+
+def ev(seq, kind, body, run="run-wb1"):
+    return Event(run, "p1", seq, 1_700_000_000_000 + seq, kind, body, FP)
+
+
+def metrics(seq, step, scalars, samples=None, epoch=None):
+    return ev(
+        seq, METRICS, {"step": step, "epoch": epoch, "rank": 0, "scalars": scalars, "samples": samples or {}}
+    )
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+
+
+def test_offline_run_has_config_history_with_steps_histograms_tables_and_summary(tmp_path, offline):
+    sink = WandbSink(tmp_path, exclude=["debug/*"])
+    assert sink.mode == "offline"
+    sink.open()
+    sink.write(
+        [
+            ev(
+                0,
+                RUN_STARTED,
+                {
+                    "project": "grpo",
+                    "name": "gemma",
+                    "config_json": json.dumps({"beta": 0.04, "num_steps": 3}),
+                    "tags": ["t"],
+                    "host": "h",
+                    "pid": 1,
+                    "git": None,
+                    "rank": 0,
+                    "world_size": 1,
+                },
+            ),
+            metrics(1, 10, {"rewards/total_mean": 1.5, "debug/x": 9.0}, epoch=0),
+            metrics(2, 5, {"rewards/total_mean": 2.5}),  # a step that goes backwards is kept
+            metrics(3, 11, {}, {"rewards/format_exact": [0.0, 1.0, 1.0]}),
+            ev(
+                4,
+                HISTOGRAM,
+                {
+                    "step": 12,
+                    "name": "rewards/answer_check_hist",
+                    "edges": [0.0, 0.5, 1.0],
+                    "counts": [1, 3],
+                    "rank": 0,
+                },
+            ),
+            ev(
+                5,
+                TABLE,
+                {
+                    "step": 12,
+                    "name": "rubric_criteria_summary",
+                    "columns": ["criterion", "mean"],
+                    "rows": [["clarity", 0.75]],
+                },
+            ),
+            ev(6, RUN_FINISHED, {"status": "finished", "summary": {"final/format_exact_mean": 0.66}}),
+        ]
+    )
+    sink.flush()
+    sink.close()
+    run = read_run(tmp_path, "run-wb1")
+    assert run["config"]["beta"] in (0.04, {"value": 0.04})
+    rows = run["history"]
+    assert [(r.get("rewards/total_mean"), r["metricbus/step"]) for r in rows[:2]] == [(1.5, 10), (2.5, 5)]
+    assert rows[0]["metricbus/epoch"] == 0
+    assert all("debug/x" not in r for r in rows)  # excluded by the glob
+    assert rows[2]["rewards/format_exact"]["_type"] == "histogram"
+    assert rows[3]["rewards/answer_check_hist"]["values"] == [1, 3]
+    table = rows[4]["rubric_criteria_summary"]
+    assert table["_type"] == "table-file"
+    files = next(tmp_path.glob("wandb/*run-wb1/files"))
+    assert json.loads((files / table["path"]).read_text())["data"] == [["clarity", 0.75]]
+    assert run["summary"]["final/format_exact_mean"] == 0.66
+    assert run["summary"]["metricbus/status"] == "finished"
+    assert "metric" in run["kinds"]  # define_metric: the metricbus/step axis
+    assert sink.recover("run-wb1") == {"p1": [(0, 6)]}
+
+
+def test_online_when_an_api_key_is_set(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert WandbSink(tmp_path).mode == "online"
