@@ -90,7 +90,10 @@ def cmd_sink(args: argparse.Namespace) -> int:
             include=tuple(args.include or ()),
             exclude=tuple(args.exclude or ()),
         )
-    runner = SinkRunner(sink, settings, flush_interval_s=args.flush_interval)
+    topics = [settings.topics.events]
+    if args.sink != "parquet":  # dashboards show derived series too; the archive keeps raw events
+        topics.append(settings.topics.aggregates)
+    runner = SinkRunner(sink, settings, topics=topics, flush_interval_s=args.flush_interval)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -19,7 +19,7 @@ from ._errors import (
     TruncatedRecordError,
     UnknownSchemaError,
 )
-from ._events import Event, decode_events
+from ._events import DERIVED_PRODUCER, Event, decode_aggregates, decode_events
 from ._kafka import client_options, consumer_group_options, ensure_topics, ssl_context
 from ._names import check_run_id, path_segment
 from ._registry import SCHEMA_DIR, SchemaVersion, crc64_avro, load_versions
@@ -43,6 +43,7 @@ __all__ = [
     "RUN_STARTED",
     "SCHEMA_DIR",
     "TABLE",
+    "DERIVED_PRODUCER",
     "BadMagicError",
     "BrokerError",
     "Codec",
@@ -66,6 +67,7 @@ __all__ = [
     "client_options",
     "consumer_group_options",
     "crc64_avro",
+    "decode_aggregates",
     "decode_events",
     "default_codec",
     "ensure_topics",

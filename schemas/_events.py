@@ -32,3 +32,31 @@ def decode_events(codec: Codec, value: bytes) -> list[Event]:
         Event(run_id, producer_id, e["seq"], e["ts_ms"], e["body"][0], e["body"][1], fingerprint)
         for e in batch["events"]
     ]
+
+
+#: producer_id of events decoded from the aggregates topic (derived series): they carry no
+#: seq of their own, so sinks neither deduplicate nor track them.
+DERIVED_PRODUCER = "metricbus.stream"
+
+
+def decode_aggregates(codec: Codec, value: bytes, offset: int = 0) -> list[Event]:
+    """Decode one AggregateBatch record into Metrics-shaped events, one per (step, epoch).
+
+    Derived series then flow through every sink exactly like logged scalars.
+    """
+    name, batch = codec.decode(value)
+    if name != "AggregateBatch":
+        raise SchemaError(f"expected an AggregateBatch record on the aggregates topic, got a {name}")
+    run_id = batch["run_id"]
+    fingerprint = bytes(value[2:10])
+    by_step: dict[tuple[int, int | None], Event] = {}
+    for p in batch["points"]:
+        key = (p["step"], p["epoch"])
+        event = by_step.get(key)
+        if event is None:
+            body = {"step": p["step"], "epoch": p["epoch"], "rank": 0, "scalars": {}, "samples": {}}
+            event = by_step[key] = Event(
+                run_id, DERIVED_PRODUCER, offset, p["ts_ms"], "metricbus.Metrics", body, fingerprint
+            )
+        event.body["scalars"][p["name"]] = p["value"]
+    return list(by_step.values())

@@ -23,6 +23,7 @@ from schemas import (
     Settings,
     client_options,
     consumer_group_options,
+    decode_aggregates,
     decode_events,
     default_codec,
 )
@@ -54,7 +55,7 @@ class SinkRunner:
         sink: Sink,
         settings: Settings,
         *,
-        topic: str | None = None,
+        topics: list[str] | None = None,
         group_id: str | None = None,
         flush_interval_s: float = 2.0,
         max_pending_events: int = 200_000,
@@ -62,7 +63,9 @@ class SinkRunner:
     ) -> None:
         self.sink = sink
         self.settings = settings
-        self.topic = topic or settings.topics.events
+        #: Topics consumed: the events topic (deduplicated by (producer_id, seq)) and, for sinks
+        #: that show derived series, the aggregates topic.
+        self.topics = topics or [settings.topics.events]
         self.group_id = group_id or f"{settings.topic_prefix}sink.{sink.name}"
         self.flush_interval_s = flush_interval_s
         self.max_pending_events = max_pending_events
@@ -114,8 +117,8 @@ class SinkRunner:
         )
         await self._consumer.start()
         await self._producer.start()
-        self._consumer.subscribe([self.topic], listener=_Listener())
-        log.info("sink %s consuming %s as group %s", self.sink.name, self.topic, self.group_id)
+        self._consumer.subscribe(self.topics, listener=_Listener())
+        log.info("sink %s consuming %s as group %s", self.sink.name, ", ".join(self.topics), self.group_id)
         try:
             while not self._stopping.is_set():
                 batches = await self._consumer.getmany(timeout_ms=200, max_records=5000)
@@ -140,7 +143,11 @@ class SinkRunner:
         fresh: list[Event] = []
         for record in records:
             self.stats.records += 1
+            derived = record.topic == self.settings.topics.aggregates
             try:
+                if derived:
+                    fresh.extend(decode_aggregates(self.codec, record.value, record.offset))
+                    continue
                 events = decode_events(self.codec, record.value)
             except SchemaError as exc:
                 await self._deadletter(record, exc)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from schemas import (
+    DERIVED_PRODUCER,
     HISTOGRAM,
     METRICS,
     RUN_FINISHED,
@@ -141,10 +142,11 @@ class TensorBoardSink:
 
         for e in events:
             writer = self._writer(e)
-            seqs = writer.seqs.get(e.producer_id)
-            if seqs is None:
-                seqs = writer.seqs[e.producer_id] = SeqSet()
-            seqs.add(e.seq)
+            if e.producer_id != DERIVED_PRODUCER:  # derived series carry no seq to track
+                seqs = writer.seqs.get(e.producer_id)
+                if seqs is None:
+                    seqs = writer.seqs[e.producer_id] = SeqSet()
+                seqs.add(e.seq)
             wall = e.ts_ms / 1000
             body = e.body
             if e.kind == METRICS:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas import (
+    DERIVED_PRODUCER,
     HISTOGRAM,
     METRICS,
     RUN_FINISHED,
@@ -85,7 +86,8 @@ class WandbSink:
 
         for e in events:
             run = self._run(e)
-            self._seqs.setdefault(e.run_id, {}).setdefault(e.producer_id, SeqSet()).add(e.seq)
+            if e.producer_id != DERIVED_PRODUCER:  # derived series carry no seq to track
+                self._seqs.setdefault(e.run_id, {}).setdefault(e.producer_id, SeqSet()).add(e.seq)
             body = e.body
             if e.kind == METRICS:
                 row: dict[str, Any] = {k: v for k, v in body["scalars"].items() if self._wanted(k)}

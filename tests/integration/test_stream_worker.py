@@ -135,3 +135,40 @@ def test_worker_state_survives_kill_9_aggregates_equal_an_uninterrupted_run(sett
     # the second worker really resumed mid-topic: it rebuilt from records before its committed offsets
     log_text = (tmp_path / "w2.log").read_text()
     assert "rebuilt stream state from" in log_text and "from 0 records" not in log_text
+
+
+def test_derived_series_reach_tensorboard_as_their_own_tags(settings, worker, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logdir = tmp_path / "tb"
+    env = {**os.environ, **settings.to_env()}
+    out = open(tmp_path / "tb-sink.log", "wb")
+    sink = subprocess.Popen(
+        cli(settings, "sink", "tensorboard", "--logdir", str(logdir), "--flush-interval", "0.3"),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    try:
+        run = Run("p", name="derived", settings=settings, system_metrics=False)
+        for step in range(30):
+            run.log({"Train/Loss": 1.0 / (step + 1)}, step=step, epoch=step // 10)
+        assert run.finish(timeout=20)
+        deadline = time.monotonic() + 60
+        tags = {}
+        while time.monotonic() < deadline:
+            dirs = list(logdir.glob(f"p/derived-{run.run_id}"))
+            if dirs:
+                acc = EventAccumulator(str(dirs[0]), size_guidance={"scalars": 0})
+                acc.Reload()
+                tags = {t: [(s.step, s.value) for s in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+                if len(tags.get("Epoch/AvgLoss", [])) == 3:
+                    break
+            time.sleep(0.5)
+    finally:
+        sink.terminate()
+        sink.wait(20)
+        out.close()
+    expected = [(9 + 10 * e, sum(1 / (s + 1) for s in range(10 * e, 10 * e + 10)) / 10) for e in range(3)]
+    assert tags["Epoch/AvgLoss"] == [(s, pytest.approx(v, rel=1e-6)) for s, v in expected]
+    assert "stats/Train/Loss/recent_mean" in tags and len(tags["Train/Loss"]) == 30
