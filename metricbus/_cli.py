@@ -123,13 +123,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_alerts(args: argparse.Namespace) -> int:
-    from sinks.alerts import ConsoleAlerts, WebhookAlerts, consume_alerts
+    from sinks.alerts import ConsoleAlerts, WandbAlerts, WebhookAlerts, consume_alerts
 
     settings = _settings(args)
-    if bool(args.console) == bool(args.webhook):
-        raise MetricbusError("choose one consumer: --console or --webhook URL (run one process per consumer)")
+    if sum(map(bool, (args.console, args.webhook, args.wandb))) != 1:
+        raise MetricbusError(
+            "choose one consumer: --console, --webhook URL or --wandb (one process per consumer)"
+        )
     try:
-        handler: Any = ConsoleAlerts() if args.console else WebhookAlerts(args.webhook)
+        if args.console:
+            handler: Any = ConsoleAlerts()
+        elif args.webhook:
+            handler = WebhookAlerts(args.webhook)
+        else:
+            handler = WandbAlerts(settings.data_dir / "wandb-alerts")
     except ValueError as exc:
         raise MetricbusError(str(exc)) from None
     group = f"{settings.topic_prefix}alerts.{args.group or handler.name}"

@@ -98,6 +98,55 @@ class WebhookAlerts:
             response.read()
 
 
+class WandbAlerts:
+    """Raise each firing alert as a W&B alert (``run.alert``) on its run; resolved ones as INFO.
+
+    Online when ``WANDB_API_KEY`` is set (W&B then emails / posts to Slack per the user's W&B
+    settings), else recorded in an offline run under ``root``.
+    """
+
+    name = "wandb"
+    LEVELS = {"critical": "ERROR", "warning": "WARN", "info": "INFO"}
+
+    def __init__(self, root: Any, mode: str | None = None) -> None:
+        import os
+        from pathlib import Path
+
+        self.root = Path(root)
+        self.mode = mode or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        self._runs: dict[str, Any] = {}
+
+    async def __call__(self, alert: dict[str, Any]) -> bool:
+        """Send the alert to W&B (in a thread: the W&B client blocks)."""
+        return await asyncio.to_thread(self._send, alert)
+
+    def _send(self, alert: dict[str, Any]) -> bool:
+        import wandb
+
+        run = self._runs.get(alert["run_id"])
+        if run is None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            run = self._runs[alert["run_id"]] = wandb.init(
+                id=alert["run_id"],
+                resume="allow",
+                reinit="create_new",
+                dir=str(self.root),
+                mode=self.mode,  # type: ignore[arg-type]
+                settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
+            )
+        firing = alert["state"] == "firing"
+        level = self.LEVELS.get(alert["severity"], "WARN") if firing else "INFO"
+        title = alert["rule"] if firing else f"{alert['rule']} resolved"
+        run.alert(title=title, text=format_alert(alert), level=getattr(wandb.AlertLevel, level))  # type: ignore[attr-defined]
+        return True
+
+    def close(self) -> None:
+        """Finish the W&B runs this consumer opened."""
+        for run in self._runs.values():
+            run.finish()
+        self._runs.clear()
+
+
 async def consume_alerts(settings: Settings, handler: Handler, group: str, stop: asyncio.Event) -> int:
     """Deliver every alert to ``handler`` until ``stop`` is set; return how many were handled."""
     from aiokafka import AIOKafkaConsumer

@@ -96,3 +96,30 @@ def test_offline_run_has_config_history_with_steps_histograms_tables_and_summary
 def test_online_when_an_api_key_is_set(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     assert WandbSink(tmp_path).mode == "online"
+
+
+def test_wandb_alert_consumer_raises_an_alert_on_the_run(tmp_path, offline):
+    import asyncio
+
+    from sinks.alerts import WandbAlerts
+    from tests.wandb_reader import records, run_file
+
+    handler = WandbAlerts(tmp_path)
+    alert = {
+        "run_id": "run-al1",
+        "rule": "nan_loss",
+        "state": "firing",
+        "severity": "critical",
+        "metric": "Train/Loss",
+        "value": None,
+        "step": 3,
+        "message": "loss is NaN",
+        "ts_ms": 0,
+    }
+    assert asyncio.run(handler(alert))
+    handler.close()
+    (got,) = [
+        r.alert for r in records(run_file(tmp_path, "run-al1")) if r.WhichOneof("record_type") == "alert"
+    ]
+    assert (got.title, got.level) == ("nan_loss", "ERROR")
+    assert got.text == "[FIRING] critical nan_loss: run run-al1 Train/Loss step 3: loss is NaN"
