@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import statistics
-from collections.abc import Callable
 
 import psutil
 
@@ -34,11 +32,6 @@ def tree_cpu_s() -> float:
         except psutil.NoSuchProcess:
             pass
     return total
-
-
-def median_of(runs: int, fn: Callable[[], float]) -> tuple[float, list[float]]:
-    values = [fn() for _ in range(runs)]
-    return statistics.median(values), values
 
 
 def table(title: str, rows: list[tuple[str, float, str]], ours: float, unit: str) -> None:

@@ -84,43 +84,28 @@ def read_events(archive: Path, run_id: str, codec: Codec | None = None) -> list[
     body: dict[str, Any] = {}
     for row in table.to_pylist():
         key = (row["producer_id"], row["seq"])
-        if row["payload"] is not None:
-            _, batch = codec.decode(row["payload"])
-            (e,) = batch["events"]
-            kind, payload_body = e["body"]
+        if row["payload"] is None and key == current:  # the next scalar of the same Metrics event
+            pass
+        else:
+            if row["payload"] is not None:
+                (e,) = codec.decode(row["payload"])[1]["events"]
+                kind, body = e["body"]
+                current = None
+            else:
+                kind, current = METRICS, key
+                body = {
+                    "step": row["step"],
+                    "epoch": row["epoch"],
+                    "rank": row["rank"],
+                    "scalars": {},
+                    "samples": {},
+                }
+            fingerprint = bytes.fromhex(row["fingerprint"])
             events.append(
-                Event(
-                    run_id,
-                    row["producer_id"],
-                    row["seq"],
-                    row["ts_ms"],
-                    kind,
-                    payload_body,
-                    bytes.fromhex(row["fingerprint"]),
-                )
+                Event(run_id, row["producer_id"], row["seq"], row["ts_ms"], kind, body, fingerprint)
             )
-            current = None
-            continue
-        if key != current:
-            current = key
-            body = {
-                "step": row["step"],
-                "epoch": row["epoch"],
-                "rank": row["rank"],
-                "scalars": {},
-                "samples": {},
-            }
-            events.append(
-                Event(
-                    run_id,
-                    row["producer_id"],
-                    row["seq"],
-                    row["ts_ms"],
-                    METRICS,
-                    body,
-                    bytes.fromhex(row["fingerprint"]),
-                )
-            )
+            if current is None:
+                continue
         if row["samples"] is not None:
             body["samples"][row["name"]] = row["samples"]
         else:

@@ -30,7 +30,8 @@ def wait_line(proc, text, timeout=30.0):
     raise AssertionError(f"{text!r} not printed; got {seen}")
 
 
-def test_up_starts_broker_and_consumers_and_sigterm_stops_every_child(tmp_path):
+def start_up(tmp_path):
+    """`metricbus up` on a free port; returns (process, port, the lines it printed)."""
     port = free_port()
     env = {**os.environ, "METRICBUS_LOCAL_PORT": str(port)}
     proc = subprocess.Popen(
@@ -40,13 +41,19 @@ def test_up_starts_broker_and_consumers_and_sigterm_stops_every_child(tmp_path):
         text=True,
         env=env,
     )
+    return proc, port, wait_line(proc, "metricbus is up")
+
+
+def test_up_starts_broker_and_consumers_and_sigterm_stops_every_child(tmp_path):
+    proc, port, lines = start_up(tmp_path)
     try:
-        lines = wait_line(proc, "metricbus is up")
         assert any(f"127.0.0.1:{port}" in line for line in lines)
-        assert any("sink-parquet" in line for line in lines)
+        assert any("sink-parquet" in line for line in lines) and any(
+            "stream-worker" in line for line in lines
+        )
         children = psutil.Process(proc.pid).children(recursive=True)
         names = " ".join(" ".join(c.cmdline()) for c in children)
-        assert "tansu" in names and "sink parquet" in names
+        assert "tansu" in names and "sink parquet" in names and "worker" in names
         with socket.create_connection(("127.0.0.1", port), timeout=1):
             pass
         t0 = time.monotonic()
@@ -61,16 +68,7 @@ def test_up_starts_broker_and_consumers_and_sigterm_stops_every_child(tmp_path):
 
 
 def test_children_die_with_a_killed_supervisor(tmp_path):
-    port = free_port()
-    env = {**os.environ, "METRICBUS_LOCAL_PORT": str(port)}
-    proc = subprocess.Popen(
-        metricbus("up", data_dir=tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    wait_line(proc, "metricbus is up")
+    proc, _, _ = start_up(tmp_path)
     children = psutil.Process(proc.pid).children(recursive=True)
     proc.kill()  # no chance to clean up: PDEATHSIG must take the children down
     proc.wait(5)
