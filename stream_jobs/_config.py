@@ -46,6 +46,9 @@ class StreamConfig:
     #: Scalars ending with this get a running ``..._Avg<suffix>`` and ``..._P99<suffix>``
     #: (seed 004: Performance/Generation_TokensPerSec -> Generation_AvgTokensPerSec, ...P99...).
     throughput_suffix: str = "TokensPerSec"
+    #: Cross-rank merge: a step missing a rank is emitted without it once the leading rank is
+    #: this many steps ahead (and the rank's later value for it counts as late).
+    rank_timeout_steps: int = 10
     #: Emit ``stats/<metric>/recent_mean`` and ``stats/<metric>/ema`` for every logged scalar.
     per_metric_stats: bool = True
     #: Name prefixes whose higher values are worse (for trend direction); everything else

@@ -9,9 +9,10 @@ import math
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from schemas import METRICS, RUN_FINISHED
+from schemas import METRICS, RUN_FINISHED, RUN_STARTED
 
 from ._config import StreamConfig
+from ._ranks import RankMerger
 from ._stats import EMA, Convergence, Welford, Window, trend_class
 
 
@@ -73,15 +74,30 @@ class RunDeriver:
         self._previous: dict[str, float] = {}
         self._last_step = 0
         self._touched: dict[str, tuple[int, int | None, int]] = {}
+        self._ranks: RankMerger | None = None
         self.finished = False
 
     def feed(self, kind: str, body: dict[str, Any], ts_ms: int) -> list[Point]:
         """Derived points caused by one event."""
         if kind == METRICS:
-            return self._metrics(body, ts_ms)
+            out = self._metrics(body, ts_ms)
+            if self._ranks is not None and body["scalars"]:
+                merged = self._ranks.feed(body["rank"], body["step"], body["scalars"])
+                out.extend(Point(n, "ranks", "rank_merge", s, body["epoch"], v, ts_ms) for n, s, v in merged)
+            return out
+        if kind == RUN_STARTED:
+            world = RankMerger.world_size_of(body)
+            if world > 1 and (self._ranks is None or self._ranks.world_size < world):
+                self._ranks = RankMerger(world, self.cfg.rank_timeout_steps)
+            return []
         if kind == RUN_FINISHED and not self.finished:
             self.finished = True
             out = self._close_epoch(ts_ms)
+            if self._ranks is not None:
+                out.extend(
+                    Point(n, "ranks", "rank_merge", s, self._epoch_no, v, ts_ms)
+                    for n, s, v in self._ranks.flush()
+                )
             out.extend(self._final(ts_ms))
             return out
         return []
