@@ -156,19 +156,25 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from ._replay import archived_runs, make_sink, replay_to_kafka, replay_to_sink
 
     settings = _settings(args)
-    runs = archived_runs(settings.archive_dir, args.run, args.project)
+    if args.source == "kafka" and not args.run:
+        raise MetricbusError("--from kafka replays one --run (the topic is keyed by run id)")
+    runs = (
+        [args.run] if args.source == "kafka" else archived_runs(settings.archive_dir, args.run, args.project)
+    )
     if args.to == "kafka":
         if not args.to_prefix or args.to_prefix == settings.topic_prefix:
             raise MetricbusError(
                 "--to kafka needs --to-prefix NEW. (a fresh set of topics, not the live ones)"
             )
         target = dataclasses.replace(settings, topic_prefix=args.to_prefix)
+        if args.source == "kafka":
+            raise MetricbusError("--from kafka --to kafka: use the stream worker on the live topics instead")
         n = replay_to_kafka(settings, target, runs)
         print(f"republished {n} events of {len(runs)} run(s) to {target.topics.events}")
         return 0
     if not args.out:
         raise MetricbusError(f"--to {args.to} needs --out DIR (a fresh directory)")
-    n = replay_to_sink(settings, runs, make_sink(args.to, Path(args.out)))
+    n = replay_to_sink(settings, runs, make_sink(args.to, Path(args.out)), source=args.source)
     print(f"replayed {n} events of {len(runs)} run(s) into {args.to} at {args.out}")
     if args.to == "tensorboard":
         print(f"  tensorboard --logdir {args.out}")
@@ -299,6 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
     who = s.add_mutually_exclusive_group(required=True)
     who.add_argument("--run")
     who.add_argument("--project")
+    s.add_argument(
+        "--from",
+        dest="source",
+        choices=["archive", "kafka"],
+        default="archive",
+        help="where the events come from (default: the Parquet archive)",
+    )
     s.add_argument("--to", required=True, choices=["tensorboard", "wandb", "parquet", "kafka"])
     s.add_argument("--out", help="directory for --to tensorboard / wandb / parquet")
     s.add_argument(

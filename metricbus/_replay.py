@@ -44,17 +44,36 @@ def make_sink(kind: str, out: Path, include: tuple[str, ...] = (), exclude: tupl
     raise MetricbusError(f"cannot replay into {kind!r}; choose tensorboard, wandb, parquet or kafka")
 
 
-def replay_to_sink(settings: Settings, runs: Iterable[str], sink: Any, chunk: int = 50_000) -> int:
-    """Feed each run's archived events to ``sink`` (the same code as live consumption)."""
+def events_from_kafka(settings: Settings, run_id: str) -> list[Any]:
+    """A run's events read from the events topic (as far as its retention reaches), deduplicated."""
+    from schemas import Deduper, decode_events
+
+    from ._read import read_topic
+
+    codec, dedupe, out = default_codec(), Deduper(), []
+    for record in read_topic(settings, settings.topics.events):
+        if record.key == run_id.encode():
+            out.extend(e for e in decode_events(codec, record.value) if dedupe.is_new(e.producer_id, e.seq))
+    return out
+
+
+def replay_to_sink(
+    settings: Settings, runs: Iterable[str], sink: Any, chunk: int = 50_000, source: str = "archive"
+) -> int:
+    """Feed each run's events (archive or events topic) to ``sink``, as live consumption does."""
     from sinks import read_events
 
     sink.open()
     total = 0
     try:
         for run_id in runs:
-            events = read_events(settings.archive_dir, run_id)
+            if source == "kafka":
+                events = events_from_kafka(settings, run_id)
+            else:
+                events = read_events(settings.archive_dir, run_id)
             if not events:
-                raise MetricbusError(f"run {run_id!r} is not in the archive at {settings.archive_dir}")
+                where = settings.topics.events if source == "kafka" else settings.archive_dir
+                raise MetricbusError(f"run {run_id!r} is not in {where}")
             for start in range(0, len(events), chunk):
                 sink.write(events[start : start + chunk])
             sink.flush()

@@ -101,6 +101,26 @@ def test_live_tensorboard_equals_archive_and_a_replay_gives_identical_scalars(se
     replayed = scalars(next((tmp_path / "tb-replay").glob(f"grpo/gemma-{run.run_id}")))
     assert replayed == live
 
+    # the same from the events topic itself
+    subprocess.run(
+        cli(
+            settings,
+            "replay",
+            "--run",
+            run.run_id,
+            "--from",
+            "kafka",
+            "--to",
+            "tensorboard",
+            "--out",
+            str(tmp_path / "tb-kafka"),
+        ),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert scalars(next((tmp_path / "tb-kafka").glob(f"grpo/gemma-{run.run_id}"))) == live
+
     # and the archive gives back the very events that were logged
     rebuilt = read_events(settings.archive_dir, run.run_id)
     assert [e.seq for e in rebuilt] == list(range(events))
