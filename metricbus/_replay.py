@@ -50,7 +50,8 @@ def events_from_kafka(settings: Settings, run_id: str) -> list[Any]:
 
     from ._read import read_topic
 
-    codec, dedupe, out = default_codec(), Deduper(), []
+    codec, dedupe = default_codec(), Deduper()
+    out: list[Any] = []
     for record in read_topic(settings, settings.topics.events):
         if record.key == run_id.encode():
             out.extend(e for e in decode_events(codec, record.value) if dedupe.is_new(e.producer_id, e.seq))
