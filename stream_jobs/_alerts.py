@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from ._rules import OPS, Rule
-from ._stats import Window
+from ._stats import RollingMoments
 
 _NONE: list[dict[str, Any]] = []  # shared, never appended to: most series match no rule
 
@@ -22,7 +22,7 @@ class _State:
     streak: int = 0
     firing: bool = False
     false_since: int | None = None
-    window: Window | None = None
+    window: RollingMoments | None = None
     previous: float | None = None
 
 
@@ -103,7 +103,7 @@ class AlertEngine:
         if rule.kind == "zscore":
             window = state.window
             if window is None:
-                window = state.window = Window(int(rule.window))
+                window = state.window = RollingMoments(int(rule.window))
             fired = False
             if len(window) >= max(5, int(rule.window) // 2):
                 std = window.std()

@@ -161,6 +161,55 @@ class Window:
         return float((x * (y - y.mean())).sum() / (x * x).sum())
 
 
+class RollingMoments:
+    """Mean and std of the last ``size`` finite values in O(1) per value.
+
+    Keeps sums of ``x - shift`` and their squares (shift: the first value), adding the new
+    value and subtracting the evicted one, for hot paths such as a z-score rule evaluated on
+    every value; :class:`Window` recomputes exactly and is the reference in the tests.
+    """
+
+    __slots__ = ("size", "values", "_shift", "_sum", "_sumsq")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.values: collections.deque[float] = collections.deque()
+        self._shift: float | None = None
+        self._sum = 0.0
+        self._sumsq = 0.0
+
+    def add(self, x: float) -> None:
+        """Append a finite value (others are ignored), evicting the oldest when full."""
+        if not math.isfinite(x):
+            return
+        if self._shift is None:
+            self._shift = x
+        d = x - self._shift
+        self.values.append(d)
+        self._sum += d
+        self._sumsq += d * d
+        if len(self.values) > self.size:
+            old = self.values.popleft()
+            self._sum -= old
+            self._sumsq -= old * old
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def mean(self) -> float:
+        """Mean of the window."""
+        n = len(self.values)
+        return (self._shift or 0.0) + self._sum / n if n else math.nan
+
+    def std(self) -> float:
+        """Population standard deviation of the window (never negative from rounding)."""
+        n = len(self.values)
+        if not n:
+            return math.nan
+        m = self._sum / n
+        return math.sqrt(max(self._sumsq / n - m * m, 0.0))
+
+
 class EMA:
     """Exponential moving average with TensorBoard's smoothing and debiasing.
 

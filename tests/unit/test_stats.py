@@ -107,3 +107,16 @@ def test_convergence_needs_patience_windows_of_calm():
     assert results[-1]
     first = results.index(True)
     assert 30 + 9 <= first <= 30 + 12  # the window turns calm once it holds only the plateau, then 3 in a row
+
+
+@pytest.mark.parametrize("name", ["normal", "tiny variance", "constant"])
+def test_rolling_moments_match_the_exact_window(name):
+    from stream_jobs._stats import RollingMoments
+
+    xs = SERIES[name][:500]
+    fast, exact = RollingMoments(20), Window(20)
+    for x in xs:
+        fast.add(float(x))
+        exact.add(float(x))
+        assert fast.mean() == pytest.approx(exact.mean(), rel=1e-12)
+        assert fast.std() == pytest.approx(exact.std(), rel=1e-6, abs=1e-12)
