@@ -54,7 +54,7 @@ def dir_bytes(path: Path) -> int:
 def metricbus_bytes(
     data: dict[str, np.ndarray], out: Path, flush_steps: int, compact_after: int = 64, finish: bool = False
 ) -> int:
-    from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, default_codec
+    from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, default_codec, run_started
     from sinks import ParquetArchive
 
     fp = default_codec().newest("EventBatch").fingerprint
@@ -71,17 +71,7 @@ def metricbus_bytes(
                 0,
                 ts,
                 RUN_STARTED,
-                {
-                    "project": "bench",
-                    "name": "n",
-                    "config_json": "{}",
-                    "tags": [],
-                    "host": "h",
-                    "pid": 1,
-                    "git": None,
-                    "rank": 0,
-                    "world_size": 1,
-                },
+                run_started("bench", "n"),
                 fp,
             )
         ]

@@ -23,7 +23,7 @@ REPEATS = int(os.environ.get("BENCH_REPEATS", 3))
 
 def build_archive(root: Path) -> str:
     from schemas import METRICS as KIND
-    from schemas import RUN_STARTED, Event, default_codec
+    from schemas import RUN_STARTED, Event, default_codec, run_started
     from sinks import ParquetArchive
 
     fp = default_codec().newest("EventBatch").fingerprint
@@ -36,17 +36,7 @@ def build_archive(root: Path) -> str:
             0,
             0,
             RUN_STARTED,
-            {
-                "project": "bench",
-                "name": "bench-run",
-                "config_json": "{}",
-                "tags": [],
-                "host": "h",
-                "pid": 1,
-                "git": None,
-                "rank": 0,
-                "world_size": 1,
-            },
+            run_started("bench", "bench-run"),
             fp,
         )
     ]

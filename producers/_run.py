@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import itertools
-import json
 import logging
 import os
 import socket
@@ -34,6 +33,7 @@ from schemas import (
     Settings,
     check_run_id,
     default_codec,
+    run_started,
 )
 
 from ._publisher import Publisher
@@ -324,17 +324,17 @@ class Run:
         return f"Kafka at {self.settings.bootstrap_servers}"
 
     def _started_body(self, config: Any, tags: Iterable[str]) -> dict[str, Any]:
-        return {
-            "project": self.project,
-            "name": self.name,
-            "config_json": json.dumps(_config_dict(config), default=str, sort_keys=True),
-            "tags": [str(t) for t in tags],
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "git": _git_commit(Path.cwd()),
-            "rank": self.rank,
-            "world_size": self.world_size,
-        }
+        return run_started(
+            self.project,
+            self.name,
+            _config_dict(config),
+            tags=tags,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            git=_git_commit(Path.cwd()),
+            rank=self.rank,
+            world_size=self.world_size,
+        )
 
 
 def _new_run_id() -> str:

@@ -4,6 +4,7 @@ Public names only; implementation lives in the private modules. Depends on nothi
 ours: producers, stream_jobs, sinks and the metricbus face all build on it.
 """
 
+from ._bodies import run_started
 from ._codec import HEADER_SIZE, MAGIC, Codec, default_codec
 from ._dedupe import Deduper, Interval, SeqSet
 from ._errors import (
@@ -73,5 +74,6 @@ __all__ = [
     "ensure_topics",
     "load_versions",
     "path_segment",
+    "run_started",
     "ssl_context",
 ]

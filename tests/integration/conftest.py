@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import socket
@@ -15,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from metricbus._broker import EmbeddedBroker
-from schemas import Settings, client_options, default_codec, ensure_topics
+from metricbus._read import read_topic as _read_topic
+from schemas import Settings, default_codec, ensure_topics
 
 pytestmark = pytest.mark.integration
 
@@ -43,34 +43,15 @@ def settings(broker, tmp_path) -> Settings:
 
 
 def read_topic(settings: Settings, topic: str, count: int, timeout: float = 30.0) -> list:
-    """Every record of ``topic`` from the beginning (no consumer group), until ``count`` or timeout."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    async def main():
-        consumer = AIOKafkaConsumer(
-            **client_options(settings), enable_auto_commit=False, auto_offset_reset="earliest"
-        )
-        await consumer.start()
-        try:
-            parts = set()
-            deadline = time.monotonic() + timeout
-            while not parts and time.monotonic() < deadline:
-                parts = consumer.partitions_for_topic(topic) or set()
-                if not parts:
-                    await consumer._client.force_metadata_update()
-            tps = [TopicPartition(topic, p) for p in sorted(parts)]
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
-            out = []
-            while len(out) < count and time.monotonic() < deadline:
-                batches = await consumer.getmany(timeout_ms=200)
-                for records in batches.values():
-                    out.extend(records)
-            return out
-        finally:
-            await consumer.stop()
-
-    return asyncio.run(main())
+    """Every record of ``topic`` from the beginning, polled until there are ``count`` or timeout."""
+    deadline = time.monotonic() + timeout
+    records: list = []
+    while time.monotonic() < deadline:
+        records = _read_topic(settings, topic, timeout_s=max(1.0, deadline - time.monotonic()))
+        if len(records) >= count:
+            break
+        time.sleep(0.2)
+    return records
 
 
 def read_events(settings: Settings, count: int, timeout: float = 30.0) -> list[tuple[str, int, str, dict]]:

@@ -2,7 +2,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from schemas import HISTOGRAM, METRICS, RUN_STARTED, TABLE, Event, default_codec
+from schemas import HISTOGRAM, METRICS, RUN_STARTED, TABLE, Event, default_codec, run_started
 from sinks import ParquetArchive, read_table, summary, tidy
 
 FP = default_codec().newest("EventBatch").fingerprint
@@ -13,21 +13,7 @@ def ev(seq, kind, body, run="run-1", producer="p1"):
 
 
 def started(project="grpo/gemma"):
-    return ev(
-        0,
-        RUN_STARTED,
-        {
-            "project": project,
-            "name": "n",
-            "config_json": "{}",
-            "tags": [],
-            "host": "h",
-            "pid": 1,
-            "git": None,
-            "rank": 0,
-            "world_size": 1,
-        },
-    )
+    return ev(0, RUN_STARTED, run_started(project, "n"))
 
 
 def metric(seq, step, scalars, samples=None):

@@ -1,27 +1,13 @@
 import numpy as np
 import pytest
 
-from schemas import METRICS, RUN_FINISHED, RUN_STARTED
+from schemas import METRICS, RUN_FINISHED, RUN_STARTED, run_started
 from stream_jobs import DEFAULT_RULES, StreamProcessor, derive_all, load_rules
 from stream_jobs._ranks import RankMerger
 
 
 def started(world):
-    return (
-        RUN_STARTED,
-        {
-            "project": "p",
-            "name": "n",
-            "config_json": "{}",
-            "tags": [],
-            "host": "h",
-            "pid": 1,
-            "git": None,
-            "rank": 0,
-            "world_size": world,
-        },
-        0,
-    )
+    return (RUN_STARTED, run_started("p", "n", world_size=world), 0)
 
 
 def m(rank, step, loss):

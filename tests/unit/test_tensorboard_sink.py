@@ -1,10 +1,8 @@
-import json
-
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from schemas import HISTOGRAM, METRICS, RUN_FINISHED, RUN_STARTED, TABLE, Event, default_codec
+from schemas import HISTOGRAM, METRICS, RUN_FINISHED, RUN_STARTED, TABLE, Event, default_codec, run_started
 from sinks.tensorboard import TensorBoardSink, tag
 
 FP = default_codec().newest("EventBatch").fingerprint
@@ -16,19 +14,7 @@ def ev(seq, kind, body, run="run-1"):
 
 def started(config=None):
     return ev(
-        0,
-        RUN_STARTED,
-        {
-            "project": "grpo",
-            "name": "gemma",
-            "config_json": json.dumps(config or {"lr": 1e-4}),
-            "tags": [],
-            "host": "h",
-            "pid": 1,
-            "git": "abc",
-            "rank": 0,
-            "world_size": 1,
-        },
+        0, RUN_STARTED, run_started("grpo", "gemma", config or {"lr": 1e-4}, host="h", pid=1, git="abc")
     )
 
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from schemas import HISTOGRAM, METRICS, RUN_FINISHED, RUN_STARTED, TABLE, Event, default_codec
+from schemas import HISTOGRAM, METRICS, RUN_FINISHED, RUN_STARTED, TABLE, Event, default_codec, run_started
 from sinks.wandb import WandbSink
 from tests.wandb_reader import read_run
 
@@ -34,17 +34,7 @@ def test_offline_run_has_config_history_with_steps_histograms_tables_and_summary
             ev(
                 0,
                 RUN_STARTED,
-                {
-                    "project": "grpo",
-                    "name": "gemma",
-                    "config_json": json.dumps({"beta": 0.04, "num_steps": 3}),
-                    "tags": ["t"],
-                    "host": "h",
-                    "pid": 1,
-                    "git": None,
-                    "rank": 0,
-                    "world_size": 1,
-                },
+                run_started("grpo", "gemma", {"beta": 0.04, "num_steps": 3}, tags=["t"]),
             ),
             metrics(1, 10, {"rewards/total_mean": 1.5, "debug/x": 9.0}, epoch=0),
             metrics(2, 5, {"rewards/total_mean": 2.5}),  # a step that goes backwards is kept
