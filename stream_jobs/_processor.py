@@ -59,21 +59,20 @@ class StreamProcessor:
                     fired = observe(run, name, value, step, e.ts_ms)
                     if fired:
                         out.alerts.extend(fired)
-            for p in points:
-                fired = observe(run, p.name, p.value, p.step, p.ts_ms)
-                if fired:
-                    out.alerts.extend(fired)
-            if points:
-                out.points.setdefault(run, []).extend(points)
+            self._emit(out, run, points)
         for run, deriver in touched.items():
-            rolling = deriver.rolling_points()
-            for p in rolling:
-                fired = observe(run, p.name, p.value, p.step, p.ts_ms)
-                if fired:
-                    out.alerts.extend(fired)
-            if rolling:
-                out.points.setdefault(run, []).extend(rolling)
+            self._emit(out, run, deriver.rolling_points())
         return out
+
+    def _emit(self, out: Output, run: str, points: list[Point]) -> None:
+        """Add derived points to the output; rules watch derived series like logged ones."""
+        if not points:
+            return
+        for p in points:
+            fired = self.alerts.observe(run, p.name, p.value, p.step, p.ts_ms)
+            if fired:
+                out.alerts.extend(fired)
+        out.points.setdefault(run, []).extend(points)
 
     def tick(self, now_ms: int) -> list[dict[str, Any]]:
         """Time-driven rules (a stalled run); call about once a second."""
