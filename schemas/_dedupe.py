@@ -47,6 +47,18 @@ class SeqSet:
             ends.insert(i + 1, seq)
         return True
 
+    def add_range(self, start: int, end: int) -> bool:
+        """Record every seq of ``[start, end]`` if none was seen; else record nothing, return False."""
+        ends = self._ends
+        if ends and ends[-1] + 1 == start:  # the hot path: the next batch in order
+            ends[-1] = end
+            return True
+        i = bisect.bisect_right(self._starts, end) - 1
+        if i >= 0 and ends[i] >= start:
+            return False
+        self._fill(start, end)
+        return True
+
     def merge(self, intervals: Iterable[Sequence[int]]) -> None:
         """Add every seq of the given closed intervals."""
         for start, end in intervals:
@@ -100,6 +112,13 @@ class Deduper:
             return True
         self.duplicates += 1
         return False
+
+    def add_range(self, producer_id: str, start: int, end: int) -> bool:
+        """True if no seq of ``[start, end]`` was seen (and now all are); False changes nothing."""
+        seqs = self.sets.get(producer_id)
+        if seqs is None:
+            seqs = self.sets[producer_id] = SeqSet()
+        return seqs.add_range(start, end)
 
     def gaps(self) -> dict[str, int]:
         """Producers with seqs missing below their highest seen seq, and how many."""

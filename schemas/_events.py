@@ -28,8 +28,9 @@ def decode_events(codec: Codec, value: bytes) -> list[Event]:
     run_id = batch["run_id"]
     producer_id = batch["producer_id"]
     fingerprint = bytes(value[2:10])
+    new = tuple.__new__  # skips the NamedTuple's Python-level __new__: a third of this loop's time
     return [
-        Event(run_id, producer_id, e["seq"], e["ts_ms"], e["body"][0], e["body"][1], fingerprint)
+        new(Event, (run_id, producer_id, e["seq"], e["ts_ms"], e["body"][0], e["body"][1], fingerprint))
         for e in batch["events"]
     ]
 

@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from schemas import METRICS, RUN_FINISHED, RUN_STARTED
+from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event
 
 from ._config import StreamConfig
 from ._ranks import RankMerger
@@ -34,6 +34,15 @@ class Point(NamedTuple):
     def as_record(self) -> dict[str, Any]:
         """The Aggregate Avro record."""
         return self._asdict()
+
+
+class Column(NamedTuple):
+    """One logged series over a stretch of an input record: its values with their steps and times."""
+
+    name: str
+    values: list[float]
+    steps: list[int]
+    ts_ms: list[int]
 
 
 class _Series:
@@ -80,7 +89,10 @@ class RunDeriver:
     def feed(self, kind: str, body: dict[str, Any], ts_ms: int) -> list[Point]:
         """Derived points caused by one event."""
         if kind == METRICS:
-            out = self._metrics(body, ts_ms)
+            out: list[Point] = []
+            self._stretch([body], [ts_ms], out, None)
+            if body["samples"]:
+                self._samples(body, ts_ms, out)
             if self._ranks is not None and body["scalars"]:
                 merged = self._ranks.feed(body["rank"], body["step"], body["scalars"])
                 out.extend(Point(n, "ranks", "rank_merge", s, body["epoch"], v, ts_ms) for n, s, v in merged)
@@ -102,45 +114,114 @@ class RunDeriver:
             return out
         return []
 
+    def feed_many(self, events: Iterable[Event]) -> tuple[list[Point], list[Column]]:
+        """Derived points of many events of this run, and the logged scalars as columns.
+
+        Consecutive Metrics events of one epoch (with no samples, one rank) are taken a column
+        per metric, so the per-value work runs in C (``deque.extend``, ``sum``); the result is
+        the same as feeding them one by one. The columns are for the alert rules.
+        """
+        points: list[Point] = []
+        columns: list[Column] = []
+        bodies: list[dict[str, Any]] = []
+        stamps: list[int] = []
+        for e in events:
+            body = e.body
+            if e.kind == METRICS and not body["samples"] and self._ranks is None:
+                if bodies and body["epoch"] != bodies[-1]["epoch"]:
+                    self._stretch(bodies, stamps, points, columns)
+                    bodies, stamps = [], []
+                bodies.append(body)
+                stamps.append(e.ts_ms)
+                continue
+            if bodies:
+                self._stretch(bodies, stamps, points, columns)
+                bodies, stamps = [], []
+            points.extend(self.feed(e.kind, body, e.ts_ms))
+            if e.kind == METRICS:
+                step = body["step"]
+                columns.extend(Column(n, [v], [step], [e.ts_ms]) for n, v in body["scalars"].items())
+        if bodies:
+            self._stretch(bodies, stamps, points, columns)
+        return points, columns
+
     # -- metrics ------------------------------------------------------------------------
 
-    def _metrics(self, body: dict[str, Any], ts: int) -> list[Point]:
+    def _stretch(
+        self,
+        bodies: list[dict[str, Any]],
+        stamps: list[int],
+        out: list[Point],
+        columns: list[Column] | None,
+    ) -> None:
+        """The scalars of consecutive Metrics events of one epoch, a column per metric."""
         cfg = self.cfg
-        step, epoch = body["step"], body["epoch"]
-        self._last_step = max(self._last_step, step)
-        out: list[Point] = []
+        epoch = bodies[0]["epoch"]
+        steps = [b["step"] for b in bodies]
+        self._last_step = max(self._last_step, max(steps))
         if epoch is not None and self._epoch_no is not None and epoch != self._epoch_no:
-            out.extend(self._close_epoch(ts))
+            out.extend(self._close_epoch(stamps[0]))
         if epoch is not None:
             if self._epoch is None:
                 self._epoch = _Epoch()
             self._epoch_no = epoch
         ep = self._epoch
         if ep is not None:
-            ep.steps += 1
-            ep.last_step = step
+            ep.steps += len(bodies)
+            ep.last_step = steps[-1]
 
-        def point(name: str, source: str, kind: str, value: float) -> None:
-            out.append(Point(name, source, kind, step, epoch, value, ts))
+        whole = len(bodies)
+        scalars = [b["scalars"] for b in bodies]
+        names = scalars[0].keys()
+        gathered: dict[str, tuple[list[float], list[int] | None]] = {}
+        if all(d.keys() == names for d in scalars):  # the usual case: every step logs the same names
+            for name in names:
+                gathered[name] = ([d[name] for d in scalars], None)
+        else:
+            for i, d in enumerate(scalars):
+                for name, value in d.items():
+                    col = gathered.get(name)
+                    if col is None:
+                        col = gathered[name] = ([], [])
+                    col[0].append(value)
+                    col[1].append(i)  # type: ignore[union-attr]
 
-        for name, value in body["scalars"].items():
+        for name, (values, where) in gathered.items():
             series = self._series.get(name)
             if series is None:
                 series = self._series[name] = _Series(cfg)
-            series.recent.add(value)
-            series.trend.add(value)
-            series.ema.add(value)
-            self._touched[name] = (step, epoch, ts)
+            series.recent.extend(values)
+            series.trend.extend(values)
+            series.ema.extend(values)
+            if where is None or len(where) == whole:
+                col_steps, col_stamps = steps, stamps
+            else:
+                col_steps, col_stamps = [steps[i] for i in where], [stamps[i] for i in where]
+            self._touched[name] = (col_steps[-1], epoch, col_stamps[-1])
             if name.endswith(cfg.throughput_suffix):
-                self._throughput_point(name, value, point)
+                for value, step, ts in zip(values, col_steps, col_stamps, strict=True):
+                    self._throughput_points(name, value, step, epoch, ts, out)
             if ep is not None:
                 if name == cfg.reward_metric:
-                    ep.reward.add(value)
+                    ep.reward.extend(values)
                 elif name == cfg.loss_metric:
-                    ep.loss.add(value)
+                    ep.loss.extend(values)
                 for suffix in cfg.epoch_sums:
-                    if name.endswith(suffix) and math.isfinite(value):
-                        ep.sums[suffix] = ep.sums.get(suffix, 0.0) + value
+                    if name.endswith(suffix):
+                        ep.sums[suffix] = ep.sums.get(suffix, 0.0) + math.fsum(
+                            v for v in values if math.isfinite(v)
+                        )
+            if columns is not None:
+                columns.append(Column(name, values, col_steps, col_stamps))
+
+    def _samples(self, body: dict[str, Any], ts: int, out: list[Point]) -> None:
+        """Per-sample arrays of one Metrics event: batch statistics, recent means, totals."""
+        cfg = self.cfg
+        step, epoch = body["step"], body["epoch"]
+        ep = self._epoch
+
+        def point(name: str, source: str, kind: str, value: float) -> None:
+            out.append(Point(name, source, kind, step, epoch, value, ts))
 
         total_means: list[float] = []
         batch_size = 0  # one batch logs several sample series of the same samples: count it once
@@ -162,8 +243,7 @@ class RunDeriver:
             if window is None:
                 window = self._sample_windows[name] = Window(cfg.window)
                 self._sample_totals[name] = Welford()
-            for v in values:
-                window.add(v)
+            window.extend(values)
             self._sample_totals[name].extend(values)
             if len(window):
                 point(aliases.get("recent_mean", f"{name}_recent_mean"), name, "rolling_mean", window.mean())
@@ -177,7 +257,6 @@ class RunDeriver:
             point("rewards/total_mean", "rewards/*", "sum_of_means", math.fsum(total_means))
         if ep is not None:
             ep.samples += batch_size
-        return out
 
     def rolling_points(self) -> list[Point]:
         """``stats/<metric>/recent_mean`` and ``/ema`` of every metric updated since the last call.
@@ -202,14 +281,16 @@ class RunDeriver:
         self._touched.clear()
         return out
 
-    def _throughput_point(self, name: str, value: float, point: Any) -> None:
+    def _throughput_points(
+        self, name: str, value: float, step: int, epoch: int | None, ts: int, out: list[Point]
+    ) -> None:
         suffix = self.cfg.throughput_suffix
         avg, recent = self._throughput.setdefault(name, (Welford(), Window(self.cfg.p99_window)))
         avg.add(value)
         recent.add(value)
         stem = name[: -len(suffix)]
-        point(f"{stem}Avg{suffix}", name, "mean", avg.mean)
-        point(f"{stem}P99{suffix}", name, "p99", recent.quantile(0.99))
+        out.append(Point(f"{stem}Avg{suffix}", name, "mean", step, epoch, avg.mean, ts))
+        out.append(Point(f"{stem}P99{suffix}", name, "p99", step, epoch, recent.quantile(0.99), ts))
 
     # -- epochs and the end ---------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from schemas import METRICS, RUN_FINISHED, Deduper, Event
+from schemas import RUN_FINISHED, Deduper, Event
 
 from ._alerts import AlertEngine
 from ._config import StreamConfig
@@ -38,31 +38,48 @@ class StreamProcessor:
     def process(self, events: Iterable[Event]) -> Output:
         """Feed events (one producer's in seq order); return what they derived and fired."""
         out = Output()
-        observe = self.alerts.observe
-        touched: dict[str, RunDeriver] = {}
-        for e in events:
-            if not self.dedupe.is_new(e.producer_id, e.seq):
-                continue
-            self.events += 1
-            run = e.run_id
-            fired = self.alerts.seen(run, e.ts_ms, finished=e.kind == RUN_FINISHED)
+        for run, stretch in self._new_by_run(events).items():
+            fired = self.alerts.seen(
+                run, max(e.ts_ms for e in stretch), finished=any(e.kind == RUN_FINISHED for e in stretch)
+            )
             if fired:
                 out.alerts.extend(fired)
             deriver = self._runs.get(run)
             if deriver is None:
                 deriver = self._runs[run] = RunDeriver(run, self.cfg)
-            touched[run] = deriver
-            points = deriver.feed(e.kind, e.body, e.ts_ms)
-            if e.kind == METRICS:
-                step = e.body["step"]
-                for name, value in e.body["scalars"].items():
-                    fired = observe(run, name, value, step, e.ts_ms)
-                    if fired:
-                        out.alerts.extend(fired)
+            points, columns = deriver.feed_many(stretch)
+            for c in columns:
+                fired = self.alerts.observe_many(run, c.name, c.values, c.steps, c.ts_ms)
+                if fired:
+                    out.alerts.extend(fired)
             self._emit(out, run, points)
-        for run, deriver in touched.items():
             self._emit(out, run, deriver.rolling_points())
         return out
+
+    def _new_by_run(self, events: Iterable[Event]) -> dict[str, list[Event]]:
+        """The events not seen before, by run, in order.
+
+        One input record is one producer's run of consecutive seqs: that is checked and
+        recorded as one interval; anything else goes event by event.
+        """
+        batch = events if isinstance(events, list) else list(events)
+        if not batch:
+            return {}
+        first, last = batch[0], batch[-1]
+        if (
+            last.seq - first.seq == len(batch) - 1
+            and all(e.producer_id == first.producer_id and e.run_id == first.run_id for e in batch)
+            and [e.seq for e in batch] == list(range(first.seq, last.seq + 1))
+            and self.dedupe.add_range(first.producer_id, first.seq, last.seq)
+        ):
+            self.events += len(batch)
+            return {first.run_id: batch}
+        by_run: dict[str, list[Event]] = {}
+        for e in batch:
+            if self.dedupe.is_new(e.producer_id, e.seq):
+                self.events += 1
+                by_run.setdefault(e.run_id, []).append(e)
+        return by_run
 
     def _emit(self, out: Output, run: str, points: list[Point]) -> None:
         """Add derived points to the output; rules watch derived series like logged ones."""

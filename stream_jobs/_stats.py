@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -52,7 +52,13 @@ class Welford:
 
     def extend(self, xs: Iterable[float]) -> None:
         """Fold in many values (one batch is merged as a block: exact and fast)."""
-        arr = np.asarray(list(xs) if not isinstance(xs, np.ndarray) else xs, dtype=float)
+        if not isinstance(xs, np.ndarray):
+            xs = list(xs)
+            if len(xs) < 8:  # numpy's fixed cost is larger than a few adds
+                for x in xs:
+                    self.add(x)
+                return
+        arr = np.asarray(xs, dtype=float)
         finite = arr[np.isfinite(arr)]
         self.nonfinite += int(arr.size - finite.size)
         if finite.size:
@@ -120,6 +126,14 @@ class Window:
             self.values.append(x)
         else:
             self.nonfinite += 1
+
+    def extend(self, xs: Sequence[float]) -> None:
+        """Append many values (the deque does the work when all are finite, the usual case)."""
+        if math.isfinite(sum(xs)):
+            self.values.extend(xs)
+        else:
+            for x in xs:
+                self.add(x)
 
     def __len__(self) -> int:
         return len(self.values)
@@ -193,6 +207,40 @@ class RollingMoments:
             self._sum -= old
             self._sumsq -= old * old
 
+    def scores(self, xs: Sequence[float], min_count: int) -> np.ndarray:
+        """The z-score of each finite value against the window just before it, as if added in turn.
+
+        NaN where that window holds fewer than ``min_count`` values or has no spread. Nothing
+        is added: a caller that acts on no score then calls :meth:`extend`. ``xs`` must be finite.
+        """
+        shift = self._shift if self._shift is not None else (float(xs[0]) if len(xs) else 0.0)
+        held = len(self.values)
+        a = np.concatenate([np.fromiter(self.values, float, held), np.asarray(xs, dtype=float) - shift])
+        c1 = np.concatenate([[0.0], np.cumsum(a)])
+        c2 = np.concatenate([[0.0], np.cumsum(a * a)])
+        p = np.arange(held, a.size)  # where each new value sits
+        lo = np.maximum(p - self.size, 0)
+        n = p - lo
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = (c1[p] - c1[lo]) / n
+            std = np.sqrt(np.maximum((c2[p] - c2[lo]) / n - mean * mean, 0.0))
+            z = (a[held:] - mean) / std
+        z[(n < min_count) | ~(std > 0)] = np.nan
+        return z
+
+    def extend(self, xs: Sequence[float]) -> None:
+        """Add many finite values; the sums are recomputed from the window (no drift carried on)."""
+        if not len(xs):
+            return
+        if self._shift is None:
+            self._shift = float(xs[0])
+        shift, values = self._shift, self.values
+        values.extend(x - shift for x in xs[-self.size :])
+        while len(values) > self.size:
+            values.popleft()
+        self._sum = sum(values)
+        self._sumsq = sum(d * d for d in values)
+
     def __len__(self) -> int:
         return len(self.values)
 
@@ -232,6 +280,17 @@ class EMA:
             self._last = self._last * self.weight + (1 - self.weight) * x
             self._n += 1
         return self.value
+
+    def extend(self, xs: Sequence[float]) -> None:
+        """Fold in many values, in order."""
+        w, c = self.weight, 1 - self.weight
+        last, n = self._last, self._n
+        finite = math.isfinite(sum(xs))
+        for x in xs:
+            if finite or math.isfinite(x):
+                last = last * w + c * x
+                n += 1
+        self._last, self._n = last, n
 
     @property
     def value(self) -> float:
