@@ -50,7 +50,7 @@ def fill(settings, n: int) -> None:
 def consume(settings, with_processor: bool) -> float:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from schemas import client_options, decode_events, default_codec
+    from schemas import client_options, decode_events, default_codec, fetch_options
     from stream_jobs import DEFAULT_RULES, StreamProcessor, load_rules
 
     codec = default_codec()
@@ -58,7 +58,10 @@ def consume(settings, with_processor: bool) -> float:
 
     async def main() -> float:
         c = AIOKafkaConsumer(
-            **client_options(settings), enable_auto_commit=False, max_partition_fetch_bytes=8 << 20
+            **client_options(settings),
+            **fetch_options(settings),
+            enable_auto_commit=False,
+            max_partition_fetch_bytes=8 << 20,
         )
         await c.start()
         tps = [

@@ -10,7 +10,7 @@ import asyncio
 import time
 from typing import Any
 
-from schemas import Settings, client_options
+from schemas import Settings, client_options, fetch_options
 
 
 def read_topic(settings: Settings, topic: str, idle_s: float = 1.0, timeout_s: float = 30.0) -> list[Any]:
@@ -19,7 +19,10 @@ def read_topic(settings: Settings, topic: str, idle_s: float = 1.0, timeout_s: f
 
     async def main() -> list[Any]:
         consumer = AIOKafkaConsumer(
-            **client_options(settings), enable_auto_commit=False, auto_offset_reset="earliest"
+            **client_options(settings),
+            **fetch_options(settings),
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
         )
         await consumer.start()
         try:

@@ -21,7 +21,7 @@ from ._errors import (
     UnknownSchemaError,
 )
 from ._events import DERIVED_PRODUCER, Event, decode_aggregates, decode_events
-from ._kafka import client_options, consumer_group_options, ensure_topics, ssl_context
+from ._kafka import client_options, consumer_group_options, ensure_topics, fetch_options, ssl_context
 from ._names import check_run_id, path_segment
 from ._registry import SCHEMA_DIR, SchemaVersion, crc64_avro, load_versions
 from ._settings import Settings, Topics
@@ -67,6 +67,7 @@ __all__ = [
     "check_run_id",
     "client_options",
     "consumer_group_options",
+    "fetch_options",
     "crc64_avro",
     "decode_aggregates",
     "decode_events",

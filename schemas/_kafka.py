@@ -50,6 +50,11 @@ def consumer_group_options(settings: Settings) -> dict[str, Any]:
     }
 
 
+def fetch_options(settings: Settings) -> dict[str, Any]:
+    """Fetch settings for aiokafka consumers (see ``Settings.fetch_max_wait_ms``)."""
+    return {"fetch_max_wait_ms": settings.fetch_max_wait_ms}
+
+
 def ensure_topics(settings: Settings, timeout_s: float = 10.0) -> list[str]:
     """Create any missing metricbus topic (idempotent); return the names it created.
 

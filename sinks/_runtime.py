@@ -26,6 +26,7 @@ from schemas import (
     decode_aggregates,
     decode_events,
     default_codec,
+    fetch_options,
 )
 
 from ._protocol import Sink
@@ -102,6 +103,7 @@ class SinkRunner:
         self._consumer = AIOKafkaConsumer(
             **client_options(self.settings),
             **consumer_group_options(self.settings),
+            **fetch_options(self.settings),
             group_id=self.group_id,
             client_id=f"metricbus-sink-{self.sink.name}",
             enable_auto_commit=False,

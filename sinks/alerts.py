@@ -18,7 +18,14 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
-from schemas import SchemaError, Settings, client_options, consumer_group_options, default_codec
+from schemas import (
+    SchemaError,
+    Settings,
+    client_options,
+    consumer_group_options,
+    default_codec,
+    fetch_options,
+)
 
 log = logging.getLogger("metricbus.alerts")
 
@@ -156,6 +163,7 @@ async def consume_alerts(settings: Settings, handler: Handler, group: str, stop:
         settings.topics.alerts,
         **client_options(settings),
         **consumer_group_options(settings),
+        **fetch_options(settings),
         group_id=group,
         enable_auto_commit=False,
         auto_offset_reset="earliest",

@@ -34,6 +34,32 @@ def _credentials(settings: Settings) -> Any:
     return faust.SSLCredentials(ctx) if ctx is not None else None
 
 
+def _patch_fetch_wait() -> None:
+    """Let a Faust app choose its consumer's fetch wait (``app.fetch_max_wait_ms``).
+
+    faust-streaming 0.15.3 hard-codes ``fetch_max_wait_ms=1500`` in its aiokafka driver; on
+    the embedded broker that stalled the worker 1.5 s per fetch whenever one of its
+    partitions had nothing new (measured: 26k events/s instead of 88k over a full topic).
+    The wrapper sets aiokafka's attribute before the consumer starts, which is when aiokafka
+    reads it.
+    """
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    create = AIOKafkaConsumerThread._create_worker_consumer
+    if getattr(create, "metricbus", False):
+        return
+
+    def create_worker_consumer(self: Any, transport: Any) -> Any:
+        consumer = create(self, transport)
+        wait_ms = getattr(self.app, "fetch_max_wait_ms", None)
+        if wait_ms is not None:
+            consumer._fetch_max_wait_ms = wait_ms
+        return consumer
+
+    create_worker_consumer.metricbus = True  # type: ignore[attr-defined]
+    AIOKafkaConsumerThread._create_worker_consumer = create_worker_consumer  # type: ignore[method-assign]
+
+
 def group_id(settings: Settings) -> str:
     """The stream worker's consumer group (Faust's app id)."""
     return f"{settings.topic_prefix}stream"
@@ -72,6 +98,8 @@ def build_app(
         producer_acks=1,
     )
     app.processor = processor  # type: ignore[attr-defined]  # for tests and status
+    _patch_fetch_wait()
+    app.fetch_max_wait_ms = settings.fetch_max_wait_ms  # type: ignore[attr-defined]
     events = app.topic(topics.events, value_serializer="raw", key_serializer="raw")
     aggregates = app.topic(topics.aggregates, value_serializer="raw", key_serializer="raw")
     alerts = app.topic(topics.alerts, value_serializer="raw", key_serializer="raw")

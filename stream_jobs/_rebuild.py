@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Any
 
-from schemas import SchemaError, Settings, client_options, decode_events, default_codec
+from schemas import SchemaError, Settings, client_options, decode_events, default_codec, fetch_options
 
 from ._processor import StreamProcessor
 
@@ -52,7 +52,9 @@ def rebuild(processor: StreamProcessor, settings: Settings, group_id: str, timeo
     codec = default_codec()
 
     async def main() -> int:
-        consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(
+            **client_options(settings), **fetch_options(settings), enable_auto_commit=False
+        )
         await consumer.start()
         try:
             tps = [TopicPartition(settings.topics.events, p) for p in sorted(targets)]

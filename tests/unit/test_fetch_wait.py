@@ -1,0 +1,27 @@
+"""Every consumer asks the broker for a short fetch wait (the embedded broker holds a fetch for
+the whole wait whenever one of its partitions has nothing new)."""
+
+import asyncio
+
+from schemas import Settings, fetch_options
+
+
+def test_the_fetch_wait_is_short_by_default_and_configurable():
+    assert fetch_options(Settings()) == {"fetch_max_wait_ms": 100}
+    settings = Settings.from_env({"METRICBUS_FETCH_MAX_WAIT_MS": "500"})
+    assert fetch_options(settings) == {"fetch_max_wait_ms": 500}
+    assert Settings.from_env(settings.to_env()).fetch_max_wait_ms == 500
+
+
+def test_the_faust_worker_consumer_uses_it_instead_of_fausts_fixed_1500_ms():
+    from stream_jobs import build_app
+
+    async def main():
+        app = build_app(Settings(bootstrap="127.0.0.1:9", fetch_max_wait_ms=70))
+        consumer = app.consumer._thread._create_worker_consumer(app.transport)
+        try:
+            return consumer._fetch_max_wait_ms
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(main()) == 70
