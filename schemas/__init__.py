@@ -20,19 +20,22 @@ from ._errors import (
     TruncatedRecordError,
     UnknownSchemaError,
 )
-from ._events import DERIVED_PRODUCER, Event, decode_aggregates, decode_events
+from ._events import (
+    DERIVED_PRODUCER,
+    HEARTBEAT,
+    HISTOGRAM,
+    METRICS,
+    RUN_FINISHED,
+    RUN_STARTED,
+    TABLE,
+    Event,
+    decode_aggregates,
+    decode_events,
+)
 from ._kafka import client_options, consumer_group_options, ensure_topics, fetch_options, ssl_context
 from ._names import check_run_id, path_segment
 from ._registry import SCHEMA_DIR, SchemaVersion, crc64_avro, load_versions
 from ._settings import Settings, Topics
-
-#: Full Avro names of the event body kinds (union branches of RunEvent.body).
-METRICS = "metricbus.Metrics"
-HISTOGRAM = "metricbus.Histogram"
-RUN_STARTED = "metricbus.RunStarted"
-RUN_FINISHED = "metricbus.RunFinished"
-HEARTBEAT = "metricbus.Heartbeat"
-TABLE = "metricbus.Table"
 
 __all__ = [
     "HEADER_SIZE",

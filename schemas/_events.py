@@ -7,6 +7,14 @@ from typing import Any, NamedTuple
 from ._codec import Codec
 from ._errors import SchemaError
 
+#: Full Avro names of the event body kinds (union branches of RunEvent.body).
+METRICS = "metricbus.Metrics"
+HISTOGRAM = "metricbus.Histogram"
+RUN_STARTED = "metricbus.RunStarted"
+RUN_FINISHED = "metricbus.RunFinished"
+HEARTBEAT = "metricbus.Heartbeat"
+TABLE = "metricbus.Table"
+
 
 class Event(NamedTuple):
     """One event of the events topic, with where it came from."""
@@ -41,9 +49,10 @@ DERIVED_PRODUCER = "metricbus.stream"
 
 
 def decode_aggregates(codec: Codec, value: bytes, offset: int = 0) -> list[Event]:
-    """Decode one AggregateBatch record into Metrics-shaped events, one per (step, epoch).
+    """Decode one AggregateBatch record into events that sinks take like logged ones.
 
-    Derived series then flow through every sink exactly like logged scalars.
+    Points become Metrics events, one per (step, epoch); each derived histogram a Histogram
+    event and each derived table a Table event.
     """
     name, batch = codec.decode(value)
     if name != "AggregateBatch":
@@ -57,7 +66,14 @@ def decode_aggregates(codec: Codec, value: bytes, offset: int = 0) -> list[Event
         if event is None:
             body = {"step": p["step"], "epoch": p["epoch"], "rank": 0, "scalars": {}, "samples": {}}
             event = by_step[key] = Event(
-                run_id, DERIVED_PRODUCER, offset, p["ts_ms"], "metricbus.Metrics", body, fingerprint
+                run_id, DERIVED_PRODUCER, offset, p["ts_ms"], METRICS, body, fingerprint
             )
         event.body["scalars"][p["name"]] = p["value"]
-    return list(by_step.values())
+    out = list(by_step.values())
+    for h in batch.get("histograms", ()):
+        body = {"step": h["step"], "name": h["name"], "edges": h["edges"], "counts": h["counts"], "rank": 0}
+        out.append(Event(run_id, DERIVED_PRODUCER, offset, h["ts_ms"], HISTOGRAM, body, fingerprint))
+    for t in batch.get("tables", ()):
+        body = {"step": t["step"], "name": t["name"], "columns": t["columns"], "rows": t["rows"]}
+        out.append(Event(run_id, DERIVED_PRODUCER, offset, t["ts_ms"], TABLE, body, fingerprint))
+    return out

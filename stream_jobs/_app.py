@@ -109,9 +109,9 @@ def build_app(
         # send_soon: into the producer's buffer, no await per record (measured: awaiting
         # send() cost ~2.6 ms per input record and capped the worker at ~28k events/s).
         # Faust flushes its producer before it commits source offsets: still at-least-once.
-        for run_id, points in output.points.items():
-            record = {"run_id": run_id, "points": [p.as_record() for p in points]}
-            aggregates.send_soon(key=run_id.encode(), value=codec.encode("AggregateBatch", record))
+        for record in output.aggregate_batches():
+            key = record["run_id"].encode()
+            aggregates.send_soon(key=key, value=codec.encode("AggregateBatch", record))
         for alert in output.alerts:
             log.warning(
                 "alert %s %s [%s] run %s: %s",

@@ -49,6 +49,18 @@ class StreamConfig:
     #: Cross-rank merge: a step missing a rank is emitted without it once the leading rank is
     #: this many steps ahead (and the rank's later value for it counts as late).
     rank_timeout_steps: int = 10
+    #: Seed 002's ``rewards/{name}_hist``: every samples series gets ``<name>_hist``, a histogram
+    #: of its last ``hist_window`` scores in ``hist_bins`` bins, every ``hist_every`` steps once
+    #: it holds ``hist_min_samples`` scores.
+    hist_every: int = 10
+    hist_window: int = 1000
+    hist_bins: int = 20
+    hist_min_samples: int = 10
+    #: Seed 002's rubric summary: at the end of the run, samples series under this prefix
+    #: (``criteria/{rubric}/{criterion}``) become rows of the table ``summary_table``
+    #: (criterion, mean, std, min, max, samples).
+    summary_prefix: str = "criteria/"
+    summary_table: str = "rubric_criteria_summary"
     #: Emit ``stats/<metric>/recent_mean`` and ``stats/<metric>/ema`` for every logged scalar.
     per_metric_stats: bool = True
     #: Name prefixes whose higher values are worse (for trend direction); everything else

@@ -9,6 +9,8 @@ import math
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event
 
 from ._config import StreamConfig
@@ -84,6 +86,10 @@ class RunDeriver:
         self._last_step = 0
         self._touched: dict[str, tuple[int, int | None, int]] = {}
         self._ranks: RankMerger | None = None
+        self._hist_recent: dict[str, Window] = {}  # samples name -> its last hist_window scores
+        self._hist_step: dict[str, int] = {}  # samples name -> step of its last histogram
+        self._histograms: list[dict[str, Any]] = []
+        self._tables: list[dict[str, Any]] = []
         self.finished = False
 
     def feed(self, kind: str, body: dict[str, Any], ts_ms: int) -> list[Point]:
@@ -247,6 +253,7 @@ class RunDeriver:
             self._sample_totals[name].extend(values)
             if len(window):
                 point(aliases.get("recent_mean", f"{name}_recent_mean"), name, "rolling_mean", window.mean())
+            self._histogram(name, values, aliases.get("hist", f"{name}_hist"), step, ts)
             if name.startswith("rewards/") and batch.count:
                 total_means.append(batch.mean)
             batch_size = max(batch_size, batch.count + batch.nonfinite)
@@ -257,6 +264,34 @@ class RunDeriver:
             point("rewards/total_mean", "rewards/*", "sum_of_means", math.fsum(total_means))
         if ep is not None:
             ep.samples += batch_size
+
+    def _histogram(self, source: str, values: list[float], name: str, step: int, ts: int) -> None:
+        cfg = self.cfg
+        recent = self._hist_recent.get(source)
+        if recent is None:
+            recent = self._hist_recent[source] = Window(cfg.hist_window)
+        recent.extend(values)
+        last = self._hist_step.get(source)
+        if len(recent) < cfg.hist_min_samples or (last is not None and step - last < cfg.hist_every):
+            return
+        self._hist_step[source] = step
+        counts, edges = np.histogram(np.fromiter(recent.values, float, len(recent)), bins=cfg.hist_bins)
+        self._histograms.append(
+            {
+                "name": name,
+                "source": source,
+                "step": step,
+                "edges": edges.tolist(),
+                "counts": counts.tolist(),
+                "ts_ms": ts,
+            }
+        )
+
+    def take_objects(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Derived histograms and tables made since the last call (AggregateBatch records)."""
+        out = self._histograms, self._tables
+        self._histograms, self._tables = [], []
+        return out
 
     def rolling_points(self) -> list[Point]:
         """``stats/<metric>/recent_mean`` and ``/ema`` of every metric updated since the last call.
@@ -342,6 +377,22 @@ class RunDeriver:
         return out
 
     def _final(self, ts: int) -> list[Point]:
+        prefix = self.cfg.summary_prefix
+        rows: list[list[Any]] = [
+            [name[len(prefix) :], total.mean, total.std, total.min, total.max, total.count]
+            for name, total in sorted(self._sample_totals.items())
+            if name.startswith(prefix) and total.count
+        ]
+        if rows:
+            self._tables.append(
+                {
+                    "name": self.cfg.summary_table,
+                    "step": self._last_step,
+                    "columns": ["criterion", "mean", "std", "min", "max", "samples"],
+                    "rows": rows,
+                    "ts_ms": ts,
+                }
+            )
         out = []
         for name, total in sorted(self._sample_totals.items()):
             if not total.count:

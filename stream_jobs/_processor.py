@@ -23,6 +23,22 @@ class Output:
 
     points: dict[str, list[Point]] = dataclasses.field(default_factory=dict)
     alerts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: run -> derived histograms / tables (AggregateBatch ``histograms`` / ``tables`` records)
+    histograms: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    tables: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+
+    def aggregate_batches(self) -> list[dict[str, Any]]:
+        """One AggregateBatch record per run with anything derived."""
+        runs = dict.fromkeys([*self.points, *self.histograms, *self.tables])
+        return [
+            {
+                "run_id": run,
+                "points": [p.as_record() for p in self.points.get(run, ())],
+                "histograms": self.histograms.get(run, []),
+                "tables": self.tables.get(run, []),
+            }
+            for run in runs
+        ]
 
 
 class StreamProcessor:
@@ -54,6 +70,13 @@ class StreamProcessor:
                     out.alerts.extend(fired)
             self._emit(out, run, points)
             self._emit(out, run, deriver.rolling_points())
+            histograms, tables = deriver.take_objects()
+            if histograms:
+                out.histograms.setdefault(run, []).extend(histograms)
+            if tables:
+                out.tables.setdefault(run, []).extend(tables)
+        if len(out.alerts) > 1:  # rules ran a column at a time: put the alerts back in event order
+            out.alerts.sort(key=lambda a: (a["ts_ms"], -1 if a["step"] is None else a["step"]))
         return out
 
     def _new_by_run(self, events: Iterable[Event]) -> dict[str, list[Event]]:

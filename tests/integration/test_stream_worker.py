@@ -153,16 +153,24 @@ def test_derived_series_reach_tensorboard_as_their_own_tags(settings, worker, tm
         run = Run("p", name="derived", settings=settings, system_metrics=False)
         for step in range(30):
             run.log({"Train/Loss": 1.0 / (step + 1)}, step=step, epoch=step // 10)
+            scores = [0.0, 0.5, 1.0, (step % 4) / 4]  # seed 002: per-sample scores and rubric criteria
+            run.log({"rewards/format_exact": scores, "criteria/essay/clarity": scores[:2]}, step=step)
         assert run.finish(timeout=20)
         deadline = time.monotonic() + 60
-        tags = {}
+        tags, histograms, table = {}, [], []
         while time.monotonic() < deadline:
             dirs = list(logdir.glob(f"p/derived-{run.run_id}"))
             if dirs:
-                acc = EventAccumulator(str(dirs[0]), size_guidance={"scalars": 0})
+                acc = EventAccumulator(
+                    str(dirs[0]), size_guidance={"scalars": 0, "histograms": 0, "tensors": 0}
+                )
                 acc.Reload()
                 tags = {t: [(s.step, s.value) for s in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
-                if len(tags.get("Epoch/AvgLoss", [])) == 3:
+                if "rewards/format_exact_hist" in acc.Tags()["histograms"]:
+                    histograms = acc.Histograms("rewards/format_exact_hist")
+                if "rubric_criteria_summary" in acc.Tags()["tensors"]:
+                    table = acc.Tensors("rubric_criteria_summary")
+                if len(tags.get("Epoch/AvgLoss", [])) == 3 and table:
                     break
             time.sleep(0.5)
     finally:
@@ -172,3 +180,11 @@ def test_derived_series_reach_tensorboard_as_their_own_tags(settings, worker, tm
     expected = [(9 + 10 * e, sum(1 / (s + 1) for s in range(10 * e, 10 * e + 10)) / 10) for e in range(3)]
     assert tags["Epoch/AvgLoss"] == [(s, pytest.approx(v, rel=1e-6)) for s, v in expected]
     assert "stats/Train/Loss/recent_mean" in tags and len(tags["Train/Loss"]) == 30
+    # seed 002's histogram every 10 steps once 10 scores are held, and the rubric table at the end
+    assert [h.step for h in histograms] == [2, 12, 22]
+    assert histograms[-1].histogram_value.num == 23 * 4  # every score up to step 22
+    (summary,) = table
+    assert (
+        summary.step == 29
+        and b"| essay/clarity | 0.25 | 0.25 | 0 | 0.5 | 60 |" in summary.tensor_proto.string_val[0]
+    )

@@ -155,6 +155,36 @@ def test_old_version_is_read_with_the_newest_reader():
     assert back["events"] == old["events"]
 
 
+def test_aggregate_batches_decode_into_events_sinks_take_old_and_new():
+    from schemas import DERIVED_PRODUCER, decode_aggregates
+
+    codec = default_codec()
+    point = {"name": "Epoch/AvgLoss", "source": "Train/Loss", "kind": "epoch_mean", "step": 9}
+    point |= {"epoch": 0, "value": 0.5, "ts_ms": 1}
+    v1 = codec.encode("AggregateBatch", {"run_id": "r", "points": [point]}, version=1)
+    (metrics,) = decode_aggregates(codec, v1, offset=7)
+    assert metrics.kind == METRICS and metrics.body["scalars"] == {"Epoch/AvgLoss": 0.5}
+    assert metrics.producer_id == DERIVED_PRODUCER and metrics.seq == 7
+    hist = {"name": "rewards/a_hist", "source": "rewards/a", "step": 10, "edges": [0.0, 0.5, 1.0]}
+    hist |= {"counts": [3, 4], "ts_ms": 2}
+    table = {"name": "rubric_criteria_summary", "step": 11, "columns": ["criterion", "mean", "samples"]}
+    table |= {"rows": [["essay/clarity", 0.75, 12]], "ts_ms": 3}
+    v2 = codec.encode(
+        "AggregateBatch", {"run_id": "r", "points": [point], "histograms": [hist], "tables": [table]}
+    )
+    kinds = {e.kind: e for e in decode_aggregates(codec, v2)}
+    assert set(kinds) == {METRICS, HISTOGRAM, TABLE}
+    assert kinds[HISTOGRAM].body == {
+        "step": 10,
+        "name": "rewards/a_hist",
+        "edges": [0.0, 0.5, 1.0],
+        "counts": [3, 4],
+        "rank": 0,
+    }
+    assert kinds[HISTOGRAM].ts_ms == 2
+    assert kinds[TABLE].body["rows"] == [["essay/clarity", 0.75, 12]] and kinds[TABLE].body["step"] == 11
+
+
 @pytest.mark.parametrize("name", sorted(load_versions()))
 def test_every_version_is_readable_by_the_newest(name):
     versions = load_versions()[name]

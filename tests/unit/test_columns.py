@@ -171,3 +171,16 @@ def test_seqset_add_range_matches_a_python_set():
         if fresh:
             seen.update(range(start, end + 1))
     assert [s for a, b in seqs.intervals() for s in range(a, b + 1)] == sorted(seen)
+
+
+def test_alerts_of_one_record_come_out_in_event_order_across_series():
+    rules = parse_rules(
+        "rules:\n  - {name: nan, kind: nonfinite, metric: a}\n  - {name: high, kind: threshold, metric: b, op: '>', value: 1}\n"
+    )
+    events = []
+    for step in range(40):
+        scalars = {"b": 5.0 if step == 10 else 0.0, "a": math.nan if step == 30 else 0.0}
+        body = {"step": step, "epoch": None, "rank": 0, "scalars": scalars, "samples": {}}
+        events.append(Event("run", "p", step, 1000 + step, METRICS, body, b"\0" * 8))
+    alerts = StreamProcessor(rules=rules).process(events).alerts
+    assert [(a["rule"], a["step"]) for a in alerts] == [("high", 10), ("nan", 30)]

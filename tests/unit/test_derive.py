@@ -115,3 +115,46 @@ def test_nothing_is_derived_twice_after_finish():
     first = d.feed(RUN_FINISHED, {"status": "finished", "summary": {}}, 5)
     assert d.feed(RUN_FINISHED, {"status": "finished", "summary": {}}, 6) == []
     assert {p.name for p in first} >= {"final/x_mean"}
+
+
+def test_seed_002_histograms_every_10_steps_once_10_scores_are_held():
+    deriver = RunDeriver("run")
+    rng = np.random.default_rng(0)
+    logged = []
+    for step in range(50):
+        scores = rng.random(3).tolist()
+        logged.append(scores)
+        deriver.feed(*metrics(step, samples={"rewards/answer_check": scores}))
+    histograms, tables = deriver.take_objects()
+    assert tables == [] and deriver.take_objects() == ([], [])  # taken once
+    # 10 scores first held at step 3; then every 10 steps
+    assert [h["step"] for h in histograms] == [3, 13, 23, 33, 43]
+    last = histograms[-1]
+    assert last["name"] == "rewards/answer_check_hist" and last["source"] == "rewards/answer_check"
+    recent = [s for scores in logged[:44] for s in scores]  # everything up to step 43 (< 1000 scores)
+    counts, edges = np.histogram(recent, bins=20)
+    assert last["counts"] == counts.tolist() and last["edges"] == pytest.approx(edges.tolist())
+
+
+def test_seed_002_rubric_summary_table_at_the_end_of_the_run():
+    deriver = RunDeriver("run")
+    clarity, accuracy = [], []
+    for step in range(5):
+        c, a = [0.1 * step, 0.5, 1.0], [1.0, 0.0]
+        clarity += c
+        accuracy += a
+        deriver.feed(*metrics(step, samples={"criteria/essay/clarity": c, "criteria/essay/accuracy": a}))
+    deriver.feed(RUN_FINISHED, {"status": "finished", "summary": {}}, 9000)
+    (table,) = deriver.take_objects()[1]
+    assert table["name"] == "rubric_criteria_summary" and table["step"] == 4
+    assert table["columns"] == ["criterion", "mean", "std", "min", "max", "samples"]
+    expected = [
+        ["essay/accuracy", np.mean(accuracy), np.std(accuracy), 0.0, 1.0, 10],
+        ["essay/clarity", np.mean(clarity), np.std(clarity), 0.0, 1.0, 15],
+    ]
+    for got, want in zip(table["rows"], expected, strict=True):
+        assert got[0] == want[0] and got[5] == want[5]
+        assert got[1:5] == pytest.approx(want[1:5], rel=1e-12)
+    # the per-criterion means of seed 002 come from the same samples, every step
+    points = by_name(derive_all([metrics(0, samples={"criteria/essay/clarity": [0.0, 1.0]})]))
+    assert points["criteria/essay/clarity_mean"][0].value == 0.5
