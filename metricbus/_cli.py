@@ -109,13 +109,22 @@ def cmd_sink(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
-    from stream_jobs import DEFAULT_RULES, StreamProcessor, build_app, group_id, load_rules, rebuild
+    from stream_jobs import (
+        DEFAULT_RULES,
+        StreamProcessor,
+        build_app,
+        checkpoint_path,
+        group_id,
+        load_rules,
+        rebuild,
+    )
 
     settings = _settings(args)
     rules = load_rules(args.rules or DEFAULT_RULES)
     processor = StreamProcessor(rules=rules)
-    rebuild(processor, settings, group_id(settings))  # the state before our committed offsets
-    app = build_app(settings, processor=processor)
+    checkpoint = checkpoint_path(settings, group_id(settings))
+    positions = rebuild(processor, settings, group_id(settings), checkpoint)  # the state before our offsets
+    app = build_app(settings, processor=processor, positions=positions, checkpoint=checkpoint)
     log.info("stream worker: %d alert rules from %s", len(rules), args.rules or DEFAULT_RULES)
     worker = faust.Worker(app, loglevel="WARN", quiet=True)
     worker.execute_from_commandline()  # handles SIGINT/SIGTERM itself; exits the process

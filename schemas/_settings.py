@@ -79,6 +79,9 @@ class Settings:
     #: got 20 records per 1.5 s); Kafka answers as soon as data is there, so short only costs
     #: a few idle polls a second.
     fetch_max_wait_ms: int = 100
+    #: Seconds between checkpoints of the stream worker's state (0: never); a restarted worker
+    #: replays the events topic only from its last checkpoint.
+    checkpoint_interval_s: float = 60.0
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
     sasl_username: str | None = None
@@ -170,9 +173,11 @@ def _parse(name: str, type_: Any, raw: str) -> Any:
             raise ValueError(raw)
         if "int" in text:
             return int(raw)
+        if "float" in text:
+            return float(raw)
         if "Path" in text:
             return Path(raw).expanduser()
     except ValueError:
-        kind = "true/false" if "bool" in text else "an integer"
+        kind = "true/false" if "bool" in text else "a number" if "float" in text else "an integer"
         raise ConfigError(f"METRICBUS_{name.upper()}={raw!r} is not {kind}.") from None
     return raw

@@ -6,6 +6,7 @@ The statistics and rules are plain Python objects; ``build_app`` wraps them in a
 
 from ._alerts import AlertEngine
 from ._app import build_app, group_id
+from ._checkpoint import checkpoint_path
 from ._config import StreamConfig
 from ._derive import Point, RunDeriver, derive_all
 from ._processor import Output, StreamProcessor
@@ -27,6 +28,7 @@ __all__ = [
     "Welford",
     "Window",
     "build_app",
+    "checkpoint_path",
     "committed_offsets",
     "group_id",
     "rebuild",

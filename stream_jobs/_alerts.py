@@ -93,6 +93,16 @@ class AlertEngine:
                     out.append(alert)
         return out
 
+    def state(self) -> dict[str, Any]:
+        """Per (run, rule, series) state and liveness, for checkpoints (rules are not included)."""
+        return {"state": self._state, "last_seen": self._last_seen, "finished": self._finished}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state`; rules by the same name keep their firing/streak state."""
+        self._state = state["state"]
+        self._last_seen = state["last_seen"]
+        self._finished = state["finished"]
+
     def seen(self, run_id: str, ts_ms: int, finished: bool = False) -> list[dict[str, Any]]:
         """Note that the run is alive; resolves its 'absent' alerts. ``finished`` ends watching it."""
         self._last_seen[run_id] = max(ts_ms, self._last_seen.get(run_id, 0))

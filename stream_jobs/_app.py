@@ -7,12 +7,15 @@ produces at most one AggregateBatch record per run; the statistics are plain Pyt
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from schemas import SchemaError, Settings, decode_events, default_codec, ssl_context
 
+from ._checkpoint import snapshot, write
 from ._config import StreamConfig
 from ._processor import Output, StreamProcessor
 from ._rules import Rule
@@ -70,11 +73,15 @@ def build_app(
     cfg: StreamConfig | None = None,
     rules: list[Rule] | None = None,
     processor: StreamProcessor | None = None,
+    positions: dict[int, int] | None = None,
+    checkpoint: Path | None = None,
 ) -> Any:
     """The stream worker's Faust app (consumer group :func:`group_id`).
 
-    Pass a ``processor`` already rebuilt with :func:`stream_jobs.rebuild` to resume after a
-    restart with the state an uninterrupted worker would have.
+    Pass a ``processor`` already rebuilt with :func:`stream_jobs.rebuild`, and the positions
+    it returned, to resume after a restart with the state an uninterrupted worker would have.
+    With a ``checkpoint`` path, the state is checkpointed there every
+    ``settings.checkpoint_interval_s`` (see :mod:`stream_jobs._checkpoint`).
     """
     import faust
 
@@ -98,6 +105,9 @@ def build_app(
         producer_acks=1,
     )
     app.processor = processor  # type: ignore[attr-defined]  # for tests and status
+    #: per partition of the events topic, the offset after the last record the processor holds
+    covered: dict[int, int] = dict(positions or {})
+    unacked: set[Any] = set()  # outputs not yet acknowledged by the broker
     _patch_fetch_wait()
     app.fetch_max_wait_ms = settings.fetch_max_wait_ms  # type: ignore[attr-defined]
     events = app.topic(topics.events, value_serializer="raw", key_serializer="raw")
@@ -111,7 +121,7 @@ def build_app(
         # Faust flushes its producer before it commits source offsets: still at-least-once.
         for record in output.aggregate_batches():
             key = record["run_id"].encode()
-            aggregates.send_soon(key=key, value=codec.encode("AggregateBatch", record))
+            _track(aggregates.send_soon(key=key, value=codec.encode("AggregateBatch", record)))
         for alert in output.alerts:
             log.warning(
                 "alert %s %s [%s] run %s: %s",
@@ -121,7 +131,11 @@ def build_app(
                 alert["run_id"],
                 alert["message"],
             )
-            alerts.send_soon(key=alert["run_id"].encode(), value=codec.encode("Alert", alert))
+            _track(alerts.send_soon(key=alert["run_id"].encode(), value=codec.encode("Alert", alert)))
+
+    def _track(future: Any) -> None:
+        unacked.add(future)
+        future.add_done_callback(unacked.discard)
 
     @app.agent(events)
     async def derive(stream: Any) -> None:
@@ -145,13 +159,32 @@ def build_app(
                         "metricbus.consumer": f"{settings.topic_prefix}stream".encode(),
                     },
                 )
-                continue
-            publish(processor.process(batch))
+            else:
+                publish(processor.process(batch))
+            covered[event.message.partition] = event.message.offset + 1  # no await since process()
 
     @app.timer(1.0)
     async def stalled_runs() -> None:
         alerts_out = processor.tick(int(time.time() * 1000))
         if alerts_out:
             publish(Output(alerts=alerts_out))
+
+    if checkpoint is not None and settings.checkpoint_interval_s > 0:
+        taken = {"events": processor.events}
+
+        @app.timer(settings.checkpoint_interval_s)
+        async def take_checkpoint() -> None:
+            if processor.events == taken["events"]:
+                return  # nothing new
+            # The agent is parked at an await, between two records: state and positions agree.
+            data, at = snapshot(processor, covered), dict(covered)
+            events = processor.events
+            results = await asyncio.gather(*list(unacked), return_exceptions=True)
+            if any(isinstance(r, BaseException) for r in results):
+                log.warning("stream checkpoint skipped: an output was not acknowledged")
+                return
+            await asyncio.get_running_loop().run_in_executor(None, write, checkpoint, data)
+            taken["events"] = events
+            log.info("stream checkpoint: %d bytes, offsets %s", len(data), at)
 
     return app

@@ -114,6 +114,24 @@ class StreamProcessor:
                 out.alerts.extend(fired)
         out.points.setdefault(run, []).extend(points)
 
+    def state(self) -> dict[str, Any]:
+        """Everything learned from the events so far (for checkpoints); not the rules or config."""
+        return {
+            "runs": self._runs,
+            "alerts": self.alerts.state(),
+            "dedupe": self.dedupe,
+            "events": self.events,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state` of an earlier processor, with this one's rules and config."""
+        self._runs = state["runs"]
+        for deriver in self._runs.values():
+            deriver.cfg = self.cfg
+        self.alerts.load_state(state["alerts"])
+        self.dedupe = state["dedupe"]
+        self.events = state["events"]
+
     def tick(self, now_ms: int) -> list[dict[str, Any]]:
         """Time-driven rules (a stalled run); call about once a second."""
         return self.alerts.check_absent(now_ms)

@@ -1,5 +1,6 @@
 import math
 import os
+import re
 import subprocess
 import time
 
@@ -73,47 +74,65 @@ def test_worker_derives_seed_series_and_fires_a_nan_alert_seconds_after_it_is_lo
     assert points["final/format_exact_mean"][0]["value"] == pytest.approx(0.625)
 
 
-def test_worker_state_survives_kill_9_aggregates_equal_an_uninterrupted_run(settings, tmp_path):
+def test_worker_state_survives_kill_9_twice_aggregates_equal_an_uninterrupted_run(settings, tmp_path):
+    import dataclasses
     import signal
 
     from stream_jobs import derive_all
 
-    env = {**os.environ, **settings.to_env()}
-
-    def start(name):
+    def start(name, checkpoint_interval_s):
+        env = {
+            **os.environ,
+            **dataclasses.replace(settings, checkpoint_interval_s=checkpoint_interval_s).to_env(),
+        }
         out = open(tmp_path / f"{name}.log", "wb")
         return subprocess.Popen(cli(settings, "worker"), stdout=out, stderr=subprocess.STDOUT, env=env), out
+
+    def kill(proc, out):
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        out.close()
 
     run = Run("p", settings=settings, system_metrics=False)
     logged = []
 
-    def log(step):
-        values = {"Train/Loss": 1.0 / (step + 1), "Train/AvgReward": (step % 7) / 7}
-        run.log(values, step=step, epoch=step // 25)
-        logged.append(values)
+    def log(steps):
+        for step in steps:
+            values = {"Train/Loss": 1.0 / (step + 1), "Train/AvgReward": (step % 7) / 7}
+            run.log(values, step=step, epoch=step // 25)
+            logged.append(values)
+            if step % 10 == 9:
+                assert run._publisher.flush(10)  # several records, so offsets move
 
-    first, out1 = start("w1")
-    for step in range(100):
-        log(step)
-    assert run._publisher.flush(10)
-    time.sleep(10)  # joined, processed, and Faust committed (it commits every ~3 s)
-    first.send_signal(signal.SIGKILL)
-    first.wait(10)
-    out1.close()
-    for step in range(100, 200):
-        log(step)
-    assert run.finish(timeout=20)
-    second, out2 = start("w2")
-    try:
-        deadline = time.monotonic() + 60
+    def wait_for_epochs(count, timeout=60):
+        deadline = time.monotonic() + timeout
         points = {}
-        while len({p["step"] for p in points.get("Epoch/AvgLoss", [])}) < 8 and time.monotonic() < deadline:
+        while (
+            len({p["step"] for p in points.get("Epoch/AvgLoss", [])}) < count and time.monotonic() < deadline
+        ):
             time.sleep(1)
             points = aggregates(settings, 10, timeout=5)
+        return points
+
+    first = start("w1", 1.0)
+    log(range(100))
+    wait_for_epochs(3)
+    time.sleep(4)  # Faust committed (every ~3 s) and a checkpoint was written (every 1 s)
+    kill(*first)
+    log(range(100, 150))
+    second = start("w2", 0)  # commits, but writes no checkpoint: the next one must replay after w1's
+    wait_for_epochs(5)  # the epoch that ended at step 124 came out of the second worker
+    time.sleep(4)
+    kill(*second)
+    log(range(150, 200))
+    assert run.finish(timeout=20)
+    third, out3 = start("w3", 1.0)
+    try:
+        points = wait_for_epochs(8)
     finally:
-        second.terminate()
-        second.wait(20)
-        out2.close()
+        third.terminate()
+        third.wait(20)
+        out3.close()
     events = [
         ("metricbus.Metrics", {"step": s, "epoch": s // 25, "rank": 0, "scalars": v, "samples": {}}, 0)
         for s, v in enumerate(logged)
@@ -124,7 +143,7 @@ def test_worker_state_survives_kill_9_aggregates_equal_an_uninterrupted_run(sett
         expected.setdefault(p.name, {})[p.step] = p.value
     got = {}
     for name, pts in points.items():
-        for p in pts:  # re-emitted points after the crash repeat the same value at the same step
+        for p in pts:  # re-emitted points after a crash repeat the same value at the same step
             assert got.setdefault(name, {}).setdefault(p["step"], p["value"]) == pytest.approx(p["value"])
     for name in ("Epoch/AvgLoss", "Epoch/AvgReward", "Epoch/LossTrend", "Epoch/RewardTrend"):
         assert got[name] == pytest.approx(expected[name]), name
@@ -132,9 +151,12 @@ def test_worker_state_survives_kill_9_aggregates_equal_an_uninterrupted_run(sett
     for name in ("stats/Train/Loss/recent_mean", "stats/Train/AvgReward/ema"):
         assert got[name] and max(got[name]) == 199
         assert got[name] == pytest.approx({step: expected[name][step] for step in got[name]}), name
-    # the second worker really resumed mid-topic: it rebuilt from records before its committed offsets
-    log_text = (tmp_path / "w2.log").read_text()
-    assert "rebuilt stream state from" in log_text and "from 0 records" not in log_text
+    # each restarted worker resumed from w1's checkpoint, not from the topic's start; the third
+    # replayed the records the second committed after it
+    w2, w3 = ((tmp_path / f"{name}.log").read_text() for name in ("w2", "w3"))
+    assert re.search(r"from the checkpoint at offsets \{\d: \d+\} and 0 records after it", w2), w2[-2000:]
+    replayed = re.search(r"from the checkpoint at offsets \{\d: \d+\} and (\d+) records after it", w3)
+    assert replayed and int(replayed[1]) >= 3, w3[-2000:]
 
 
 def test_derived_series_reach_tensorboard_as_their_own_tags(settings, worker, tmp_path):

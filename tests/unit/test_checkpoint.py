@@ -1,0 +1,58 @@
+"""A checkpointed processor continues exactly as one that never stopped."""
+
+import logging
+import pickle
+import random
+
+import pytest
+
+from stream_jobs import StreamProcessor
+from stream_jobs._checkpoint import load, snapshot, write
+from stream_jobs._rules import DEFAULT_RULES, load_rules
+
+from .test_columns import keyed, run_events
+
+
+def outputs(processor, events):
+    points, alerts = {}, []
+    for i in range(0, len(events), 97):
+        out = processor.process(events[i : i + 97])
+        points |= keyed(p for pts in out.points.values() for p in pts)
+        alerts += out.alerts
+    return points, alerts
+
+
+def test_a_restored_processor_derives_and_alerts_like_the_one_that_never_stopped(tmp_path):
+    events = run_events(random.Random(11), n=900)
+    events[700].body["scalars"]["Train/Loss"] = float("nan")
+    events[800].body["scalars"]["Train/AvgReward"] = -10.0  # reward_collapse (a z-score on its window)
+    first, second = events[:500], events[500:]
+    uninterrupted = StreamProcessor(rules=load_rules(DEFAULT_RULES))
+    outputs(uninterrupted, first)
+    expected = outputs(uninterrupted, second)
+
+    before = StreamProcessor(rules=load_rules(DEFAULT_RULES))
+    outputs(before, first)
+    path = tmp_path / "stream" / "g.checkpoint"
+    write(path, snapshot(before, {0: 12, 3: 40}))
+    after = StreamProcessor(rules=load_rules(DEFAULT_RULES))  # the rules are read again at restart
+    assert load(path, after) == {0: 12, 3: 40}
+    assert after.events == 500 and outputs(after, events[450:500]) == ({}, [])  # redelivered: dropped
+    got = outputs(after, second)
+    assert got[1] == expected[1]
+    # nan_loss fired at step 400 and is still firing: the restored state must not fire it again
+    assert {a["rule"] for a in expected[1]} == {"reward_collapse"}
+    assert got[0].keys() == expected[0].keys()
+    assert got[0] == pytest.approx(expected[0], nan_ok=True)
+
+
+def test_a_missing_unreadable_or_foreign_checkpoint_is_ignored(tmp_path, caplog):
+    processor = StreamProcessor()
+    assert load(tmp_path / "none", processor) is None
+    (tmp_path / "bad").write_bytes(b"not a pickle")
+    (tmp_path / "old").write_bytes(pickle.dumps({"format": 0, "positions": {}, "state": {}}))
+    with caplog.at_level(logging.WARNING, logger="metricbus.stream"):
+        assert load(tmp_path / "bad", processor) is None
+        assert load(tmp_path / "old", processor) is None
+    assert "unreadable" in caplog.text and "another format" in caplog.text
+    assert processor.events == 0
