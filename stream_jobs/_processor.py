@@ -6,6 +6,7 @@ The Faust agent is a thin adapter around it; tests and back-tests drive it direc
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,6 +16,9 @@ from ._alerts import AlertEngine
 from ._config import StreamConfig
 from ._derive import Point, RunDeriver
 from ._rules import Rule
+
+_RUN_AND_PRODUCER = operator.attrgetter("run_id", "producer_id")
+_SEQ = operator.attrgetter("seq")
 
 
 @dataclasses.dataclass
@@ -56,7 +60,7 @@ class StreamProcessor:
         out = Output()
         for run, stretch in self._new_by_run(events).items():
             fired = self.alerts.seen(
-                run, max(e.ts_ms for e in stretch), finished=any(e.kind == RUN_FINISHED for e in stretch)
+                run, max([e.ts_ms for e in stretch]), finished=any([e.kind == RUN_FINISHED for e in stretch])
             )
             if fired:
                 out.alerts.extend(fired)
@@ -91,8 +95,8 @@ class StreamProcessor:
         first, last = batch[0], batch[-1]
         if (
             last.seq - first.seq == len(batch) - 1
-            and all(e.producer_id == first.producer_id and e.run_id == first.run_id for e in batch)
-            and [e.seq for e in batch] == list(range(first.seq, last.seq + 1))
+            and len(set(map(_RUN_AND_PRODUCER, batch))) == 1
+            and list(map(_SEQ, batch)) == list(range(first.seq, last.seq + 1))
             and self.dedupe.add_range(first.producer_id, first.seq, last.seq)
         ):
             self.events += len(batch)

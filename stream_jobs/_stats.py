@@ -286,6 +286,12 @@ class EMA:
         w, c = self.weight, 1 - self.weight
         last, n = self._last, self._n
         finite = math.isfinite(sum(xs))
+        k = len(xs)
+        if finite and k >= 32 and w > 0:  # closed form: last * w^k + c * sum(w^(k-1-i) * x_i)
+            powers = _powers(w, k)
+            self._last = last * float(powers[0]) * w + c * float(np.dot(powers, np.asarray(xs, dtype=float)))
+            self._n = n + k
+            return
         for x in xs:
             if finite or math.isfinite(x):
                 last = last * w + c * x
@@ -298,6 +304,17 @@ class EMA:
         if not self._n:
             return math.nan
         return self._last / (1 - self.weight**self._n)
+
+
+_POWERS: dict[float, np.ndarray] = {}
+
+
+def _powers(w: float, k: int) -> np.ndarray:
+    """``[w^(k-1), ..., w, 1]``, from a cached table per weight."""
+    table = _POWERS.get(w)
+    if table is None or table.size < k:
+        table = _POWERS[w] = w ** np.arange(max(k, 1024) - 1, -1, -1, dtype=float)
+    return table[table.size - k :]
 
 
 IMPROVING, STABLE, DECLINING = 1, 0, -1
