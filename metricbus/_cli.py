@@ -48,11 +48,17 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from ._stack import Stack
+    from ._stack import Stack, available_consumers
 
     settings = _settings(args)
+    consumers = available_consumers()
+    if "stream-worker" in consumers:
+        for flag in ("rules", "config"):
+            if getattr(args, flag):  # resolved: a restarted child must find it wherever it runs
+                path = str(Path(getattr(args, flag)).resolve())
+                consumers["stream-worker"] = [*consumers["stream-worker"], f"--{flag}", path]
     stop = _stop_on_signals()
-    stack = Stack(settings)
+    stack = Stack(settings, consumers)
     try:
         stack.start()
         print(stack.describe(), flush=True)
@@ -115,13 +121,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
         build_app,
         checkpoint_path,
         group_id,
+        load_config,
         load_rules,
         rebuild,
     )
 
     settings = _settings(args)
     rules = load_rules(args.rules or DEFAULT_RULES)
-    processor = StreamProcessor(rules=rules)
+    processor = StreamProcessor(load_config(args.config) if args.config else None, rules=rules)
     checkpoint = checkpoint_path(settings, group_id(settings))
     positions = rebuild(processor, settings, group_id(settings), checkpoint)  # the state before our offsets
     app = build_app(settings, processor=processor, positions=positions, checkpoint=checkpoint)
@@ -194,7 +201,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     from ._replay import backtest, describe_alert
 
     settings = _settings(args)
-    alerts = backtest(settings, Path(args.rules), args.run)
+    alerts = backtest(settings, Path(args.rules), args.run, Path(args.config) if args.config else None)
     for alert in alerts:
         print(describe_alert(alert))
     firing = sum(a["state"] == "firing" for a in alerts)
@@ -276,6 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("up", help="broker (unless --bootstrap) + topics + every consumer, until Ctrl-C")
     s.add_argument("--port", type=int, help="port of the embedded broker (default 9092)")
+    s.add_argument("--rules", help="alert rules YAML for the stream worker (default: the seed rule pack)")
+    s.add_argument(
+        "--config", help="StreamConfig YAML for the stream worker (see `metricbus worker --config`)"
+    )
     s.set_defaults(func=cmd_up)
 
     s = sub.add_parser("topics", help="create the metricbus topics if missing (idempotent)")
@@ -298,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("worker", help="run the stream jobs (rolling statistics, epochs, alerts)")
     s.add_argument("--rules", help="alert rules YAML (default: the seed rule pack)")
+    s.add_argument(
+        "--config", help="YAML of StreamConfig fields: windows, names, metric_stats (default: the seeds')"
+    )
     s.set_defaults(func=cmd_worker)
 
     s = sub.add_parser("alerts", help="deliver alerts: one line each on the console, or POST to a webhook")
@@ -330,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("backtest", help="what alert rules would have fired on an archived run")
     s.add_argument("--rules", required=True)
+    s.add_argument("--config", help="YAML of StreamConfig fields, as for `metricbus worker --config`")
     s.add_argument("--run", required=True)
     s.set_defaults(func=cmd_backtest)
 

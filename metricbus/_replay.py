@@ -124,15 +124,18 @@ def replay_to_kafka(settings: Settings, target: Settings, runs: Iterable[str]) -
     return total
 
 
-def backtest(settings: Settings, rules_path: Path, run_id: str) -> list[dict[str, Any]]:
+def backtest(
+    settings: Settings, rules_path: Path, run_id: str, config_path: Path | None = None
+) -> list[dict[str, Any]]:
     """Alerts ``rules_path`` would have raised on an archived run, in order."""
     from sinks import read_events
-    from stream_jobs import StreamProcessor, load_rules
+    from stream_jobs import StreamProcessor, load_config, load_rules
 
     events = read_events(settings.archive_dir, run_id)
     if not events:
         raise MetricbusError(f"run {run_id!r} is not in the archive at {settings.archive_dir}")
-    processor = StreamProcessor(rules=load_rules(rules_path))
+    cfg = load_config(config_path) if config_path is not None else None
+    processor = StreamProcessor(cfg, rules=load_rules(rules_path))
     alerts: list[dict[str, Any]] = []
     for start in range(0, len(events), 100):  # records of ~100 events, as live
         alerts.extend(processor.process(events[start : start + 100]).alerts)

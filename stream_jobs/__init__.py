@@ -7,7 +7,7 @@ The statistics and rules are plain Python objects; ``build_app`` wraps them in a
 from ._alerts import AlertEngine
 from ._app import build_app, group_id
 from ._checkpoint import checkpoint_path
-from ._config import StreamConfig
+from ._config import METRIC_STATS, StreamConfig, load_config, parse_config
 from ._derive import Point, RunDeriver, derive_all
 from ._processor import Output, StreamProcessor
 from ._rebuild import committed_offsets, rebuild
@@ -16,6 +16,7 @@ from ._stats import EMA, Convergence, Welford, Window, trend_class
 
 __all__ = [
     "DEFAULT_RULES",
+    "METRIC_STATS",
     "EMA",
     "AlertEngine",
     "Convergence",
@@ -33,7 +34,9 @@ __all__ = [
     "group_id",
     "rebuild",
     "derive_all",
+    "load_config",
     "load_rules",
+    "parse_config",
     "parse_rules",
     "trend_class",
 ]

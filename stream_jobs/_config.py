@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from schemas import ConfigError
 
 #: Seed 004: the batch's per-sample rewards logged as samples under this name become
 #: Train/AvgReward, Train/RewardStd, Train/RewardMin, Train/RewardMax, Train/RewardVariance.
@@ -16,6 +22,10 @@ SEED_004_REWARD_SAMPLES = {
         "variance": "Train/RewardVariance",
     }
 }
+
+
+#: The per-metric statistics ``metric_stats`` can name.
+METRIC_STATS = ("recent_mean", "ema", "std", "min", "max", "median", "p99", "count")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,13 +71,73 @@ class StreamConfig:
     #: (criterion, mean, std, min, max, samples).
     summary_prefix: str = "criteria/"
     summary_table: str = "rubric_criteria_summary"
-    #: Emit ``stats/<metric>/recent_mean`` and ``stats/<metric>/ema`` for every logged scalar.
-    per_metric_stats: bool = True
+    #: What every logged scalar M gets as ``stats/M/<stat>``, once per input record: any of
+    #: recent_mean, ema, std, min, max, median, p99 (over the last ``window`` values) and count
+    #: (all values so far). Each one is another point per metric per record; () for none.
+    metric_stats: tuple[str, ...] = ("recent_mean", "ema")
     #: Name prefixes whose higher values are worse (for trend direction); everything else
     #: counts higher as better unless its name contains "loss".
     lower_is_better: tuple[str, ...] = ("loss", "kl", "memory", "time", "variance", "std")
+
+    def __post_init__(self) -> None:
+        bad = sorted(set(self.metric_stats) - set(METRIC_STATS))
+        if bad:
+            raise ConfigError(f"metric_stats {bad} unknown; choose from {', '.join(METRIC_STATS)}")
+        for name in ("window", "trend_window", "p99_window", "hist_every", "hist_window", "hist_bins"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if not 0 <= self.ema_weight < 1:
+            raise ConfigError(f"ema_weight must be in [0, 1) (got {self.ema_weight})")
 
     def higher_is_better(self, name: str) -> bool:
         """Direction of a metric: loss falling is improving, reward rising is improving."""
         lowered = name.lower()
         return not any(word in lowered for word in self.lower_is_better)
+
+
+def load_config(path: Path | str) -> StreamConfig:
+    """A StreamConfig from a YAML mapping of its fields; ConfigError naming the file and the fix."""
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read stream config {path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    return parse_config(doc or {}, source=str(path))
+
+
+def parse_config(doc: Any, source: str = "<config>") -> StreamConfig:
+    """A StreamConfig from a mapping (see :func:`load_config`)."""
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}: expected a mapping of StreamConfig fields")
+    fields = {f.name for f in dataclasses.fields(StreamConfig)}
+    unknown = sorted(set(doc) - fields)
+    if unknown:
+        raise ConfigError(f"{source}: unknown field(s) {unknown}; allowed: {sorted(fields)}")
+    defaults = StreamConfig()
+    values: dict[str, Any] = {}
+    for name, raw in doc.items():
+        default = getattr(defaults, name)
+        number = isinstance(raw, (int, float)) and not isinstance(raw, bool)
+        if isinstance(default, int):
+            ok = number and float(raw).is_integer()
+        elif isinstance(default, float):
+            ok = number
+        elif isinstance(default, tuple):
+            ok = isinstance(raw, list) and all(isinstance(x, str) for x in raw)
+        elif isinstance(default, Mapping):
+            ok = isinstance(raw, dict) and all(
+                isinstance(v, dict) and all(isinstance(x, str) for x in v.values()) for v in raw.values()
+            )
+        else:
+            ok = isinstance(raw, str)
+        if ok and not isinstance(default, (str, Mapping)):
+            raw = type(default)(raw)
+        if not ok:
+            raise ConfigError(f"{source}: {name} must be like its default {default!r}, got {raw!r}")
+        values[name] = raw
+    try:
+        return StreamConfig(**values)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None

@@ -30,12 +30,12 @@ def wait_line(proc, text, timeout=30.0):
     raise AssertionError(f"{text!r} not printed; got {seen}")
 
 
-def start_up(tmp_path):
+def start_up(tmp_path, *args):
     """`metricbus up` on a free port; returns (process, port, the lines it printed)."""
     port = free_port()
     env = {**os.environ, "METRICBUS_LOCAL_PORT": str(port)}
     proc = subprocess.Popen(
-        metricbus("up", data_dir=tmp_path),
+        metricbus("up", *args, data_dir=tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -45,7 +45,12 @@ def start_up(tmp_path):
 
 
 def test_up_starts_broker_and_consumers_and_sigterm_stops_every_child(tmp_path):
-    proc, port, lines = start_up(tmp_path)
+    from stream_jobs import DEFAULT_RULES
+
+    (tmp_path / "stream.yaml").write_text("metric_stats: [recent_mean, p99]\n")
+    proc, port, lines = start_up(
+        tmp_path, "--rules", str(DEFAULT_RULES), "--config", str(tmp_path / "stream.yaml")
+    )
     try:
         assert any(f"127.0.0.1:{port}" in line for line in lines)
         assert any("sink-parquet" in line for line in lines) and any(
@@ -54,6 +59,8 @@ def test_up_starts_broker_and_consumers_and_sigterm_stops_every_child(tmp_path):
         children = psutil.Process(proc.pid).children(recursive=True)
         names = " ".join(" ".join(c.cmdline()) for c in children)
         assert "tansu" in names and "sink parquet" in names and "worker" in names
+        (worker,) = [c.cmdline() for c in children if "worker" in c.cmdline()]
+        assert worker[-4:] == ["--rules", str(DEFAULT_RULES), "--config", str(tmp_path / "stream.yaml")]
         with socket.create_connection(("127.0.0.1", port), timeout=1):
             pass
         t0 = time.monotonic()

@@ -1,0 +1,74 @@
+"""Windows, names and per-metric statistics are configuration, read from YAML with clear errors."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from schemas import ConfigError
+from stream_jobs import StreamConfig, load_config, parse_config
+from stream_jobs._derive import RunDeriver
+
+from .test_derive import metrics
+
+
+def test_a_config_file_sets_fields_and_keeps_the_seed_defaults_for_the_rest(tmp_path):
+    path = tmp_path / "stream.yaml"
+    path.write_text(
+        "window: 5\nema_weight: 0.9\nmetric_stats: [recent_mean, p99, count]\n"
+        "sample_aliases: {Train/Score: {mean: Train/AvgScore}}\n"
+    )
+    cfg = load_config(path)
+    assert cfg.window == 5 and cfg.ema_weight == 0.9 and cfg.metric_stats == ("recent_mean", "p99", "count")
+    assert cfg.sample_aliases == {"Train/Score": {"mean": "Train/AvgScore"}}
+    assert cfg.reward_metric == StreamConfig().reward_metric and cfg.hist_every == 10
+
+
+@pytest.mark.parametrize(
+    ("doc", "fragment"),
+    [
+        ({"windw": 5}, "unknown field(s) ['windw']; allowed:"),
+        ({"window": "ten"}, "window must be like its default 10, got 'ten'"),
+        ({"window": 2.5}, "window must be like its default 10"),
+        ({"metric_stats": ["mean"]}, "metric_stats ['mean'] unknown; choose from recent_mean, ema"),
+        ({"window": 0}, "window must be at least 1"),
+        ({"ema_weight": 1}, "ema_weight must be in [0, 1)"),
+        (["window"], "expected a mapping"),
+    ],
+)
+def test_a_bad_config_fails_at_load_naming_the_field_and_the_fix(doc, fragment):
+    with pytest.raises(ConfigError) as info:
+        parse_config(doc, source="stream.yaml")
+    assert str(info.value).startswith("stream.yaml: ") and fragment in str(info.value)
+
+
+def test_the_worker_refuses_a_bad_config_before_it_connects(tmp_path):
+    path = tmp_path / "stream.yaml"
+    path.write_text("window: [1]\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "metricbus", "--bootstrap", "127.0.0.1:9", "worker", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and f"{path}: window must be like its default 10" in done.stderr
+
+
+def test_metric_stats_over_the_recent_window_once_per_record():
+    cfg = StreamConfig(metric_stats=("std", "min", "max", "median", "p99", "count"))
+    deriver = RunDeriver("run", cfg)
+    values = [float(v) for v in np.random.default_rng(3).normal(5, 2, 37)]
+    values[20] = float("nan")  # counted, never in a window statistic
+    for step, v in enumerate(values):
+        deriver.feed(*metrics(step, scalars={"Train/Loss": v}))
+    points = {p.name: p for p in deriver.rolling_points()}
+    assert set(points) == {f"stats/Train/Loss/{s}" for s in cfg.metric_stats}
+    recent = np.array([v for v in values if v == v][-10:])
+    assert points["stats/Train/Loss/std"].value == pytest.approx(recent.std())
+    assert points["stats/Train/Loss/min"].value == recent.min()
+    assert points["stats/Train/Loss/max"].value == recent.max()
+    assert points["stats/Train/Loss/median"].value == pytest.approx(np.median(recent))
+    assert points["stats/Train/Loss/p99"].value == pytest.approx(np.quantile(recent, 0.99))
+    assert points["stats/Train/Loss/count"].value == 37 and points["stats/Train/Loss/count"].step == 36
+    assert deriver.rolling_points() == []  # nothing new since
