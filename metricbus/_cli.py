@@ -96,9 +96,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
             include=tuple(args.include or ()),
             exclude=tuple(args.exclude or ()),
         )
-    topics = [settings.topics.events]
-    if args.sink != "parquet":  # dashboards show derived series too; the archive keeps raw events
-        topics.append(settings.topics.aggregates)
+    topics = [settings.topics.events, settings.topics.aggregates]  # derived series reach every sink
     runner = SinkRunner(sink, settings, topics=topics, flush_interval_s=args.flush_interval)
 
     async def main() -> None:

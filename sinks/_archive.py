@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from schemas import METRICS, Codec, Event, default_codec, path_segment
+from schemas import DERIVED_PRODUCER, METRICS, Codec, Event, default_codec, path_segment
 
 FORMAT_VERSION = "1"
 SEQS_KEY = b"metricbus.seqs"
@@ -75,10 +75,14 @@ def read_events(archive: Path, run_id: str, codec: Codec | None = None) -> list[
     """The run's events, rebuilt losslessly from the archive, in (producer_id, seq) order.
 
     Metrics events come back from their rows (one per scalar or sample array); every other
-    event from its ``payload``. This is what replay feeds to sinks and back-tests.
+    event from its ``payload``. This is what replay feeds to sinks and back-tests: what was
+    logged, without the derived series archived beside it (producer ``metricbus.stream``).
     """
+    import pyarrow.compute as pc
+
     codec = codec or default_codec()
     table = read_table(archive, run_id)
+    table = table.filter(pc.not_equal(table["producer_id"], DERIVED_PRODUCER))
     events: list[Event] = []
     current: tuple[str, int] | None = None
     body: dict[str, Any] = {}

@@ -1,5 +1,9 @@
 """The archive sink: every event, losslessly, in zstd Parquet partitioned by project and run.
 
+Derived series from the stream worker are archived beside them, as rows whose producer_id is
+``metricbus.stream`` (queries see them like logged metrics; :func:`sinks.read_events`, what
+replays and back-tests read, leaves them out and lets the stream job derive them again).
+
 Durability: each flush writes one file per run to a hidden temporary name, fsyncs it,
 renames it into place and fsyncs the directory, so a file is either whole or absent. Each
 file records in its footer metadata which (producer_id, seq) it holds; after a crash that
@@ -163,7 +167,7 @@ class ParquetArchive:
         """Write one file per buffered run (atomically, fsynced); raise OSError on failure."""
         for run_id in list(self._buffers):
             buf = self._buffers[run_id]
-            directory = self._dirs.get(run_id) or run_dir(self.archive_dir, UNKNOWN_PROJECT, run_id)
+            directory = self._directory(run_id)
             self._write_file(directory, self._table(run_id, buf), buf.seqs, prefix="part")
             del self._buffers[run_id]  # only once durable: a failed flush keeps the buffer
             self._maybe_compact(directory, finished=buf.finished)
@@ -173,6 +177,18 @@ class ParquetArchive:
         """Nothing stays open between flushes."""
 
     # -- internals ----------------------------------------------------------------------
+
+    def _directory(self, run_id: str) -> Path:
+        """The run's directory: from its RunStarted, else the one on disk, else the unknown project.
+
+        Derived series of a run archived before a restart find the run's directory on disk.
+        """
+        directory = self._dirs.get(run_id)
+        if directory is None:
+            existing = find_run_dirs(self.archive_dir, run_id)
+            directory = existing[0] if existing else run_dir(self.archive_dir, UNKNOWN_PROJECT, run_id)
+            self._dirs[run_id] = directory
+        return directory
 
     def _payload(self, e: Event) -> bytes:
         batch = {

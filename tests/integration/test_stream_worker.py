@@ -210,3 +210,35 @@ def test_derived_series_reach_tensorboard_as_their_own_tags(settings, worker, tm
         summary.step == 29
         and b"| essay/clarity | 0.25 | 0.25 | 0 | 0.5 | 60 |" in summary.tensor_proto.string_val[0]
     )
+
+
+def test_derived_series_are_archived_beside_the_logged_ones_and_replays_leave_them_out(
+    settings, worker, sink
+):
+    import duckdb
+
+    from schemas import DERIVED_PRODUCER
+    from sinks import read_events
+
+    parquet = sink()
+    run = Run("p", settings=settings, system_metrics=False)
+    for step in range(30):
+        run.log({"Train/Loss": 1.0 / (step + 1)}, step=step, epoch=step // 10)
+    assert run.finish(timeout=20)
+    query = (
+        f"SELECT step, value FROM read_parquet('{settings.archive_dir}/**/*.parquet', hive_partitioning=1) "
+        f"WHERE run = '{run.run_id}' AND name = 'Epoch/AvgLoss' AND producer_id = '{DERIVED_PRODUCER}' "
+        "ORDER BY step"
+    )
+    rows = []
+    deadline = time.monotonic() + 60
+    while len(rows) < 3 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        if list(settings.archive_dir.glob("project=*/run=*/*.parquet")):
+            rows = duckdb.sql(query).fetchall()
+    parquet.stop()
+    expected = [(9 + 10 * e, sum(1 / (s + 1) for s in range(10 * e, 10 * e + 10)) / 10) for e in range(3)]
+    assert [(s, pytest.approx(v, rel=1e-9)) for s, v in expected] == rows
+    (directory,) = settings.archive_dir.glob(f"project=p/run={run.run_id}")  # one directory per run
+    events = read_events(settings.archive_dir, run.run_id)
+    assert {e.producer_id for e in events} == {run.producer_id} and len(events) == run.stats()["events"]
