@@ -166,7 +166,9 @@ def run_demo(settings: Settings, updates: int = 30) -> int:
         held = wait_archived(settings.archive_dir, run.run_id, events, timeout=30)
         print(f"archive holds {held}/{events} events of the run\n")
         _print_stream_results(settings, run.run_id)
-        rows = summary(settings.archive_dir, run.run_id)
+        rows = summary(settings.archive_dir, run.run_id, derived=False)
+        derived = len(summary(settings.archive_dir, run.run_id)) - len(rows)
+        print(f"logged metrics in the archive (and {derived} derived series beside them):")
         print(f"{'metric':<36}{'n':>5}{'first':>12}{'last':>12}{'min':>12}{'max':>12}")
         for r in rows:
             print(

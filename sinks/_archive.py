@@ -117,12 +117,19 @@ def read_events(archive: Path, run_id: str, codec: Codec | None = None) -> list[
     return events
 
 
-def tidy(archive: Path, run_id: str) -> pa.Table:
-    """One run's scalars as tidy rows: run, step, name, value, wall_time (UTC), sorted by step."""
+def tidy(archive: Path, run_id: str, derived: bool = True) -> pa.Table:
+    """One run's scalars as tidy rows: run, step, name, value, wall_time (UTC), sorted by step.
+
+    ``derived=False`` leaves out the stream worker's derived series.
+    """
     import pyarrow.compute as pc
 
-    table = read_table(archive, run_id, columns=["run_id", "kind", "step", "name", "value", "ts_ms", "seq"])
-    table = table.filter(pc.and_(pc.equal(table["kind"], "metricbus.Metrics"), pc.is_valid(table["value"])))
+    columns = ["run_id", "producer_id", "kind", "step", "name", "value", "ts_ms", "seq"]
+    table = read_table(archive, run_id, columns=columns)
+    keep = pc.and_(pc.equal(table["kind"], METRICS), pc.is_valid(table["value"]))
+    if not derived:
+        keep = pc.and_(keep, pc.not_equal(table["producer_id"], DERIVED_PRODUCER))
+    table = table.filter(keep)
     wall = pc.cast(table["ts_ms"], pa.timestamp("ms", tz="UTC"))
     out = pa.table(
         {
@@ -139,9 +146,9 @@ def tidy(archive: Path, run_id: str) -> pa.Table:
     )
 
 
-def summary(archive: Path, run_id: str) -> list[dict[str, Any]]:
+def summary(archive: Path, run_id: str, derived: bool = True) -> list[dict[str, Any]]:
     """Per metric: count, first/last step, first/last/min/max/mean value (the demo's table)."""
-    table = tidy(archive, run_id)
+    table = tidy(archive, run_id, derived)
     grouped = table.group_by("name").aggregate(
         [
             ("value", "count"),
