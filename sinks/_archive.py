@@ -8,10 +8,13 @@ event (``name``, ``value``), one per sample array (``samples``), one per other e
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from schemas import DERIVED_PRODUCER, METRICS, Codec, Event, default_codec, path_segment
 
@@ -56,19 +59,42 @@ def read_table(
     import pyarrow.dataset as ds
 
     archive = Path(archive)
-    if run_id is not None:
-        paths = [p for d in find_run_dirs(archive, run_id) for p in sorted(d.glob("*.parquet"))]
-    elif project is not None:
-        paths = sorted((archive / f"project={path_segment(project)}").glob("run=*/*.parquet"))
-    else:
-        paths = sorted(archive.glob("project=*/run=*/*.parquet"))
-    if not paths:
-        return SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
-    dataset = ds.dataset([str(p) for p in paths], schema=SCHEMA, format="parquet")
-    table = dataset.to_table(columns=columns)
+    for attempt in range(10):  # a live sink may compact the run while we read it: list again
+        if run_id is not None:
+            paths = [p for d in find_run_dirs(archive, run_id) for p in sorted(d.glob("*.parquet"))]
+        elif project is not None:
+            paths = sorted((archive / f"project={path_segment(project)}").glob("run=*/*.parquet"))
+        else:
+            paths = sorted(archive.glob("project=*/run=*/*.parquet"))
+        try:
+            paths = _current(paths)
+            if not paths:
+                return SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
+            dataset = ds.dataset([str(p) for p in paths], schema=SCHEMA, format="parquet")
+            table = dataset.to_table(columns=columns)
+            break
+        except FileNotFoundError:
+            if attempt == 9:
+                raise
+            time.sleep(0.05)
     if columns is None or {"producer_id", "seq"} <= set(columns):
         table = table.sort_by([("producer_id", "ascending"), ("seq", "ascending")])
     return table
+
+
+def replaced_by(path: Path) -> list[str]:
+    """Names of the files a compacted file replaces (from its footer)."""
+    meta = pq.read_metadata(path).metadata or {}
+    return list(json.loads(meta.get(REPLACES_KEY, b"[]")))
+
+
+def _current(paths: list[Path]) -> list[Path]:
+    """``paths`` without the files that a compacted file among them replaces.
+
+    A compaction renames the merged file into place before it deletes the files it merged.
+    """
+    stale = {p.parent / name for p in paths if p.name.startswith("compacted-") for name in replaced_by(p)}
+    return [p for p in paths if p not in stale]
 
 
 def read_events(archive: Path, run_id: str, codec: Codec | None = None) -> list[Event]:

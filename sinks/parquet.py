@@ -36,7 +36,16 @@ import pyarrow.parquet as pq
 
 from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Codec, Event, Interval, SeqSet, default_codec
 
-from ._archive import FORMAT_KEY, FORMAT_VERSION, REPLACES_KEY, SCHEMA, SEQS_KEY, find_run_dirs, run_dir
+from ._archive import (
+    FORMAT_KEY,
+    FORMAT_VERSION,
+    REPLACES_KEY,
+    SCHEMA,
+    SEQS_KEY,
+    find_run_dirs,
+    replaced_by,
+    run_dir,
+)
 
 log = logging.getLogger("metricbus.sink.parquet")
 UNKNOWN_PROJECT = "_unknown"
@@ -95,7 +104,7 @@ class ParquetArchive:
             log.info("removing %s, left by an interrupted flush", tmp)
             tmp.unlink(missing_ok=True)
         for merged in self.archive_dir.glob("project=*/run=*/compacted-*.parquet"):
-            for name in _replaced(merged):
+            for name in replaced_by(merged):
                 stale = merged.parent / name
                 if stale.exists():
                     log.info(
@@ -301,8 +310,3 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _replaced(path: Path) -> list[str]:
-    meta = pq.read_metadata(path).metadata or {}
-    return list(json.loads(meta.get(REPLACES_KEY, b"[]")))

@@ -25,7 +25,7 @@ SEED_004_REWARD_SAMPLES = {
 
 
 #: The per-metric statistics ``metric_stats`` can name.
-METRIC_STATS = ("recent_mean", "ema", "std", "min", "max", "median", "p99", "count")
+METRIC_STATS = ("recent_mean", "ema", "std", "min", "max", "median", "p99", "count", "slope", "trend")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +72,10 @@ class StreamConfig:
     summary_prefix: str = "criteria/"
     summary_table: str = "rubric_criteria_summary"
     #: What every logged scalar M gets as ``stats/M/<stat>``, once per input record: any of
-    #: recent_mean, ema, std, min, max, median, p99 (over the last ``window`` values) and count
-    #: (all values so far). Each one is another point per metric per record; () for none.
+    #: recent_mean, ema, std, min, max, median, p99 (over the last ``window`` values), count
+    #: (all values so far), slope and trend (+1 improving, 0 stable, -1 declining, with the
+    #: metric's direction; over the last ``trend_window`` values). Each one is another point
+    #: per metric per record; () for none.
     metric_stats: tuple[str, ...] = ("recent_mean", "ema")
     #: Name prefixes whose higher values are worse (for trend direction); everything else
     #: counts higher as better unless its name contains "loss".

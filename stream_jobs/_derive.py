@@ -41,7 +41,17 @@ class Point(NamedTuple):
 _KINDS = {"recent_mean": "rolling_mean"}  # Aggregate.kind of a metric statistic, where not its name
 
 
-def _metric_stat(series: _Series, stat: str) -> float:
+def _metric_stat(series: _Series, stat: str, higher_is_better: bool) -> float:
+    if stat in ("slope", "trend"):
+        window = series.trend
+        slope = window.slope()
+        if stat == "slope":
+            return slope
+        return (
+            float(trend_class(slope, window.std() or abs(window.mean()), higher_is_better))
+            if len(window)
+            else 0.0
+        )
     recent = series.recent
     if stat == "recent_mean":
         return recent.mean()
@@ -344,8 +354,9 @@ class RunDeriver:
         if stats:
             for name, (step, epoch, ts) in self._touched.items():
                 series = self._series[name]
+                up = self.cfg.higher_is_better(name)
                 for stat in stats:
-                    value = _metric_stat(series, stat)
+                    value = _metric_stat(series, stat, up)
                     out.append(
                         Point(f"stats/{name}/{stat}", name, _KINDS.get(stat, stat), step, epoch, value, ts)
                     )

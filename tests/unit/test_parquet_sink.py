@@ -151,10 +151,28 @@ def test_an_interrupted_compaction_is_finished_at_open(tmp_path):
     sink._compact(run_dir, parts)  # merged file renamed in ...
     for path, data in copies.items():  # ... and a crash before the old files were deleted
         path.write_bytes(data)
-    assert tidy(sink.archive_dir, "run-1").num_rows == 2  # the window in which readers see both
+    # in the window in which both are on disk, readers skip the files the merged one replaces
+    assert tidy(sink.archive_dir, "run-1").num_rows == 1
     ParquetArchive(sink.archive_dir).open()
     assert [p.name.split("-")[0] for p in run_dir.glob("*.parquet")] == ["compacted"]
     assert tidy(sink.archive_dir, "run-1").num_rows == 1
+
+
+def test_a_reader_lists_again_when_a_compaction_deleted_a_file_under_it(archive, monkeypatch):
+    import pyarrow.dataset as ds
+
+    archive.write([started(), metric(1, 1, {"x": 1.0})])
+    archive.flush()
+    real, calls = ds.dataset, []
+
+    def racing(paths, **kw):
+        calls.append(paths)
+        if len(calls) == 1:
+            raise FileNotFoundError(paths[0])  # as pyarrow does when a listed file is gone
+        return real(paths, **kw)
+
+    monkeypatch.setattr(ds, "dataset", racing)
+    assert tidy(archive.archive_dir, "run-1").num_rows == 1 and len(calls) == 2
 
 
 def test_export_writes_json_lines_and_parquet(archive, tmp_path, capsys):

@@ -55,6 +55,20 @@ def test_the_worker_refuses_a_bad_config_before_it_connects(tmp_path):
     assert done.returncode == 2 and f"{path}: window must be like its default 10" in done.stderr
 
 
+def test_slope_and_trend_of_every_metric_with_its_direction():
+    cfg = StreamConfig(metric_stats=("slope", "trend"))
+    deriver = RunDeriver("run", cfg)
+    for step in range(30):
+        deriver.feed(*metrics(step, scalars={"Train/Loss": 10.0 - 0.5 * step, "Accuracy": 0.5 + 0.01 * step}))
+    points = {p.name: p.value for p in deriver.rolling_points()}
+    assert points["stats/Train/Loss/slope"] == pytest.approx(-0.5)
+    assert points["stats/Accuracy/slope"] == pytest.approx(0.01)
+    assert points["stats/Train/Loss/trend"] == 1.0  # loss falling: improving
+    assert points["stats/Accuracy/trend"] == 1.0
+    deriver.feed(*metrics(30, scalars={"Train/Loss": 50.0}))
+    assert {p.name: p.value for p in deriver.rolling_points()}["stats/Train/Loss/trend"] == -1.0
+
+
 def test_metric_stats_over_the_recent_window_once_per_record():
     cfg = StreamConfig(metric_stats=("std", "min", "max", "median", "p99", "count"))
     deriver = RunDeriver("run", cfg)
