@@ -179,9 +179,14 @@ def build_app(
             # The agent is parked at an await, between two records: state and positions agree.
             data, at = snapshot(processor, covered), dict(covered)
             events = processor.events
-            results = await asyncio.gather(*list(unacked), return_exceptions=True)
+            try:
+                results = await asyncio.wait_for(
+                    asyncio.gather(*list(unacked), return_exceptions=True), settings.checkpoint_interval_s
+                )
+            except asyncio.TimeoutError:  # the builtin TimeoutError only from Python 3.11
+                results = [asyncio.TimeoutError()]
             if any(isinstance(r, BaseException) for r in results):
-                log.warning("stream checkpoint skipped: an output was not acknowledged")
+                log.warning("stream checkpoint skipped: outputs not acknowledged by the broker yet")
                 return
             await asyncio.get_running_loop().run_in_executor(None, write, checkpoint, data)
             taken["events"] = events
