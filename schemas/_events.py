@@ -70,10 +70,10 @@ def decode_aggregates(codec: Codec, value: bytes, offset: int = 0) -> list[Event
             )
         event.body["scalars"][p["name"]] = p["value"]
     out = list(by_step.values())
-    for h in batch.get("histograms", ()):
+    for h in batch["histograms"]:  # v1 records read as v2: empty
         body = {"step": h["step"], "name": h["name"], "edges": h["edges"], "counts": h["counts"], "rank": 0}
         out.append(Event(run_id, DERIVED_PRODUCER, offset, h["ts_ms"], HISTOGRAM, body, fingerprint))
-    for t in batch.get("tables", ()):
+    for t in batch["tables"]:
         body = {"step": t["step"], "name": t["name"], "columns": t["columns"], "rows": t["rows"]}
         out.append(Event(run_id, DERIVED_PRODUCER, offset, t["ts_ms"], TABLE, body, fingerprint))
     return out

@@ -224,13 +224,13 @@ class RunDeriver:
         scalars = [b["scalars"] for b in bodies]
         names = list(scalars[0])
         gathered: dict[str, tuple[list[float], list[int] | None]] = {}
-        try:  # the usual case: every step logs the same names (as many, and each of these)
-            if set(map(len, scalars)) != {len(names)}:
-                raise KeyError
-            for name in names:
-                gathered[name] = ([d[name] for d in scalars], None)
-        except KeyError:
-            gathered = {}
+        same = set(map(len, scalars)) == {len(names)}  # the usual case: every step logs these names
+        if same:
+            try:
+                gathered = {name: ([d[name] for d in scalars], None) for name in names}
+            except KeyError:  # as many names, but other ones
+                same = False
+        if not same:
             for i, d in enumerate(scalars):
                 for name, value in d.items():
                     col = gathered.get(name)
