@@ -62,9 +62,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         stack.start()
         print(stack.describe(), flush=True)
-        print("metricbus is up; Ctrl-C stops everything", flush=True)
+        stack.wait_started(stop)
+        if not stop.is_set():
+            print("metricbus is up; Ctrl-C stops everything", flush=True)
         stack.run_until(stop)
     finally:
+        print("metricbus: stopping the consumers (each flushes and commits), then the broker", flush=True)
         stack.stop()
         print("metricbus stopped", flush=True)
     return 0
@@ -81,21 +84,16 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 def cmd_sink(args: argparse.Namespace) -> int:
-    from sinks import ParquetArchive, SinkRunner
-
-    from ._replay import make_sink
+    from sinks import SinkRunner, make_sink
 
     settings = _settings(args)
-    if args.sink == "parquet":
-        sink: Any = ParquetArchive(settings.archive_dir)
-    else:
-        default = settings.data_dir / args.sink
-        sink = make_sink(
-            args.sink,
-            Path(args.logdir) if args.logdir else default,
-            include=tuple(args.include or ()),
-            exclude=tuple(args.exclude or ()),
-        )
+    default = settings.archive_dir if args.sink == "parquet" else settings.data_dir / args.sink
+    sink = make_sink(
+        args.sink,
+        Path(args.logdir) if args.logdir else default,
+        include=tuple(args.include or ()),
+        exclude=tuple(args.exclude or ()),
+    )
     topics = [settings.topics.events, settings.topics.aggregates]  # derived series reach every sink
     runner = SinkRunner(sink, settings, topics=topics, flush_interval_s=args.flush_interval)
 
@@ -167,7 +165,9 @@ def cmd_alerts(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from ._replay import archived_runs, make_sink, replay_to_kafka, replay_to_sink
+    from sinks import make_sink
+
+    from ._replay import archived_runs, replay_to_kafka, replay_to_sink
 
     settings = _settings(args)
     if args.source == "kafka" and not args.run:
@@ -188,8 +188,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 0
     if not args.out:
         raise MetricbusError(f"--to {args.to} needs --out DIR (a fresh directory)")
-    n = replay_to_sink(settings, runs, make_sink(args.to, Path(args.out)), source=args.source)
-    print(f"replayed {n} events of {len(runs)} run(s) into {args.to} at {args.out}")
+    read, written = replay_to_sink(settings, runs, make_sink(args.to, Path(args.out)), source=args.source)
+    held = read - written
+    print(
+        f"replayed {read} events (logged and derived) of {len(runs)} run(s) into {args.to} at {args.out}"
+        + (f"; {held} were already there and were not written again" if held else "")
+    )
     if args.to == "tensorboard":
         print(f"  tensorboard --logdir {args.out}")
     return 0
@@ -317,8 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--webhook", metavar="URL", help="POST Slack-compatible JSON to URL (retries with backoff)"
     )
+    s.add_argument("--wandb", action="store_true", help="raise each alert as a W&B alert on its run")
     s.add_argument(
-        "--group", help="consumer group suffix (default: console / webhook); one group per endpoint"
+        "--group", help="consumer group suffix (default: console / webhook / wandb); one group per endpoint"
     )
     s.set_defaults(func=cmd_alerts)
 

@@ -36,28 +36,54 @@ def wait_archived(archive: Path, run_id: str, events: int, timeout: float) -> in
     return held
 
 
-def _print_stream_results(settings: Settings, run_id: str, timeout: float = 30.0) -> None:
-    """What the stream worker derived and fired, read back from its topics."""
-    from schemas import default_codec
+def derived_total(settings: Settings, run_id: str, timeout: float = 30.0) -> int | None:
+    """How many derived events the worker published for a finished run (None if it has not said yet)."""
+    from schemas import decode_aggregates, default_codec
 
     from ._read import read_topic
 
     codec = default_codec()
     deadline = time.monotonic() + timeout
-    points: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:  # the worker emits final/* once it has seen RunFinished
-        points = [
-            p
-            for r in read_topic(settings, settings.topics.aggregates)
-            for p in codec.decode(r.value)[1]["points"]
-            if r.key == run_id.encode()
-        ]
-        if any(p["kind"] == "final" for p in points):
-            break
+    while time.monotonic() < deadline:  # the worker closes the run once it has seen RunFinished
+        total = None
+        for r in read_topic(settings, settings.topics.aggregates):
+            if r.key == run_id.encode():
+                record = decode_aggregates(codec, r.value)
+                if record.events:
+                    total = max(total or 0, record.events[-1].seq + 1)
+                if record.closes_run:
+                    return total or 0
         time.sleep(1.0)
-    alerts = [
-        codec.decode(r.value)[1]
-        for r in read_topic(settings, settings.topics.alerts)
+    return None
+
+
+def wait_derived_archived(archive: Path, run_id: str, total: int, timeout: float) -> int:
+    """Wait until the archive holds ``total`` derived events of the run; return how many it holds."""
+    from sinks import read_table
+
+    deadline = time.monotonic() + timeout
+    held = 0
+    while time.monotonic() < deadline:
+        table = read_table(archive, run_id, columns=["producer_id", "seq"])
+        pairs = zip(table["producer_id"].to_pylist(), table["seq"].to_pylist(), strict=True)
+        held = len({s for p, s in pairs if p == DERIVED_PRODUCER})
+        if held >= total:
+            break
+        time.sleep(0.5)
+    return held
+
+
+def _print_stream_results(settings: Settings, run_id: str) -> None:
+    """What the stream worker derived, read back from its topic, and what the console consumer printed."""
+    from schemas import default_codec
+
+    from ._read import read_topic
+
+    codec = default_codec()
+    points: list[dict[str, Any]] = [
+        p
+        for r in read_topic(settings, settings.topics.aggregates)
+        for p in codec.decode(r.value)[1]["points"]
         if r.key == run_id.encode()
     ]
     epochs: dict[int, dict[str, float]] = {}
@@ -66,7 +92,7 @@ def _print_stream_results(settings: Settings, run_id: str, timeout: float = 30.0
         if p["name"].startswith("Epoch/") and p["epoch"] is not None:
             epochs.setdefault(p["epoch"], {})[p["name"][6:]] = p["value"]
         last[p["name"]] = p["value"]
-    print(f"stream worker: {len(points)} derived points, {len(alerts)} alert transitions\n")
+    print(f"stream worker: {len(points)} derived points\n")
     cols = ["AvgReward", "RewardVariance", "RewardTrend", "AvgLoss", "LossTrend", "NumSamples"]
     print("epoch" + "".join(f"{c:>16}" for c in cols))
     for epoch in sorted(epochs):
@@ -81,9 +107,13 @@ def _print_stream_results(settings: Settings, run_id: str, timeout: float = 30.0
             print(f"  {name:<22} recent_mean {mean:>10.4g}   ema {ema:>10.4g}")
     for name in sorted(n for n in last if n.startswith("final/")):
         print(f"  {name:<40} {last[name]:>10.4g}")
-    print("\nalerts:" + ("" if alerts else " none fired"))
-    for a in alerts:
-        print(f"  {a['state']:<9}{a['rule']} [{a['severity']}] step {a['step']}: {a['message']}")
+    console = settings.data_dir / "logs" / "alerts-console.log"
+    lines = []
+    if console.exists():
+        lines = [line for line in console.read_text().splitlines() if line.startswith("[") and run_id in line]
+    print(f"\nalerts, as the console consumer printed them ({console}):" + ("" if lines else " none fired"))
+    for line in lines:
+        print(f"  {line}")
     print()
 
 
@@ -96,7 +126,9 @@ def _tensorboard(settings: Settings, run_id: str, timeout: float = 30.0) -> None
         return
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from ._replay import make_sink, replay_to_sink
+    from sinks import make_sink
+
+    from ._replay import replay_to_sink
 
     def scalars(root: Path) -> dict[str, list[tuple[int, float]]]:
         dirs = sorted(root.glob(f"*/*{run_id}"))
@@ -113,22 +145,22 @@ def _tensorboard(settings: Settings, run_id: str, timeout: float = 30.0) -> None
     deadline = time.monotonic() + timeout
     live = scalars(live_root)
 
-    def same() -> bool:  # the replay holds the logged series; live also has the derived ones
-        return all(live.get(t) == v for t, v in replayed.items())
+    def same() -> bool:  # logged and derived series, the same points
+        return live == replayed
 
     while not same() and time.monotonic() < deadline:  # the live sink flushes every 2 s
         time.sleep(0.5)
         live = scalars(live_root)
-    derived = sorted(t for t in live if t not in replayed)
+    derived = sorted(t for t in live if t.startswith(("stats/", "Epoch/", "final/")))
     print(f"\ntensorboard (live sink): {live_root}   ->  tensorboard --logdir {live_root}")
     print(
-        f"  {len(live)} tags: {len(replayed)} logged, {len(derived)} derived by the stream worker "
+        f"  {len(live)} tags, {len(derived)} of them derived by the stream worker "
         f"(e.g. {', '.join(derived[:3])})"
     )
     total = sum(map(len, replayed.values()))
     print(
-        f"replayed from the archive into {replay_root}: {total} scalars in {len(replayed)} tags, "
-        f"identical to the live sink's: {same()}"
+        f"replayed from the archive (logged and derived rows) into {replay_root}: {total} scalars in "
+        f"{len(replayed)} tags, identical to the live sink's: {same()}"
     )
 
 
@@ -164,7 +196,13 @@ def run_demo(settings: Settings, updates: int = 30) -> int:
         events = run.stats()["events"]
         print(f"trained in {elapsed:.1f}s; {events} events logged, all acknowledged by Kafka: {delivered}")
         held = wait_archived(settings.archive_dir, run.run_id, events, timeout=30)
-        print(f"archive holds {held}/{events} events of the run\n")
+        total = derived_total(settings, run.run_id)
+        derived_held = wait_derived_archived(settings.archive_dir, run.run_id, total or 0, timeout=30)
+        print(
+            f"archive holds {held}/{events} logged events of the run "
+            f"and {derived_held}/{total} derived ones\n"
+        )
+        time.sleep(1.5)  # the console consumer and the TensorBoard sink poll every 200 ms and flush every 2 s
         _print_stream_results(settings, run.run_id)
         rows = summary(settings.archive_dir, run.run_id, derived=False)
         derived = len(summary(settings.archive_dir, run.run_id)) - len(rows)

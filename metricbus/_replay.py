@@ -27,68 +27,71 @@ def archived_runs(archive: Path, run: str | None, project: str | None) -> list[s
     return runs
 
 
-def make_sink(kind: str, out: Path, include: tuple[str, ...] = (), exclude: tuple[str, ...] = ()) -> Any:
-    """A sink writing to ``out`` (a fresh directory for a replay)."""
-    from sinks import ParquetArchive, TensorBoardSink
-
-    if kind == "tensorboard":
-        _require("tensorboard")
-        return TensorBoardSink(out)
-    if kind == "wandb":
-        _require("wandb")
-        from sinks.wandb import WandbSink
-
-        return WandbSink(out, include=include or ("*",), exclude=exclude)
-    if kind == "parquet":
-        return ParquetArchive(out)
-    raise MetricbusError(f"cannot replay into {kind!r}; choose tensorboard, wandb, parquet or kafka")
-
-
 def events_from_kafka(settings: Settings, run_id: str) -> list[Any]:
-    """A run's events read from the events topic (as far as its retention reaches), deduplicated."""
-    from schemas import Deduper, decode_events
+    """A run's logged and derived events from its topics (as far as retention reaches), deduplicated."""
+    from schemas import Deduper, decode_aggregates, decode_events
 
     from ._read import read_topic
 
-    codec, dedupe = default_codec(), Deduper()
+    codec, logged, derived = default_codec(), Deduper(), Deduper()
+    key = run_id.encode()
     out: list[Any] = []
     for record in read_topic(settings, settings.topics.events):
-        if record.key == run_id.encode():
-            out.extend(e for e in decode_events(codec, record.value) if dedupe.is_new(e.producer_id, e.seq))
+        if record.key == key:
+            out.extend(e for e in decode_events(codec, record.value) if logged.is_new(e.producer_id, e.seq))
+    for record in read_topic(settings, settings.topics.aggregates):
+        if record.key == key:
+            events = decode_aggregates(codec, record.value).events
+            out.extend(e for e in events if e.seq < 0 or derived.is_new(run_id, e.seq))
     return out
 
 
 def replay_to_sink(
     settings: Settings, runs: Iterable[str], sink: Any, chunk: int = 50_000, source: str = "archive"
-) -> int:
-    """Feed each run's events (archive or events topic) to ``sink``, as live consumption does."""
-    from sinks import read_events
+) -> tuple[int, int]:
+    """Feed each run's logged and derived events (archive or topics) to ``sink``, as live does.
 
+    Idempotent per output: what the sink already holds there (its ``recover``) is skipped, so a
+    second replay into the same place writes nothing. Returns (events read, events written).
+    """
+    from sinks import Feeder, read_events
+
+    feeder = Feeder(sink)
     sink.open()
-    total = 0
+    read = written = 0
     try:
         for run_id in runs:
             if source == "kafka":
                 events = events_from_kafka(settings, run_id)
             else:
-                events = read_events(settings.archive_dir, run_id)
+                events = read_events(settings.archive_dir, run_id, derived=True)
             if not events:
                 where = settings.topics.events if source == "kafka" else settings.archive_dir
                 raise MetricbusError(f"run {run_id!r} is not in {where}")
             for start in range(0, len(events), chunk):
-                sink.write(events[start : start + chunk])
+                fresh = feeder.fresh(events[start : start + chunk])
+                rejected = feeder.write(fresh)
+                for event, reason in rejected:
+                    log.error(
+                        "replay: %s seq %d of run %s not written: %s", event.kind, event.seq, run_id, reason
+                    )
+                written += len(fresh) - len(rejected)
+            sink.derived_complete(run_id)
             sink.flush()
-            total += len(events)
+            read += len(events)
     finally:
         sink.close()
-    return total
+    return read, written
 
 
 def replay_to_kafka(settings: Settings, target: Settings, runs: Iterable[str]) -> int:
-    """Republish archived runs, as EventBatch records keyed by run id, into ``target``'s topics."""
+    """Republish archived runs, as EventBatch records keyed by run id, into ``target``'s topics.
+
+    Only what was logged: the stream worker on the target topics derives the rest again.
+    """
     from kafka import KafkaProducer
 
-    from schemas import client_options
+    from schemas import client_options, encode_events
     from sinks import read_events
 
     ensure_topics(target)
@@ -105,18 +108,13 @@ def replay_to_kafka(settings: Settings, target: Settings, runs: Iterable[str]) -
                 by_producer.setdefault(e.producer_id, []).append(e)
             for producer_id, evs in by_producer.items():
                 for start in range(0, len(evs), 500):
-                    batch = {
-                        "run_id": run_id,
-                        "producer_id": producer_id,
-                        "sdk_version": None,
-                        "events": [
-                            {"seq": e.seq, "ts_ms": e.ts_ms, "body": (e.kind, e.body)}
-                            for e in evs[start : start + 500]
-                        ],
-                    }
-                    producer.send(
-                        target.topics.events, key=run_id.encode(), value=codec.encode("EventBatch", batch)
+                    value = encode_events(
+                        codec,
+                        run_id,
+                        producer_id,
+                        [(e.seq, e.ts_ms, e.kind, e.body) for e in evs[start : start + 500]],
                     )
+                    producer.send(target.topics.events, key=run_id.encode(), value=value)
             total += len(events)
         producer.flush(timeout=60)
     finally:
@@ -150,10 +148,3 @@ def describe_alert(alert: dict[str, Any]) -> str:
     step = "-" if alert["step"] is None else alert["step"]
     what = f"{alert['state']:<9}{alert['rule']} [{alert['severity']}] {alert['metric']}: {alert['message']}"
     return f"{when}Z  step {step:>8}  {what}"
-
-
-def _require(module: str) -> None:
-    try:
-        __import__(module)
-    except ImportError:
-        raise MetricbusError(f"this needs {module}: pip install 'metricbus[{module}]'") from None

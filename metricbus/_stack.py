@@ -1,8 +1,12 @@
 """``metricbus up``: the embedded broker, the topics and every consumer process, supervised.
 
-Children are separate processes (one per sink, later the stream worker), restarted with
-backoff if they crash, and stopped on Ctrl-C / SIGTERM: consumers first (they flush and
-commit), the broker last. Children also get SIGTERM if this process dies (PDEATHSIG).
+Children are separate processes (one per sink, the stream worker, the console alerts),
+each in its own session so a Ctrl-C reaches only ``up``, which stops them in order:
+consumers first (they flush and commit), the broker last. A child that exits with an error
+within ``startup_s`` of starting cannot start (a bad rules file, a missing extra): ``up``
+stops with that child's own error. One that dies later is restarted with backoff, and each
+restart is reported on the terminal with the last lines of its log. Children also get
+SIGTERM if this process dies (PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from schemas import Settings, ensure_topics
+from schemas import MetricbusError, Settings, ensure_topics
 
 from . import _proc
 from ._broker import EmbeddedBroker
@@ -58,13 +63,24 @@ class _Child:
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     next_start: float = 0.0
+    started: float = 0.0
+    ever_ran: bool = False  #: it outlived ``startup_s`` once
 
 
 class Stack:
     """Broker (when local) + topics + consumer processes. start() / run_until(event) / stop()."""
 
-    def __init__(self, settings: Settings, consumers: dict[str, list[str]] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        consumers: dict[str, list[str]] | None = None,
+        startup_s: float = 8.0,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
         self.settings = settings
+        self.startup_s = startup_s
+        #: where restarts are reported for a person (``up`` prints them on stderr)
+        self.report = report or (lambda line: print(line, file=sys.stderr, flush=True))
         self.log_dir = Path(settings.data_dir) / "logs"
         self.broker = (
             EmbeddedBroker(settings.local_port, log_path=self.log_dir / "broker.log")
@@ -90,14 +106,26 @@ class Stack:
 
     def _start(self, child: _Child) -> None:
         child.proc = _proc.spawn(child.argv, log_path=child.log_path, env=self._env)
+        child.started = time.monotonic()
 
     def supervise_once(self) -> None:
-        """Restart any consumer that exited (backoff 1s, doubling to 30s)."""
+        """Restart any consumer that exited (backoff 1s, doubling to 30s), saying so.
+
+        Raises MetricbusError, with the child's last log lines, when a child that never got
+        past its start-up exits with an error: it would only fail the same way again.
+        """
         now = time.monotonic()
         for child in self.children:
+            if child.proc is not None and child.proc.poll() is None and now - child.started >= self.startup_s:
+                child.ever_ran = True
             if child.proc is not None and child.proc.poll() is not None and not self._stopped.is_set():
                 code = child.proc.returncode
                 child.proc = None
+                last = _proc.tail(child.log_path)
+                if code != 0 and not child.ever_ran:
+                    raise MetricbusError(
+                        f"{child.name} cannot start (exit code {code}); the end of {child.log_path}:\n{last}"
+                    )
                 child.restarts += 1
                 delay = min(2 ** (child.restarts - 1), 30)
                 child.next_start = now + delay
@@ -107,6 +135,10 @@ class Stack:
                     code,
                     delay,
                     child.log_path,
+                )
+                self.report(
+                    f"metricbus up: {child.name} exited with code {code} "
+                    f"(restart {child.restarts}, in {delay}s); the end of {child.log_path}:\n{last}"
                 )
             if child.proc is None and now >= child.next_start and not self._stopped.is_set():
                 self._start(child)
@@ -118,9 +150,17 @@ class Stack:
             )
 
     def run_until(self, stop: threading.Event) -> None:
-        """Supervise until ``stop`` is set."""
+        """Supervise until ``stop`` is set (raises MetricbusError if a child cannot start)."""
         while not stop.wait(0.5):
             self.supervise_once()
+
+    def wait_started(self, stop: threading.Event | None = None) -> None:
+        """Supervise until every child has outlived its start-up (or failed to start: raises)."""
+        while not all(c.ever_ran for c in self.children):
+            if stop is not None and stop.is_set():
+                return
+            self.supervise_once()
+            time.sleep(0.2)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop consumers (they flush and commit), then the broker. Idempotent."""

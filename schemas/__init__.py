@@ -6,6 +6,7 @@ ours: producers, stream_jobs, sinks and the metricbus face all build on it.
 
 from ._bodies import run_started
 from ._codec import HEADER_SIZE, MAGIC, Codec, default_codec
+from ._deadletter import DeadLetter, dead_letter
 from ._dedupe import Deduper, Interval, SeqSet
 from ._errors import (
     BadMagicError,
@@ -28,11 +29,26 @@ from ._events import (
     RUN_FINISHED,
     RUN_STARTED,
     TABLE,
+    DerivedRecord,
     Event,
     decode_aggregates,
     decode_events,
+    derived_event_count,
+    encode_aggregates,
+    encode_event,
+    encode_events,
 )
-from ._kafka import client_options, consumer_group_options, ensure_topics, fetch_options, ssl_context
+from ._files import Ledger, atomic_write, fsync_dir
+from ._kafka import (
+    MAX_RECORD_BYTES,
+    client_options,
+    consumer_group_options,
+    ensure_topics,
+    fetch_options,
+    make_consumer,
+    make_producer,
+    ssl_context,
+)
 from ._names import check_run_id, path_segment
 from ._registry import SCHEMA_DIR, SchemaVersion, crc64_avro, load_versions
 from ._settings import Settings, Topics
@@ -42,6 +58,7 @@ __all__ = [
     "HEARTBEAT",
     "HISTOGRAM",
     "MAGIC",
+    "MAX_RECORD_BYTES",
     "METRICS",
     "RUN_FINISHED",
     "RUN_STARTED",
@@ -52,7 +69,10 @@ __all__ = [
     "BrokerError",
     "Codec",
     "ConfigError",
+    "DeadLetter",
     "Deduper",
+    "DerivedRecord",
+    "Ledger",
     "Event",
     "Interval",
     "SeqSet",
@@ -71,7 +91,16 @@ __all__ = [
     "client_options",
     "consumer_group_options",
     "fetch_options",
+    "atomic_write",
     "crc64_avro",
+    "dead_letter",
+    "make_consumer",
+    "make_producer",
+    "derived_event_count",
+    "encode_aggregates",
+    "encode_event",
+    "encode_events",
+    "fsync_dir",
     "decode_aggregates",
     "decode_events",
     "default_codec",

@@ -1,7 +1,12 @@
-"""Decoded events as sinks see them: one flat tuple per event, envelope fields included."""
+"""Events as every component sees them: one flat tuple per event, envelope fields included.
+
+The one home of the records' shapes: :func:`encode_events` / :func:`decode_events` for the
+events topic, :func:`encode_aggregates` / :func:`decode_aggregates` for the aggregates topic.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ._codec import Codec
@@ -15,6 +20,10 @@ RUN_FINISHED = "metricbus.RunFinished"
 HEARTBEAT = "metricbus.Heartbeat"
 TABLE = "metricbus.Table"
 
+#: producer_id of the events decoded from the aggregates topic (derived series). Their seqs
+#: count per run (not per producer, as logged events' do): deduplicate them by (run, seq).
+DERIVED_PRODUCER = "metricbus.stream"
+
 
 class Event(NamedTuple):
     """One event of the events topic, with where it came from."""
@@ -26,6 +35,31 @@ class Event(NamedTuple):
     kind: str  #: full Avro name of the body, e.g. "metricbus.Metrics"
     body: dict[str, Any]
     fingerprint: bytes  #: writer schema of the record it arrived in
+
+
+def encode_events(
+    codec: Codec,
+    run_id: str,
+    producer_id: str,
+    events: Iterable[tuple[int, int, str, dict[str, Any]]],
+    sdk_version: str | None = None,
+) -> bytes:
+    """One EventBatch record from ``(seq, ts_ms, kind, body)`` tuples of one producer of one run.
+
+    Raises EncodeError (naming the schema) when a body does not fit its kind.
+    """
+    batch = {
+        "run_id": run_id,
+        "producer_id": producer_id,
+        "sdk_version": sdk_version,
+        "events": [{"seq": s, "ts_ms": t, "body": (k, b)} for s, t, k, b in events],
+    }
+    return codec.encode("EventBatch", batch)
+
+
+def encode_event(codec: Codec, event: Event) -> bytes:
+    """One event as an EventBatch record of its own (archive payloads, dead letters)."""
+    return encode_events(codec, event.run_id, event.producer_id, [event[2:6]])  # type: ignore[list-item]
 
 
 def decode_events(codec: Codec, value: bytes) -> list[Event]:
@@ -43,37 +77,87 @@ def decode_events(codec: Codec, value: bytes) -> list[Event]:
     ]
 
 
-#: producer_id of events decoded from the aggregates topic (derived series): they carry no
-#: seq of their own, so sinks neither deduplicate nor track them.
-DERIVED_PRODUCER = "metricbus.stream"
+def derived_event_count(
+    step_epochs: Iterable[tuple[int, int | None]], histograms: Sequence[Any] = (), tables: Sequence[Any] = ()
+) -> int:
+    """How many events (so how many seqs) an AggregateBatch decodes into.
+
+    ``step_epochs``: the (step, epoch) of each of its points; one Metrics event per distinct pair.
+    """
+    return len(set(step_epochs)) + len(histograms) + len(tables)
 
 
-def decode_aggregates(codec: Codec, value: bytes, offset: int = 0) -> list[Event]:
+def encode_aggregates(
+    codec: Codec,
+    run_id: str,
+    points: Sequence[Mapping[str, Any]],
+    histograms: Sequence[Mapping[str, Any]] = (),
+    tables: Sequence[Mapping[str, Any]] = (),
+    *,
+    first_seq: int,
+    closes_run: bool = False,
+) -> bytes:
+    """One AggregateBatch record; its events are numbered from ``first_seq`` (see the schema)."""
+    record = {
+        "run_id": run_id,
+        "points": list(points),
+        "histograms": list(histograms),
+        "tables": list(tables),
+        "first_seq": first_seq,
+        "closes_run": closes_run,
+    }
+    return codec.encode("AggregateBatch", record)
+
+
+class DerivedRecord(NamedTuple):
+    """One AggregateBatch record, decoded: its events and what the record says of the run."""
+
+    run_id: str
+    events: list[Event]
+    #: the worker's output for the run's RunFinished: the run's derived series are complete
+    closes_run: bool
+    #: False for v1/v2 records: their events have seq -1 and cannot be deduplicated
+    identified: bool
+
+
+def decode_aggregates(codec: Codec, value: bytes) -> DerivedRecord:
     """Decode one AggregateBatch record into events that sinks take like logged ones.
 
-    Points become Metrics events, one per (step, epoch); each derived histogram a Histogram
-    event and each derived table a Table event.
+    Points become Metrics events, one per (step, epoch) in order of first appearance; then
+    each derived histogram a Histogram event and each derived table a Table event. Event i
+    has seq ``first_seq + i`` (``-1`` for records written before v3).
     """
     name, batch = codec.decode(value)
     if name != "AggregateBatch":
         raise SchemaError(f"expected an AggregateBatch record on the aggregates topic, got a {name}")
     run_id = batch["run_id"]
+    first = batch["first_seq"]
     fingerprint = bytes(value[2:10])
-    by_step: dict[tuple[int, int | None], Event] = {}
+    by_step: dict[tuple[int, int | None], dict[str, Any]] = {}
+    stamps: dict[tuple[int, int | None], int] = {}
     for p in batch["points"]:
         key = (p["step"], p["epoch"])
-        event = by_step.get(key)
-        if event is None:
-            body = {"step": p["step"], "epoch": p["epoch"], "rank": 0, "scalars": {}, "samples": {}}
-            event = by_step[key] = Event(
-                run_id, DERIVED_PRODUCER, offset, p["ts_ms"], METRICS, body, fingerprint
-            )
-        event.body["scalars"][p["name"]] = p["value"]
-    out = list(by_step.values())
-    for h in batch["histograms"]:  # v1 records read as v2: empty
+        body = by_step.get(key)
+        if body is None:
+            body = by_step[key] = {
+                "step": p["step"],
+                "epoch": p["epoch"],
+                "rank": 0,
+                "scalars": {},
+                "samples": {},
+            }
+            stamps[key] = p["ts_ms"]
+        body["scalars"][p["name"]] = p["value"]
+    parts: list[tuple[int, str, dict[str, Any]]] = [(stamps[k], METRICS, b) for k, b in by_step.items()]
+    for h in batch["histograms"]:  # v1 records read as v2+: empty
         body = {"step": h["step"], "name": h["name"], "edges": h["edges"], "counts": h["counts"], "rank": 0}
-        out.append(Event(run_id, DERIVED_PRODUCER, offset, h["ts_ms"], HISTOGRAM, body, fingerprint))
+        parts.append((h["ts_ms"], HISTOGRAM, body))
     for t in batch["tables"]:
         body = {"step": t["step"], "name": t["name"], "columns": t["columns"], "rows": t["rows"]}
-        out.append(Event(run_id, DERIVED_PRODUCER, offset, t["ts_ms"], TABLE, body, fingerprint))
-    return out
+        parts.append((t["ts_ms"], TABLE, body))
+    identified = first >= 0
+    events = [
+        Event(run_id, DERIVED_PRODUCER, first + i if identified else -1, ts, kind, body, fingerprint)
+        for i, (ts, kind, body) in enumerate(parts)
+    ]
+    return DerivedRecord(run_id, events, batch["closes_run"], identified)

@@ -98,3 +98,52 @@ def ensure_topics(settings: Settings, timeout_s: float = 10.0) -> list[str]:
         raise BrokerError(f"creating topics on {settings.bootstrap_servers} failed: {exc}") from exc
     finally:
         admin.close()
+
+
+#: The largest record metricbus writes or reads (the producer caps its batches below it);
+#: a topic on a real cluster needs ``max.message.bytes`` at least this large.
+MAX_RECORD_BYTES = 8 * 1024 * 1024
+
+
+def make_consumer(
+    settings: Settings,
+    *topics: str,
+    group_id: str | None = None,
+    client_id: str = "metricbus",
+    **overrides: Any,
+) -> Any:
+    """The one aiokafka consumer set-up: security, fetch wait, group timeouts, manual commits.
+
+    With ``group_id`` it joins that group (subscribe to ``topics``); without, assign
+    partitions yourself. Reads from the earliest offset when the group has none.
+    """
+    from aiokafka import AIOKafkaConsumer
+
+    opts: dict[str, Any] = {
+        **client_options(settings),
+        **fetch_options(settings),
+        "client_id": client_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "max_partition_fetch_bytes": MAX_RECORD_BYTES + 64 * 1024,
+        "fetch_max_bytes": 4 * (MAX_RECORD_BYTES + 64 * 1024),
+    }
+    if group_id is not None:
+        opts.update(consumer_group_options(settings), group_id=group_id, metadata_max_age_ms=5000)
+    opts.update(overrides)
+    return AIOKafkaConsumer(*topics, **opts)
+
+
+def make_producer(settings: Settings, client_id: str = "metricbus", **overrides: Any) -> Any:
+    """The one aiokafka producer set-up (acks=1; records up to MAX_RECORD_BYTES)."""
+    from aiokafka import AIOKafkaProducer
+
+    opts: dict[str, Any] = {
+        **client_options(settings),
+        "client_id": client_id,
+        "enable_idempotence": False,
+        "acks": 1,
+        "max_request_size": MAX_RECORD_BYTES + 64 * 1024,
+    }
+    opts.update(overrides)
+    return AIOKafkaProducer(**opts)

@@ -1,19 +1,24 @@
-"""Sink consumers: a small runtime and one module per sink (parquet, tensorboard, alerts)."""
+"""Sink consumers: a small runtime and one module per sink (parquet, tensorboard, wandb, alerts)."""
 
 from ._archive import SCHEMA as ARCHIVE_SCHEMA
 from ._archive import read_events, read_table, run_dir, summary, tidy
+from ._factory import KINDS as SINK_KINDS
+from ._factory import make_sink
 from ._protocol import Sink
-from ._runtime import SinkRunner, SinkStats
+from ._runtime import Feeder, SinkRunner, SinkStats
 from .parquet import ParquetArchive
 from .tensorboard import TensorBoardSink
 
 __all__ = [
     "ARCHIVE_SCHEMA",
+    "SINK_KINDS",
+    "Feeder",
     "ParquetArchive",
     "Sink",
     "SinkRunner",
     "SinkStats",
     "TensorBoardSink",
+    "make_sink",
     "read_events",
     "read_table",
     "run_dir",

@@ -97,18 +97,21 @@ def _current(paths: list[Path]) -> list[Path]:
     return [p for p in paths if p not in stale]
 
 
-def read_events(archive: Path, run_id: str, codec: Codec | None = None) -> list[Event]:
+def read_events(archive: Path, run_id: str, codec: Codec | None = None, derived: bool = False) -> list[Event]:
     """The run's events, rebuilt losslessly from the archive, in (producer_id, seq) order.
 
     Metrics events come back from their rows (one per scalar or sample array); every other
-    event from its ``payload``. This is what replay feeds to sinks and back-tests: what was
-    logged, without the derived series archived beside it (producer ``metricbus.stream``).
+    event from its ``payload``. By default what was logged, without the derived series
+    archived beside it (producer ``metricbus.stream``): what back-tests and a republish to
+    Kafka feed the stream job. ``derived=True`` adds them, with their identities: what a
+    replay into a sink writes, so it shows what live consumption showed.
     """
     import pyarrow.compute as pc
 
     codec = codec or default_codec()
     table = read_table(archive, run_id)
-    table = table.filter(pc.not_equal(table["producer_id"], DERIVED_PRODUCER))
+    if not derived:
+        table = table.filter(pc.not_equal(table["producer_id"], DERIVED_PRODUCER))
     events: list[Event] = []
     current: tuple[str, int] | None = None
     body: dict[str, Any] = {}

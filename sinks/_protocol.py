@@ -1,10 +1,15 @@
 """The contract every sink implements (one module per sink; no sink imports another).
 
-Guarantee the runtime gives a sink: ``write`` sees each (producer_id, seq) at most once per
-process, in partition order, and offsets are committed only after ``flush`` returned. So a
-sink must make everything written so far durable before ``flush`` returns, and report in
-``recover`` what it already holds durably, so that events re-delivered after a crash are
-recognised as duplicates.
+Guarantee the runtime gives a sink: ``write`` sees each event identity at most once per
+process (``(producer_id, seq)`` for logged events; ``(run_id, seq)`` under producer
+``DERIVED_PRODUCER`` for derived ones), in partition order, and offsets are committed only
+after ``flush`` returned. So a sink must make everything written so far durable before
+``flush`` returns, and report in ``recover`` what it already holds durably, derived seqs
+included, so that events re-delivered after a crash are recognised as duplicates.
+
+A sink never raises from ``write`` for an event its output cannot take: it writes what it
+can of it (e.g. a histogram of the finite samples) and returns the rest with the reason; the
+runtime dead-letters those and goes on.
 """
 
 from __future__ import annotations
@@ -27,8 +32,11 @@ class Sink(Protocol):
     def recover(self, run_id: str) -> Mapping[str, Sequence[Interval]]:
         """Seqs this sink already holds durably for ``run_id``: {producer_id: intervals}."""
 
-    def write(self, events: Sequence[Event]) -> None:
-        """Buffer events (already decoded and deduplicated)."""
+    def write(self, events: Sequence[Event]) -> Sequence[tuple[Event, str]] | None:
+        """Buffer events (already decoded and deduplicated); return those it cannot take, and why."""
+
+    def derived_complete(self, run_id: str) -> None:
+        """The stream worker has published every derived event of ``run_id`` (after its RunFinished)."""
 
     def pending(self) -> int:
         """Events buffered since the last flush."""

@@ -1,10 +1,13 @@
 """The sink consumer runtime: poll, decode, deduplicate, write, flush, then commit.
 
 One consumer group per sink. Offsets are committed only after the sink's flush returned
-(durable), so a crash re-delivers at most what was not yet durable; ``(producer_id, seq)``
-then drops what the sink already held. A record that cannot be decoded goes to the
-dead-letter topic (reason in its headers) and the sink goes on. A failing flush is retried
-with backoff, consuming nothing meanwhile; nothing is committed past data not yet durable.
+(durable), so a crash re-delivers at most what was not yet durable; the events' identities
+then drop what the sink already held: ``(producer_id, seq)`` for logged events, ``(run,
+seq)`` for derived ones (see ``schemas.decode_aggregates``). No single record stops a sink:
+one that cannot be decoded, or an event the sink's library rejects, goes to the dead-letter
+topic with the reason in its headers, is counted and logged, and the sink goes on. A failing
+flush is retried with backoff, consuming nothing meanwhile; nothing is committed past data
+not yet durable.
 """
 
 from __future__ import annotations
@@ -13,20 +16,23 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from schemas import (
+    DERIVED_PRODUCER,
     Codec,
     Deduper,
     Event,
     SchemaError,
     Settings,
-    client_options,
-    consumer_group_options,
+    dead_letter,
     decode_aggregates,
     decode_events,
     default_codec,
-    fetch_options,
+    encode_event,
+    make_consumer,
+    make_producer,
 )
 
 from ._protocol import Sink
@@ -43,9 +49,87 @@ class SinkStats:
     written: int = 0
     duplicates: int = 0
     deadlettered: int = 0
+    rejected: int = 0
     flushes: int = 0
     flush_failures: int = 0
     commits: int = 0
+
+
+class Feeder:
+    """Decode, deduplicate and hand events to a sink: what live consumption and replay share.
+
+    Remembers what the sink already holds (its ``recover``) the first time it sees a run.
+    """
+
+    def __init__(self, sink: Sink, codec: Codec | None = None) -> None:
+        self.sink = sink
+        self.codec = codec or default_codec()
+        self.logged = Deduper()  #: by producer_id (a producer's seqs are its own)
+        self.derived = Deduper()  #: by run_id (derived seqs count per run)
+        self._known_runs: set[str] = set()
+
+    @property
+    def duplicates(self) -> int:
+        """Events dropped because the sink already had them."""
+        return self.logged.duplicates + self.derived.duplicates
+
+    def known(self, run_id: str) -> None:
+        """Load what the sink holds of ``run_id`` (once per run)."""
+        if run_id in self._known_runs:
+            return
+        self._known_runs.add(run_id)
+        for producer, intervals in self.sink.recover(run_id).items():
+            if producer == DERIVED_PRODUCER:
+                self.derived.load(run_id, intervals)
+            else:
+                self.logged.load(producer, intervals)
+
+    def fresh(self, events: Sequence[Event]) -> list[Event]:
+        """The events (logged or derived) the sink does not hold yet."""
+        out = []
+        for e in events:
+            self.known(e.run_id)
+            if e.producer_id == DERIVED_PRODUCER:
+                if e.seq < 0 or self.derived.is_new(e.run_id, e.seq):
+                    out.append(e)
+            elif self.logged.is_new(e.producer_id, e.seq):
+                out.append(e)
+        return out
+
+    def fresh_derived(self, run_id: str, events: Sequence[Event], identified: bool) -> list[Event]:
+        """Derived events of one record, unless the sink holds them (a record is all or none)."""
+        if not events or not identified:  # records written before v3: no identity to check
+            return list(events)
+        self.known(run_id)
+        if self.derived.add_range(run_id, events[0].seq, events[-1].seq):
+            return list(events)
+        self.derived.duplicates += len(events)
+        return []
+
+    def write(self, events: Sequence[Event]) -> list[tuple[Event, str]]:
+        """Hand events to the sink; return the ones it could not take, with the reason.
+
+        A sink reports an event it cannot take by returning it from ``write``; one whose
+        ``write`` raises anyway is retried an event at a time so the rest still land.
+        """
+        if not events:
+            return []
+        try:
+            return list(self.sink.write(events) or ())
+        except Exception as exc:  # noqa: BLE001 - one bad event must not stop the sink
+            log.error(
+                "sink %s: write of %d events failed (%s); retrying one by one",
+                self.sink.name,
+                len(events),
+                exc,
+            )
+        rejected: list[tuple[Event, str]] = []
+        for e in events:
+            try:
+                rejected.extend(self.sink.write([e]) or ())
+            except Exception as exc:  # noqa: BLE001 - dead-lettered with the reason
+                rejected.append((e, f"{type(exc).__name__}: {exc}"))
+        return rejected
 
 
 class SinkRunner:
@@ -64,16 +148,15 @@ class SinkRunner:
     ) -> None:
         self.sink = sink
         self.settings = settings
-        #: Topics consumed: the events topic (deduplicated by (producer_id, seq)) and, for sinks
-        #: that show derived series, the aggregates topic.
+        #: Topics consumed: the events topic and, for sinks that show derived series, the
+        #: aggregates topic.
         self.topics = topics or [settings.topics.events]
         self.group_id = group_id or f"{settings.topic_prefix}sink.{sink.name}"
         self.flush_interval_s = flush_interval_s
         self.max_pending_events = max_pending_events
         self.codec = codec or default_codec()
         self.stats = SinkStats()
-        self.dedupe = Deduper()
-        self._known_runs: set[str] = set()
+        self.feeder = Feeder(sink, self.codec)
         self._stopping = asyncio.Event()
         self._consumer: Any = None
         self._producer: Any = None
@@ -87,7 +170,6 @@ class SinkRunner:
 
     async def run(self) -> SinkStats:
         """Consume until stop(); always flushes and commits what it wrote before returning."""
-        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
         from aiokafka.abc import ConsumerRebalanceListener
 
         runner = self
@@ -100,28 +182,16 @@ class SinkRunner:
                 log.info("sink %s assigned %s", runner.sink.name, sorted(str(tp) for tp in assigned))
 
         self.sink.open()
-        self._consumer = AIOKafkaConsumer(
-            **client_options(self.settings),
-            **consumer_group_options(self.settings),
-            **fetch_options(self.settings),
-            group_id=self.group_id,
-            client_id=f"metricbus-sink-{self.sink.name}",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_partition_fetch_bytes=8 * 1024 * 1024,
-            metadata_max_age_ms=5000,
+        name = self.sink.name
+        self._consumer = make_consumer(
+            self.settings, group_id=self.group_id, client_id=f"metricbus-sink-{name}"
         )
-        self._producer = AIOKafkaProducer(
-            **client_options(self.settings),
-            client_id=f"metricbus-sink-{self.sink.name}-dlq",
-            enable_idempotence=False,
-            acks=1,
-        )
-        await self._consumer.start()
-        await self._producer.start()
-        self._consumer.subscribe(self.topics, listener=_Listener())
-        log.info("sink %s consuming %s as group %s", self.sink.name, ", ".join(self.topics), self.group_id)
+        self._producer = make_producer(self.settings, client_id=f"metricbus-sink-{name}-dlq")
         try:
+            await self._consumer.start()
+            await self._producer.start()
+            self._consumer.subscribe(self.topics, listener=_Listener())
+            log.info("sink %s consuming %s as group %s", name, ", ".join(self.topics), self.group_id)
             while not self._stopping.is_set():
                 batches = await self._consumer.getmany(timeout_ms=200, max_records=5000)
                 for tp, records in batches.items():
@@ -143,29 +213,38 @@ class SinkRunner:
 
     async def _process(self, records: list[Any]) -> None:
         fresh: list[Event] = []
+        closing: list[str] = []
+        feeder = self.feeder
         for record in records:
             self.stats.records += 1
-            derived = record.topic == self.settings.topics.aggregates
             try:
-                if derived:
-                    fresh.extend(decode_aggregates(self.codec, record.value, record.offset))
+                if record.topic == self.settings.topics.aggregates:
+                    derived = decode_aggregates(self.codec, record.value)
+                    fresh.extend(feeder.fresh_derived(derived.run_id, derived.events, derived.identified))
+                    if derived.closes_run:
+                        closing.append(derived.run_id)
                     continue
                 events = decode_events(self.codec, record.value)
             except SchemaError as exc:
-                await self._deadletter(record, exc)
+                await self._deadletter(record.value, record.key, f"{type(exc).__name__}: {exc}", record)
                 continue
             self.stats.events += len(events)
-            for event in events:
-                if event.run_id not in self._known_runs:
-                    self._known_runs.add(event.run_id)
-                    for producer, intervals in self.sink.recover(event.run_id).items():
-                        self.dedupe.load(producer, intervals)
-                if self.dedupe.is_new(event.producer_id, event.seq):
-                    fresh.append(event)
-        self.stats.duplicates = self.dedupe.duplicates
+            fresh.extend(feeder.fresh(events))
+        self.stats.duplicates = feeder.duplicates
         if fresh:
-            self.sink.write(fresh)
-            self.stats.written += len(fresh)
+            rejected = feeder.write(fresh)
+            self.stats.written += len(fresh) - len(rejected)
+            for event, reason in rejected:
+                self.stats.rejected += 1
+                await self._deadletter(self._event_bytes(event), event.run_id.encode(), reason, None)
+        for run_id in closing:
+            self.sink.derived_complete(run_id)
+
+    def _event_bytes(self, event: Event) -> bytes:
+        try:
+            return encode_event(self.codec, event)
+        except SchemaError:
+            return repr(event)[:4096].encode()
 
     async def _flush_and_commit(self) -> None:
         backoff = 0.5
@@ -183,6 +262,8 @@ class SinkRunner:
                     exc,
                     backoff,
                 )
+                if self._stopping.is_set():
+                    return  # stopping: what was not flushed is re-delivered to the next process
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
         self._last_flush = time.monotonic()
@@ -200,7 +281,7 @@ class SinkRunner:
         self._report_gaps()
 
     def _report_gaps(self) -> None:
-        for producer, missing in self.dedupe.gaps().items():
+        for producer, missing in self.feeder.logged.gaps().items():
             if self._gaps_reported.get(producer) != missing:
                 self._gaps_reported[producer] = missing
                 log.warning(
@@ -210,31 +291,36 @@ class SinkRunner:
                     missing,
                 )
 
-    async def _deadletter(self, record: Any, exc: SchemaError) -> None:
+    async def _deadletter(self, value: bytes | None, key: bytes | None, reason: str, record: Any) -> None:
+        """Send what the sink could not take to the dead-letter topic, with the reason."""
         self.stats.deadlettered += 1
-        reason = f"{type(exc).__name__}: {exc}"
+        topic, partition, offset = (
+            (record.topic, record.partition, record.offset) if record else ("-", -1, -1)
+        )
+        where = f"{topic}[{partition}]@{offset}" if record else "an event"
         log.error(
-            "sink %s: record %s[%d]@%d is undecodable (%s); sent to %s",
+            "sink %s: %s cannot be taken (%s); sent to %s",
             self.sink.name,
-            record.topic,
-            record.partition,
-            record.offset,
+            where,
             reason,
             self.settings.topics.deadletter,
         )
-        headers = [
-            ("metricbus.reason", reason.encode()),
-            ("metricbus.source", f"{record.topic}/{record.partition}/{record.offset}".encode()),
-            ("metricbus.consumer", self.group_id.encode()),
-        ]
+        letter = dead_letter(
+            value, key, reason, topic=topic, partition=partition, offset=offset, consumer=self.group_id
+        )
         backoff = 0.5
         while True:
             try:
                 await self._producer.send_and_wait(
-                    self.settings.topics.deadletter, value=record.value, key=record.key, headers=headers
+                    self.settings.topics.deadletter,
+                    value=letter.value,
+                    key=letter.key,
+                    headers=letter.headers,
                 )
                 return
             except Exception as send_exc:  # noqa: BLE001 - never commit past a record we did not keep
                 log.error("dead-letter send failed (%s); retrying in %.1fs", send_exc, backoff)
+                if self._stopping.is_set():
+                    raise
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)

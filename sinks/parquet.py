@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -34,7 +33,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Codec, Event, Interval, SeqSet, default_codec
+from schemas import (
+    METRICS,
+    RUN_FINISHED,
+    RUN_STARTED,
+    Codec,
+    Event,
+    Interval,
+    SeqSet,
+    atomic_write,
+    default_codec,
+    encode_event,
+    fsync_dir,
+)
 
 from ._archive import (
     FORMAT_KEY,
@@ -124,7 +135,7 @@ class ParquetArchive:
         return held
 
     def write(self, events: Sequence[Event]) -> None:
-        """Buffer events as rows (no I/O)."""
+        """Buffer events as rows (no I/O); every event fits a row, so none is refused."""
         for e in events:
             buf = self._buffers.get(e.run_id)
             if buf is None:
@@ -138,7 +149,8 @@ class ParquetArchive:
             seqs = buf.seqs.get(e.producer_id)
             if seqs is None:
                 seqs = buf.seqs[e.producer_id] = SeqSet()
-            seqs.add(e.seq)
+            if e.seq >= 0:  # derived events of records before v3 have no identity
+                seqs.add(e.seq)
             if e.kind == METRICS and (body["scalars"] or body["samples"]):
                 buf.step.append(body["step"])
                 buf.epoch.append(body["epoch"])
@@ -182,6 +194,9 @@ class ParquetArchive:
             self._maybe_compact(directory, finished=buf.finished)
         self._events = 0
 
+    def derived_complete(self, run_id: str) -> None:
+        """Nothing to do: every row is final once written."""
+
     def close(self) -> None:
         """Nothing stays open between flushes."""
 
@@ -200,13 +215,7 @@ class ParquetArchive:
         return directory
 
     def _payload(self, e: Event) -> bytes:
-        batch = {
-            "run_id": e.run_id,
-            "producer_id": e.producer_id,
-            "sdk_version": None,
-            "events": [{"seq": e.seq, "ts_ms": e.ts_ms, "body": (e.kind, e.body)}],
-        }
-        return self.codec.encode("EventBatch", batch)
+        return encode_event(self.codec, e)
 
     def _maybe_compact(self, directory: Path, finished: bool) -> None:
         parts = sorted(directory.glob("part-*.parquet"))
@@ -231,7 +240,7 @@ class ParquetArchive:
         self._write_file(directory, merged, seqs, prefix="compacted", replaces=[f.name for f in files])
         for path in files:
             path.unlink()
-        _fsync_dir(directory)
+        fsync_dir(directory)
         self.compactions += 1
 
     def _write_file(
@@ -249,12 +258,14 @@ class ParquetArchive:
         if replaces:
             metadata[REPLACES_KEY] = json.dumps(list(replaces)).encode()
         table = table.replace_schema_metadata(metadata)
-        directory.mkdir(parents=True, exist_ok=True)
         name = f"{prefix}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}.parquet"
-        tmp = directory / f".{name}.tmp"
+        atomic_write(directory / name, lambda tmp: self._write_parquet(table, tmp))
+        self.files_written += 1
+
+    def _write_parquet(self, table: pa.Table, path: Path) -> None:
         pq.write_table(
             table,
-            tmp,
+            path,
             compression="zstd",
             compression_level=9,
             row_group_size=self.max_rows_per_file,
@@ -266,14 +277,6 @@ class ParquetArchive:
                 "step": "DELTA_BINARY_PACKED",
             },
         )
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, directory / name)
-        _fsync_dir(directory)
-        self.files_written += 1
 
     def _table(self, run_id: str, buf: _RunBuffer) -> pa.Table:
         reps = np.asarray(buf.rows_per_event, dtype=np.int64)
@@ -302,11 +305,3 @@ class ParquetArchive:
 
 # Series together: a metric's consecutive values compress far better than interleaved ones.
 _ORDER = [("name", "ascending"), ("producer_id", "ascending"), ("seq", "ascending")]
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

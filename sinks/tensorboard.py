@@ -7,9 +7,13 @@ scalars layout grouping seed 004's metric groups. Values are float32 (``simple_v
 as TensorBoard itself stores them.
 
 Durability: records are appended to an event file of our own (TensorBoard's record format)
-and fsynced at ``flush``; the (producer_id, seq) pairs written are then saved beside it, so
-a restarted sink drops re-delivered events. A crash between the two can repeat the events
-of one flush interval (at-least-once).
+and fsynced at ``flush``; the identities written (logged and derived) are then saved beside
+it in a ledger, so a restarted sink drops re-delivered events. A crash between the two can
+repeat the events of one flush interval (at-least-once).
+
+A run whose first event here is not its RunStarted (a derived point can overtake it: they
+come from another topic) starts under ``_unknown/``; its RunStarted moves the directory to
+its project.
 
 Names: TensorBoard tags keep letters, digits, ``_ - / .``; any other character becomes ``_`` and, so that two
 names never merge, the tag gets ``~`` and 6 hex digits of the original name's hash.
@@ -29,7 +33,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from schemas import (
-    DERIVED_PRODUCER,
     HISTOGRAM,
     METRICS,
     RUN_FINISHED,
@@ -37,7 +40,7 @@ from schemas import (
     TABLE,
     Event,
     Interval,
-    SeqSet,
+    Ledger,
     check_run_id,
     path_segment,
 )
@@ -45,6 +48,7 @@ from schemas import (
 log = logging.getLogger("metricbus.sink.tensorboard")
 _SAFE = re.compile(r"[^-/\w.]")
 SEQS_FILE = ".metricbus-seqs.json"
+UNKNOWN_PROJECT = "_unknown"
 
 #: Seed 004's metric groups, as a custom-scalars layout (category -> chart -> tag regexes).
 LAYOUT = {
@@ -87,7 +91,7 @@ class _RunWriter:
         self._records = RecordWriter(self._file)
         self._event = event_pb2.Event
         self.write(self._event(wall_time=time.time(), file_version="brain.Event:2"))
-        self.seqs: dict[str, SeqSet] = {}
+        self.ledger = Ledger(directory / SEQS_FILE).load()
         self.dirty = False
 
     def write(self, event: Any) -> None:
@@ -98,10 +102,8 @@ class _RunWriter:
         if self.dirty:
             self._file.flush()
             os.fsync(self._file.fileno())
-            tmp = self.directory / (SEQS_FILE + ".tmp")
-            tmp.write_text(json.dumps({p: s.intervals() for p, s in self.seqs.items()}))
-            os.replace(tmp, self.directory / SEQS_FILE)
             self.dirty = False
+        self.ledger.save()
 
     def close(self) -> None:
         self.flush()
@@ -128,58 +130,71 @@ class TensorBoardSink:
         return self.root / path_segment(project) / label
 
     def recover(self, run_id: str) -> Mapping[str, Sequence[Interval]]:
-        """Seqs already written for the run (from the sidecar file of each of its directories)."""
+        """Identities already written for the run (from the ledger of each of its directories)."""
         check_run_id(run_id)
         held: dict[str, list[Interval]] = {}
         for path in self.root.glob(f"*/*{run_id}/{SEQS_FILE}"):
-            for producer, intervals in json.loads(path.read_text()).items():
-                held.setdefault(producer, []).extend((a, b) for a, b in intervals)
+            for producer, intervals in Ledger.read(path).items():
+                held.setdefault(producer, []).extend(intervals)
         return held
 
-    def write(self, events: Sequence[Event]) -> None:
-        """Turn events into TensorBoard records (buffered in the OS until flush)."""
-        from tensorboard.compat.proto import event_pb2, summary_pb2
+    def write(self, events: Sequence[Event]) -> list[tuple[Event, str]]:
+        """Turn events into TensorBoard records (buffered in the OS until flush).
 
+        Returns the events TensorBoard's protobufs refused, with the reason.
+        """
+        rejected = []
         for e in events:
             writer = self._writer(e)
-            if e.producer_id != DERIVED_PRODUCER:  # derived series carry no seq to track
-                seqs = writer.seqs.get(e.producer_id)
-                if seqs is None:
-                    seqs = writer.seqs[e.producer_id] = SeqSet()
-                seqs.add(e.seq)
-            wall = e.ts_ms / 1000
-            body = e.body
-            if e.kind == METRICS:
-                values = [
-                    summary_pb2.Summary.Value(tag=tag(k), simple_value=v) for k, v in body["scalars"].items()
-                ]
-                values += [_histogram_value(k, v) for k, v in body["samples"].items() if v]
-                if values:
-                    writer.write(
-                        event_pb2.Event(
-                            wall_time=wall, step=body["step"], summary=summary_pb2.Summary(value=values)
-                        )
-                    )
-            elif e.kind == HISTOGRAM:
+            try:
+                self._write(writer, e)
+            except (ValueError, TypeError, OverflowError, KeyError) as exc:
+                rejected.append(
+                    (e, f"tensorboard cannot take this {e.kind} event: {type(exc).__name__}: {exc}")
+                )
+                continue
+            writer.ledger.add(e.producer_id, e.seq)
+            self._pending += 1
+        return rejected
+
+    def derived_complete(self, run_id: str) -> None:
+        """Nothing to do: every event is final once written."""
+
+    def _write(self, writer: _RunWriter, e: Event) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        wall = e.ts_ms / 1000
+        body = e.body
+        if e.kind == METRICS:
+            values = [
+                summary_pb2.Summary.Value(tag=tag(k), simple_value=v) for k, v in body["scalars"].items()
+            ]
+            values += [_histogram_value(k, v) for k, v in body["samples"].items() if v]
+            if values:
                 writer.write(
                     event_pb2.Event(
-                        wall_time=wall,
-                        step=body["step"],
-                        summary=summary_pb2.Summary(
-                            value=[_histogram_from_bins(body["name"], body["edges"], body["counts"])]
-                        ),
+                        wall_time=wall, step=body["step"], summary=summary_pb2.Summary(value=values)
                     )
                 )
-            elif e.kind == TABLE:
-                writer.write(_text_event(wall, body["step"], tag(body["name"]), _markdown_table(body)))
-            elif e.kind == RUN_STARTED:
-                self._run_started(writer, wall, body)
-            elif e.kind == RUN_FINISHED:
-                text = f"status: **{body['status']}**\n\n" + "\n".join(
-                    f"- `{k}`: {v:.6g}" for k, v in sorted(body["summary"].items())
+        elif e.kind == HISTOGRAM:
+            writer.write(
+                event_pb2.Event(
+                    wall_time=wall,
+                    step=body["step"],
+                    summary=summary_pb2.Summary(
+                        value=[_histogram_from_bins(body["name"], body["edges"], body["counts"])]
+                    ),
                 )
-                writer.write(_text_event(wall, 0, "run/finished", text))
-            self._pending += 1
+            )
+        elif e.kind == TABLE:
+            writer.write(_text_event(wall, body["step"], tag(body["name"]), _markdown_table(body)))
+        elif e.kind == RUN_STARTED:
+            self._run_started(writer, wall, body)
+        elif e.kind == RUN_FINISHED:
+            text = f"status: **{body['status']}**\n\n" + "\n".join(
+                f"- `{k}`: {v:.6g}" for k, v in sorted(body["summary"].items())
+            )
+            writer.write(_text_event(wall, 0, "run/finished", text))
 
     def pending(self) -> int:
         """Events written since the last flush."""
@@ -201,16 +216,36 @@ class TensorBoardSink:
 
     def _writer(self, e: Event) -> _RunWriter:
         writer = self._writers.get(e.run_id)
+        if writer is not None and e.kind == RUN_STARTED and writer.directory.parent.name == UNKNOWN_PROJECT:
+            writer = self._move(writer, self.run_dir(e.body["project"], e.body["name"], e.run_id))
         if writer is None:
             if e.kind == RUN_STARTED:
                 directory = self.run_dir(e.body["project"], e.body["name"], e.run_id)
             else:
                 existing = sorted(self.root.glob(f"*/*{e.run_id}"))
-                directory = existing[0] if existing else self.run_dir("_unknown", e.run_id, e.run_id)
+                directory = existing[0] if existing else self.run_dir(UNKNOWN_PROJECT, e.run_id, e.run_id)
             writer = self._writers[e.run_id] = _RunWriter(directory)
-            for producer, intervals in self.recover(e.run_id).items():
-                writer.seqs.setdefault(producer, SeqSet()).merge(intervals)
         return writer
+
+    def _move(self, writer: _RunWriter, directory: Path) -> _RunWriter:
+        """Move a run started under ``_unknown`` to its project's directory."""
+        writer.close()
+        run_id = next(r for r, w in self._writers.items() if w is writer)
+        if directory.exists():  # already there from an earlier process: keep both files there
+            for path in writer.directory.iterdir():
+                if path.name != SEQS_FILE:
+                    os.replace(path, directory / path.name)
+            merged = Ledger(directory / SEQS_FILE).load()
+            merged.merge(writer.ledger.intervals())
+            merged.dirty = True
+            merged.save()
+            (writer.directory / SEQS_FILE).unlink(missing_ok=True)
+            writer.directory.rmdir()
+        else:
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(writer.directory, directory)
+        moved = self._writers[run_id] = _RunWriter(directory)
+        return moved
 
     def _run_started(self, writer: _RunWriter, wall: float, body: dict[str, Any]) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2

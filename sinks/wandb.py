@@ -8,12 +8,21 @@ charts use the training step and a non-monotonic step never loses data.
 Online when ``WANDB_API_KEY`` is set, offline (a local run directory, ``wandb sync``-able)
 otherwise. ``include`` / ``exclude`` are globs over metric names. The sink runs in its own
 process and consumer group, so a slow or unreachable W&B never stalls another sink or the
-pipeline. Per-sample arrays and Histogram events become ``wandb.Histogram``; Table events
-``wandb.Table``; RunFinished's summary and the run status go to the run summary and exit code.
+pipeline. Per-sample arrays and Histogram events become ``wandb.Histogram`` (of the finite
+values: W&B refuses NaN and inf there; the scalars keep them); Table events ``wandb.Table``;
+RunFinished's summary and the run status go to the run summary and exit code. An event W&B
+refuses anyway is returned to the runtime (dead-lettered with the reason); the sink goes on.
 
-Durability: W&B writes asynchronously and offers no flush; ``flush`` records which
-(producer_id, seq) were handed to W&B beside the run, so a restart does not log them twice.
-What W&B had not written when the process died is lost to this sink (replay restores it).
+Run lifecycle: a W&B run is finished once the metricbus run has finished *and* the stream
+worker said its derived series are complete (the last epoch's ``Epoch/*`` and ``final/*``
+arrive after RunFinished, on another topic), or ``finish_grace_s`` after RunFinished when no
+worker says so. Every (re)opening uses the project, name, config and tags of the run's
+RunStarted, kept beside the output, so a late point or a restarted sink never opens a run in
+another project. Offline, each opening is one run directory (``wandb sync`` them in order).
+
+Durability: W&B writes asynchronously and offers no flush; ``flush`` records the identities
+handed to W&B (logged and derived) in a ledger beside the run, so a restart does not log them
+twice. What W&B had not written when the process died is lost to this sink (replay restores it).
 """
 
 from __future__ import annotations
@@ -22,12 +31,12 @@ import fnmatch
 import json
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from schemas import (
-    DERIVED_PRODUCER,
     HISTOGRAM,
     METRICS,
     RUN_FINISHED,
@@ -35,14 +44,17 @@ from schemas import (
     TABLE,
     Event,
     Interval,
-    SeqSet,
+    Ledger,
+    atomic_write,
     check_run_id,
 )
 
 log = logging.getLogger("metricbus.sink.wandb")
 SEQS_DIR = ".metricbus-seqs"
+RUNS_DIR = ".metricbus-runs"
 STEP = "metricbus/step"
 EPOCH = "metricbus/epoch"
+UNKNOWN_PROJECT = "_unknown"
 
 
 class WandbSink:
@@ -56,86 +68,121 @@ class WandbSink:
         include: Sequence[str] = ("*",),
         exclude: Sequence[str] = (),
         mode: str | None = None,
+        finish_grace_s: float = 300.0,
     ) -> None:
         self.root = Path(root)
         self.include = tuple(include)
         self.exclude = tuple(exclude)
         self.mode = mode or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        self.finish_grace_s = finish_grace_s
         self._runs: dict[str, Any] = {}
-        self._seqs: dict[str, dict[str, SeqSet]] = {}
+        self._ledgers: dict[str, Ledger] = {}
+        self._finished: dict[str, tuple[float, int]] = {}  # run -> (when RunFinished came, exit code)
+        self._complete: set[str] = set()  # runs whose derived series are all in
         self._pending = 0
         self._keep: dict[str, bool] = {}
 
     def open(self) -> None:
         """Create the root directory and import wandb (fails with the pip line if missing)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / SEQS_DIR).mkdir(exist_ok=True)
         import wandb  # noqa: F401
 
     def recover(self, run_id: str) -> Mapping[str, Sequence[Interval]]:
-        """Seqs already handed to W&B for the run."""
-        path = self.root / SEQS_DIR / f"{check_run_id(run_id)}.json"
-        if not path.exists():
-            return {}
-        return {p: [(a, b) for a, b in iv] for p, iv in json.loads(path.read_text()).items()}
+        """Identities already handed to W&B for the run."""
+        return self._ledger(run_id).intervals()
 
-    def write(self, events: Sequence[Event]) -> None:
-        """Log events to their W&B runs (W&B queues them to its own service process)."""
-        import numpy as np
-        import wandb
+    def write(self, events: Sequence[Event]) -> list[tuple[Event, str]]:
+        """Log events to their W&B runs (W&B queues them to its own service process).
 
+        Returns the events W&B refused, with the reason.
+        """
+        for e in events:  # first: a derived point of this batch may come before its RunStarted
+            if e.kind == RUN_STARTED:
+                self._remember(e.run_id, e.body)
+        rejected = []
         for e in events:
-            run = self._run(e)
-            if e.producer_id != DERIVED_PRODUCER:  # derived series carry no seq to track
-                self._seqs.setdefault(e.run_id, {}).setdefault(e.producer_id, SeqSet()).add(e.seq)
-            body = e.body
-            if e.kind == METRICS:
-                row: dict[str, Any] = {k: v for k, v in body["scalars"].items() if self._wanted(k)}
-                for k, values in body["samples"].items():
-                    if values and self._wanted(k):
-                        row[k] = wandb.Histogram(np.asarray(values, dtype=float))  # type: ignore[arg-type]
-                if row:
-                    row[STEP] = body["step"]
-                    if body["epoch"] is not None:
-                        row[EPOCH] = body["epoch"]
-                    run.log(row)
-            elif e.kind == HISTOGRAM and self._wanted(body["name"]):
-                hist = wandb.Histogram(np_histogram=(body["counts"], body["edges"]))
-                run.log({body["name"]: hist, STEP: body["step"]})
-            elif e.kind == TABLE and self._wanted(body["name"]):
-                run.log(
-                    {
-                        body["name"]: wandb.Table(columns=body["columns"], data=body["rows"]),
-                        STEP: body["step"],
-                    }
-                )
-            elif e.kind == RUN_FINISHED:
-                run.summary.update({k: v for k, v in body["summary"].items() if self._wanted(k)})
-                run.summary["metricbus/status"] = body["status"]
-                run.finish(exit_code=0 if body["status"] == "finished" else 1)
-                del self._runs[e.run_id]
+            try:
+                self._write(e)
+            except (ValueError, TypeError, KeyError, OverflowError) as exc:
+                rejected.append((e, f"wandb cannot take this {e.kind} event: {type(exc).__name__}: {exc}"))
+                continue
+            self._ledger(e.run_id).add(e.producer_id, e.seq)
             self._pending += 1
+        return rejected
+
+    def derived_complete(self, run_id: str) -> None:
+        """The worker published the run's last derived event: finish it if it has finished."""
+        self._complete.add(run_id)
+        if run_id in self._finished:
+            self._finish(run_id)
 
     def pending(self) -> int:
         """Events handed to W&B since the last flush."""
         return self._pending
 
     def flush(self) -> None:
-        """Record which seqs were handed to W&B (W&B itself has no flush)."""
-        for run_id, seqs in self._seqs.items():
-            path = self.root / SEQS_DIR / f"{run_id}.json"
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({p: s.intervals() for p, s in seqs.items()}))
-            os.replace(tmp, path)
+        """Record which identities were handed to W&B (W&B itself has no flush)."""
+        for ledger in self._ledgers.values():
+            ledger.save()
+        now = time.monotonic()
+        for run_id, (since, _) in list(self._finished.items()):
+            if run_id in self._runs and now - since >= self.finish_grace_s:
+                log.info(
+                    "run %s: no word from the stream worker %.0fs after it finished; closing",
+                    run_id,
+                    now - since,
+                )
+                self._finish(run_id)
         self._pending = 0
 
     def close(self) -> None:
         """Finish the runs still open (their W&B status stays running until RunFinished)."""
-        for run in self._runs.values():
-            run.finish(exit_code=0)
-        self._runs.clear()
+        for ledger in self._ledgers.values():
+            ledger.save()
+        for run_id in list(self._runs):
+            self._finish(run_id)
 
     # -- internals ------------------------------------------------------------------------
+
+    def _write(self, e: Event) -> None:
+        import numpy as np
+        import wandb
+
+        body = e.body
+        if e.kind == RUN_STARTED:
+            self._run(e.run_id)
+        elif e.kind == METRICS:
+            row: dict[str, Any] = {k: v for k, v in body["scalars"].items() if self._wanted(k)}
+            for k, values in body["samples"].items():
+                if values and self._wanted(k):
+                    arr = np.asarray(values, dtype=float)
+                    finite = arr[np.isfinite(arr)]
+                    if finite.size:  # W&B's histogram refuses NaN and inf; the archive keeps them
+                        row[k] = wandb.Histogram(finite)  # type: ignore[arg-type]
+            if row:
+                row[STEP] = body["step"]
+                if body["epoch"] is not None:
+                    row[EPOCH] = body["epoch"]
+                self._run(e.run_id).log(row)
+        elif e.kind == HISTOGRAM and self._wanted(body["name"]):
+            hist = wandb.Histogram(np_histogram=(body["counts"], body["edges"]))
+            self._run(e.run_id).log({body["name"]: hist, STEP: body["step"]})
+        elif e.kind == TABLE and self._wanted(body["name"]):
+            table = wandb.Table(columns=body["columns"], data=body["rows"])
+            self._run(e.run_id).log({body["name"]: table, STEP: body["step"]})
+        elif e.kind == RUN_FINISHED:
+            run = self._run(e.run_id)
+            run.summary.update({k: v for k, v in body["summary"].items() if self._wanted(k)})
+            run.summary["metricbus/status"] = body["status"]
+            self._finished[e.run_id] = (time.monotonic(), 0 if body["status"] == "finished" else 1)
+            if e.run_id in self._complete:
+                self._finish(e.run_id)
+
+    def _finish(self, run_id: str) -> None:
+        run = self._runs.pop(run_id, None)
+        if run is not None:
+            _, code = self._finished.get(run_id, (0.0, 0))
+            run.finish(exit_code=code)
 
     def _wanted(self, name: str) -> bool:
         keep = self._keep.get(name)
@@ -145,27 +192,45 @@ class WandbSink:
             )
         return keep
 
-    def _run(self, e: Event) -> Any:
-        run = self._runs.get(e.run_id)
+    def _ledger(self, run_id: str) -> Ledger:
+        ledger = self._ledgers.get(run_id)
+        if ledger is None:
+            path = self.root / SEQS_DIR / f"{check_run_id(run_id)}.json"
+            ledger = self._ledgers[run_id] = Ledger(path).load()
+        return ledger
+
+    def _remember(self, run_id: str, body: Mapping[str, Any]) -> None:
+        """Keep what a later opening of the run needs (project, name, config, tags)."""
+        meta = {
+            "project": body["project"],
+            "name": body["name"],
+            "config": json.loads(body["config_json"] or "{}"),
+            "tags": list(body["tags"]),
+        }
+        path = self.root / RUNS_DIR / f"{check_run_id(run_id)}.json"
+        if not path.exists():
+            atomic_write(path, json.dumps(meta).encode())
+
+    def _run(self, run_id: str) -> Any:
+        run = self._runs.get(run_id)
         if run is not None:
             return run
         import wandb
 
-        if e.kind == RUN_STARTED:
-            project, name, config = (
-                e.body["project"],
-                e.body["name"],
-                json.loads(e.body["config_json"] or "{}"),
+        path = self.root / RUNS_DIR / f"{check_run_id(run_id)}.json"
+        try:
+            meta = json.loads(path.read_text())
+        except FileNotFoundError:  # a point that overtook its RunStarted (another topic)
+            meta = {"project": UNKNOWN_PROJECT, "name": run_id, "config": {}, "tags": []}
+            log.warning(
+                "run %s: opened before its RunStarted arrived; W&B project %s", run_id, UNKNOWN_PROJECT
             )
-            tags = list(e.body["tags"])
-        else:
-            project, name, config, tags = "_unknown", e.run_id, {}, []
         run = wandb.init(
-            project=project,
-            name=name,
-            id=e.run_id,
-            config=config,
-            tags=tags,
+            project=meta["project"],
+            name=meta["name"],
+            id=run_id,
+            config=meta["config"],
+            tags=meta["tags"],
             dir=str(self.root),
             mode=self.mode,  # type: ignore[arg-type]
             resume="allow",
@@ -175,5 +240,5 @@ class WandbSink:
         run.define_metric(STEP)
         run.define_metric(EPOCH, step_metric=STEP)
         run.define_metric("*", step_metric=STEP)
-        self._runs[e.run_id] = run
+        self._runs[run_id] = run
         return run

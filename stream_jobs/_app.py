@@ -13,7 +13,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from schemas import SchemaError, Settings, decode_events, default_codec, ssl_context
+from schemas import (
+    MAX_RECORD_BYTES,
+    SchemaError,
+    Settings,
+    dead_letter,
+    decode_events,
+    default_codec,
+    encode_aggregates,
+    ssl_context,
+)
 
 from ._checkpoint import snapshot, write
 from ._config import StreamConfig
@@ -103,6 +112,9 @@ def build_app(
         broker_rebalance_timeout=settings.rebalance_timeout_ms / 1000,
         consumer_auto_offset_reset="earliest",
         producer_acks=1,
+        producer_max_request_size=MAX_RECORD_BYTES + 64 * 1024,
+        consumer_max_fetch_size=MAX_RECORD_BYTES + 64 * 1024,
+        datadir=str(Path(settings.data_dir) / "stream" / "faust"),  # never the user's working directory
     )
     app.processor = processor  # type: ignore[attr-defined]  # for tests and status
     #: per partition of the events topic, the offset after the last record the processor holds
@@ -121,7 +133,7 @@ def build_app(
         # Faust flushes its producer before it commits source offsets: still at-least-once.
         for record in output.aggregate_batches():
             key = record["run_id"].encode()
-            _track(aggregates.send_soon(key=key, value=codec.encode("AggregateBatch", record)))
+            _track(aggregates.send_soon(key=key, value=encode_aggregates(codec, **record)))
         for alert in output.alerts:
             log.warning(
                 "alert %s %s [%s] run %s: %s",
@@ -143,22 +155,25 @@ def build_app(
             try:
                 batch = decode_events(codec, event.value)
             except SchemaError as exc:
+                message = event.message
                 log.error(
                     "undecodable record %s[%d]@%d (%s); sent to %s",
-                    event.message.topic,
-                    event.message.partition,
-                    event.message.offset,
+                    message.topic,
+                    message.partition,
+                    message.offset,
                     exc,
                     topics.deadletter,
                 )
-                await deadletter.send(
-                    key=event.key,
-                    value=event.value,
-                    headers={
-                        "metricbus.reason": f"{type(exc).__name__}: {exc}".encode(),
-                        "metricbus.consumer": f"{settings.topic_prefix}stream".encode(),
-                    },
+                letter = dead_letter(
+                    event.value,
+                    event.key,
+                    f"{type(exc).__name__}: {exc}",
+                    topic=message.topic,
+                    partition=message.partition,
+                    offset=message.offset,
+                    consumer=group_id(settings),
                 )
+                await deadletter.send(key=letter.key, value=letter.value, headers=dict(letter.headers))
             else:
                 publish(processor.process(batch))
             covered[event.message.partition] = event.message.offset + 1  # no await since process()

@@ -10,7 +10,7 @@ import operator
 from collections.abc import Iterable
 from typing import Any
 
-from schemas import RUN_FINISHED, Deduper, Event
+from schemas import RUN_FINISHED, Deduper, Event, derived_event_count
 
 from ._alerts import AlertEngine
 from ._config import StreamConfig
@@ -30,16 +30,22 @@ class Output:
     #: run -> derived histograms / tables (AggregateBatch ``histograms`` / ``tables`` records)
     histograms: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
     tables: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    #: run -> seq of the first derived event of its record (the derived identity)
+    first_seq: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: runs whose RunFinished these events held: their derived series are complete
+    closing: set[str] = dataclasses.field(default_factory=set)
 
     def aggregate_batches(self) -> list[dict[str, Any]]:
-        """One AggregateBatch record per run with anything derived."""
-        runs = dict.fromkeys([*self.points, *self.histograms, *self.tables])
+        """One AggregateBatch record per run with anything derived (or closing)."""
+        runs = dict.fromkeys([*self.points, *self.histograms, *self.tables, *sorted(self.closing)])
         return [
             {
                 "run_id": run,
                 "points": [p.as_record() for p in self.points.get(run, ())],
                 "histograms": self.histograms.get(run, []),
                 "tables": self.tables.get(run, []),
+                "first_seq": self.first_seq.get(run, 0),
+                "closes_run": run in self.closing,
             }
             for run in runs
         ]
@@ -53,6 +59,9 @@ class StreamProcessor:
         self.alerts = AlertEngine(list(rules))
         self.dedupe = Deduper()
         self._runs: dict[str, RunDeriver] = {}
+        #: run -> seq of its next derived event: derived output is a function of the input
+        #: records, so a worker that rebuilt its state numbers re-derived events the same way
+        self._out_seq: dict[str, int] = {}
         self.events = 0
 
     def process(self, events: Iterable[Event]) -> Output:
@@ -79,6 +88,16 @@ class StreamProcessor:
                 out.histograms.setdefault(run, []).extend(histograms)
             if tables:
                 out.tables.setdefault(run, []).extend(tables)
+            if any(e.kind == RUN_FINISHED for e in stretch):
+                out.closing.add(run)
+            count = derived_event_count(
+                [(p.step, p.epoch) for p in out.points.get(run, ())],
+                out.histograms.get(run, ()),
+                out.tables.get(run, ()),
+            )
+            if count or run in out.closing:
+                out.first_seq[run] = self._out_seq.get(run, 0)
+                self._out_seq[run] = out.first_seq[run] + count
         if len(out.alerts) > 1:  # rules ran a column at a time: put the alerts back in event order
             out.alerts.sort(key=lambda a: (a["ts_ms"], -1 if a["step"] is None else a["step"]))
         return out
@@ -125,6 +144,7 @@ class StreamProcessor:
             "alerts": self.alerts.state(),
             "dedupe": self.dedupe,
             "events": self.events,
+            "out_seq": self._out_seq,
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -135,6 +155,7 @@ class StreamProcessor:
         self.alerts.load_state(state["alerts"])
         self.dedupe = state["dedupe"]
         self.events = state["events"]
+        self._out_seq = state["out_seq"]
 
     def tick(self, now_ms: int) -> list[dict[str, Any]]:
         """Time-driven rules (a stalled run); call about once a second."""

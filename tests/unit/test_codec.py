@@ -162,17 +162,19 @@ def test_aggregate_batches_decode_into_events_sinks_take_old_and_new():
     point = {"name": "Epoch/AvgLoss", "source": "Train/Loss", "kind": "epoch_mean", "step": 9}
     point |= {"epoch": 0, "value": 0.5, "ts_ms": 1}
     v1 = codec.encode("AggregateBatch", {"run_id": "r", "points": [point]}, version=1)
-    (metrics,) = decode_aggregates(codec, v1, offset=7)
+    old = decode_aggregates(codec, v1)
+    (metrics,) = old.events
     assert metrics.kind == METRICS and metrics.body["scalars"] == {"Epoch/AvgLoss": 0.5}
-    assert metrics.producer_id == DERIVED_PRODUCER and metrics.seq == 7
+    assert metrics.producer_id == DERIVED_PRODUCER and metrics.seq == -1  # no identity before v3
+    assert not old.identified and not old.closes_run
     hist = {"name": "rewards/a_hist", "source": "rewards/a", "step": 10, "edges": [0.0, 0.5, 1.0]}
     hist |= {"counts": [3, 4], "ts_ms": 2}
     table = {"name": "rubric_criteria_summary", "step": 11, "columns": ["criterion", "mean", "samples"]}
     table |= {"rows": [["essay/clarity", 0.75, 12]], "ts_ms": 3}
     v2 = codec.encode(
-        "AggregateBatch", {"run_id": "r", "points": [point], "histograms": [hist], "tables": [table]}
+        "AggregateBatch", {"run_id": "r", "points": [point], "histograms": [hist], "tables": [table]}, version=2
     )
-    kinds = {e.kind: e for e in decode_aggregates(codec, v2)}
+    kinds = {e.kind: e for e in decode_aggregates(codec, v2).events}
     assert set(kinds) == {METRICS, HISTOGRAM, TABLE}
     assert kinds[HISTOGRAM].body == {
         "step": 10,
@@ -183,6 +185,28 @@ def test_aggregate_batches_decode_into_events_sinks_take_old_and_new():
     }
     assert kinds[HISTOGRAM].ts_ms == 2
     assert kinds[TABLE].body["rows"] == [["essay/clarity", 0.75, 12]] and kinds[TABLE].body["step"] == 11
+
+
+def test_derived_events_are_numbered_from_first_seq_in_the_order_the_schema_states():
+    from schemas import decode_aggregates, derived_event_count, encode_aggregates
+
+    codec = default_codec()
+
+    def point(name, step, epoch=None, value=1.0):
+        return {"name": name, "source": "x", "kind": "mean", "step": step, "epoch": epoch, "value": value, "ts_ms": step}
+
+    points = [point("a", 5), point("b", 5), point("a", 6), point("c", 5, epoch=0), point("b", 6)]
+    hist = {"name": "h", "source": "x", "step": 6, "edges": [0.0, 1.0], "counts": [2], "ts_ms": 6}
+    table = {"name": "t", "step": 6, "columns": ["c"], "rows": [["v"]], "ts_ms": 6}
+    n = derived_event_count([(p["step"], p["epoch"]) for p in points], [hist], [table])
+    assert n == 5  # (5, None), (6, None), (5, 0), then the histogram and the table
+    record = decode_aggregates(
+        codec, encode_aggregates(codec, "r", points, [hist], [table], first_seq=40, closes_run=True)
+    )
+    assert record.identified and record.closes_run and record.run_id == "r"
+    assert [e.seq for e in record.events] == [40, 41, 42, 43, 44]
+    assert [e.kind for e in record.events] == [METRICS, METRICS, METRICS, HISTOGRAM, TABLE]
+    assert [e.body.get("scalars") for e in record.events[:3]] == [{"a": 1.0, "b": 1.0}, {"a": 1.0, "b": 1.0}, {"c": 1.0}]
 
 
 @pytest.mark.parametrize("name", sorted(load_versions()))

@@ -1,0 +1,101 @@
+"""Files that are either whole or absent, and the seq ledger sinks keep beside their output.
+
+The one home of atomic writes: every file metricbus replaces in place goes through
+:func:`atomic_write` (temporary name, fsync, rename, fsync of the directory), so a crash
+leaves the old file or the new one, never a torn one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+from ._dedupe import Interval, SeqSet
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or unlink inside ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes | Callable[[Path], None]) -> None:
+    """Replace ``path`` with ``data`` (bytes, or a function that writes the temporary file).
+
+    Durable when it returns: the file and its directory entry are fsynced.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if callable(data):
+        data(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    else:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+class Ledger:
+    """Which (producer_id, seq) an output holds, for one run: a JSON file of seq intervals.
+
+    ``add`` in memory, ``save`` atomically once the output itself is durable, ``load`` after a
+    restart (what the sink's ``recover`` reports). Derived events count under
+    ``DERIVED_PRODUCER`` with their per-run seqs; a seq below 0 (no identity) is not kept.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.seqs: dict[str, SeqSet] = {}
+        self.dirty = False
+
+    @staticmethod
+    def read(path: Path) -> dict[str, list[Interval]]:
+        """The intervals saved at ``path`` (empty when there is no file)."""
+        try:
+            raw = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            return {}
+        return {str(p): [(int(a), int(b)) for a, b in iv] for p, iv in raw.items()}
+
+    def load(self) -> Ledger:
+        """Merge what the file holds; returns self."""
+        self.merge(self.read(self.path))
+        return self
+
+    def merge(self, held: Mapping[str, Iterable[Sequence[int]]]) -> None:
+        """Add intervals (e.g. from another file of the same run)."""
+        for producer, intervals in held.items():
+            self.seqs.setdefault(producer, SeqSet()).merge(intervals)
+
+    def add(self, producer_id: str, seq: int) -> None:
+        """Record one event as held (durable only after the next ``save``)."""
+        if seq < 0:
+            return
+        seqs = self.seqs.get(producer_id)
+        if seqs is None:
+            seqs = self.seqs[producer_id] = SeqSet()
+        seqs.add(seq)
+        self.dirty = True
+
+    def intervals(self) -> dict[str, list[Interval]]:
+        """{producer_id: intervals}, what ``recover`` reports."""
+        return {p: s.intervals() for p, s in self.seqs.items()}
+
+    def save(self) -> None:
+        """Write the ledger atomically if anything was added since the last save."""
+        if self.dirty:
+            atomic_write(self.path, json.dumps(self.intervals()).encode())
+            self.dirty = False

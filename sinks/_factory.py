@@ -1,0 +1,38 @@
+"""Make a sink by name (the CLI's `sink` and `replay --to`), like SB3's make_output_format."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from schemas import MetricbusError
+
+#: Sink name -> the module it needs beyond the core, and the extra that brings it.
+EXTRAS = {"tensorboard": "tensorboard", "wandb": "wandb"}
+KINDS = ("parquet", "tensorboard", "wandb")
+
+
+def make_sink(kind: str, out: Path, include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Any:
+    """A sink writing under ``out``; a missing extra fails with its pip line."""
+    module = EXTRAS.get(kind)
+    if module is not None:
+        try:
+            __import__(module)
+        except ImportError:
+            raise MetricbusError(
+                f"the {kind} sink needs {module}: pip install 'metricbus[{module}]'"
+            ) from None
+    if kind == "parquet":
+        from .parquet import ParquetArchive
+
+        return ParquetArchive(out)
+    if kind == "tensorboard":
+        from .tensorboard import TensorBoardSink
+
+        return TensorBoardSink(out)
+    if kind == "wandb":
+        from .wandb import WandbSink
+
+        return WandbSink(out, include=tuple(include) or ("*",), exclude=tuple(exclude))
+    raise MetricbusError(f"no sink named {kind!r}; choose one of {', '.join(KINDS)}")
