@@ -95,6 +95,8 @@ def build_app(
     import faust
 
     topics = settings.topics
+    datadir = Path(settings.data_dir) / "stream" / "faust"
+    datadir.parent.mkdir(parents=True, exist_ok=True)
     codec = default_codec()
     processor = processor or StreamProcessor(cfg, rules or [])
     app = faust.App(
@@ -114,7 +116,7 @@ def build_app(
         producer_acks=1,
         producer_max_request_size=MAX_RECORD_BYTES + 64 * 1024,
         consumer_max_fetch_size=MAX_RECORD_BYTES + 64 * 1024,
-        datadir=str(Path(settings.data_dir) / "stream" / "faust"),  # never the user's working directory
+        datadir=str(datadir),  # never the user's working directory
     )
     app.processor = processor  # type: ignore[attr-defined]  # for tests and status
     #: per partition of the events topic, the offset after the last record the processor holds

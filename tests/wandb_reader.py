@@ -41,18 +41,30 @@ def records(path: Path) -> list:
     return out
 
 
+def run_files(root: Path, run_id: str) -> list[Path]:
+    """Every offline run file of ``run_id`` under ``root``, oldest first (one per opening)."""
+    return sorted(Path(root).glob(f"wandb/*run-*{run_id}/run-{run_id}.wandb"), key=lambda p: p.parent.name)
+
+
 def run_file(root: Path, run_id: str) -> Path:
-    (path,) = Path(root).glob(f"wandb/*run-*{run_id}/run-{run_id}.wandb")
+    (path,) = run_files(root, run_id)
     return path
 
 
-def read_run(root: Path, run_id: str) -> dict:
-    """config, history rows, summary, and everything else by record kind."""
-    out: dict = {"config": {}, "history": [], "summary": {}, "kinds": set()}
-    for r in records(run_file(root, run_id)):
+def read_run(root: Path, run_id: str, every_opening: bool = False) -> dict:
+    """config, history rows, summary, projects, and everything else by record kind.
+
+    ``every_opening``: read every run directory of the id in order (a run re-opened after a
+    sink restart), else there must be exactly one.
+    """
+    out: dict = {"config": {}, "history": [], "summary": {}, "kinds": set(), "projects": set(), "files": 0}
+    files = run_files(root, run_id) if every_opening else [run_file(root, run_id)]
+    out["files"] = len(files)
+    for r in (record for path in files for record in records(path)):
         kind = r.WhichOneof("record_type")
         out["kinds"].add(kind)
         if kind == "run":
+            out["projects"].add(r.run.project)
             for item in r.run.config.update:
                 out["config"][item.key] = json.loads(item.value_json)
         elif kind == "config":
