@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import metricbus
-from schemas import DERIVED_PRODUCER, decode_aggregates, default_codec
+from schemas import decode_aggregates, default_codec
 from sinks import read_table
 from sinks.alerts import format_alert
 from sinks.tensorboard import tag
