@@ -11,6 +11,7 @@ import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ._dedupe import Interval, SeqSet
 
@@ -54,25 +55,36 @@ class Ledger:
     ``add`` in memory, ``save`` atomically once the output itself is durable, ``load`` after a
     restart (what the sink's ``recover`` reports). Derived events count under
     ``DERIVED_PRODUCER`` with their per-run seqs; a seq below 0 (no identity) is not kept.
+    ``files`` records, with the seqs, how long each output file was when they were saved, so
+    a sink that appends can cut what a crash left past that point (it will be re-delivered).
     """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.seqs: dict[str, SeqSet] = {}
+        self.files: dict[str, int] = {}
         self.dirty = False
 
     @staticmethod
-    def read(path: Path) -> dict[str, list[Interval]]:
-        """The intervals saved at ``path`` (empty when there is no file)."""
+    def _raw(path: Path) -> dict[str, Any]:
         try:
             raw = json.loads(Path(path).read_text())
         except FileNotFoundError:
-            return {}
-        return {str(p): [(int(a), int(b)) for a, b in iv] for p, iv in raw.items()}
+            return {"seqs": {}, "files": {}}
+        if raw.get("format") != 2:  # format 1: the seqs mapping alone
+            return {"seqs": raw, "files": {}}
+        return dict(raw)
+
+    @classmethod
+    def read(cls, path: Path) -> dict[str, list[Interval]]:
+        """The intervals saved at ``path`` (empty when there is no file)."""
+        return {str(p): [(int(a), int(b)) for a, b in iv] for p, iv in cls._raw(path)["seqs"].items()}
 
     def load(self) -> Ledger:
         """Merge what the file holds; returns self."""
+        raw = self._raw(self.path)
         self.merge(self.read(self.path))
+        self.files.update({str(k): int(v) for k, v in raw["files"].items()})
         return self
 
     def merge(self, held: Mapping[str, Iterable[Sequence[int]]]) -> None:
@@ -97,5 +109,6 @@ class Ledger:
     def save(self) -> None:
         """Write the ledger atomically if anything was added since the last save."""
         if self.dirty:
-            atomic_write(self.path, json.dumps(self.intervals()).encode())
+            record = {"format": 2, "seqs": self.intervals(), "files": self.files}
+            atomic_write(self.path, json.dumps(record).encode())
             self.dirty = False

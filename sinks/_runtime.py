@@ -67,6 +67,8 @@ class Feeder:
         self.logged = Deduper()  #: by producer_id (a producer's seqs are its own)
         self.derived = Deduper()  #: by run_id (derived seqs count per run)
         self._known_runs: set[str] = set()
+        #: runs with a logged event seen (or held durably): their RunStarted has been written
+        self.logged_runs: set[str] = set()
 
     @property
     def duplicates(self) -> int:
@@ -83,6 +85,7 @@ class Feeder:
                 self.derived.load(run_id, intervals)
             else:
                 self.logged.load(producer, intervals)
+                self.logged_runs.add(run_id)
 
     def fresh(self, events: Sequence[Event]) -> list[Event]:
         """The events (logged or derived) the sink does not hold yet."""
@@ -92,8 +95,10 @@ class Feeder:
             if e.producer_id == DERIVED_PRODUCER:
                 if e.seq < 0 or self.derived.is_new(e.run_id, e.seq):
                     out.append(e)
-            elif self.logged.is_new(e.producer_id, e.seq):
-                out.append(e)
+            else:
+                self.logged_runs.add(e.run_id)
+                if self.logged.is_new(e.producer_id, e.seq):
+                    out.append(e)
         return out
 
     def fresh_derived(self, run_id: str, events: Sequence[Event], identified: bool) -> list[Event]:
@@ -161,6 +166,10 @@ class SinkRunner:
         self._consumer: Any = None
         self._producer: Any = None
         self._uncommitted: dict[Any, int] = {}
+        #: derived records of runs whose logged events (RunStarted first) this sink has not seen
+        #: yet: they come from another topic and can overtake them; written once the run is
+        #: known, and their partition is not committed past them meanwhile
+        self._held: dict[str, list[Any]] = {}
         self._last_flush = time.monotonic()
         self._gaps_reported: dict[str, int] = {}
 
@@ -195,8 +204,8 @@ class SinkRunner:
             while not self._stopping.is_set():
                 batches = await self._consumer.getmany(timeout_ms=200, max_records=5000)
                 for tp, records in batches.items():
-                    await self._process(records)
                     self._uncommitted[tp] = records[-1].offset + 1
+                await self._process([r for records in batches.values() for r in records])
                 if self._due():
                     await self._flush_and_commit()
             await self._flush_and_commit()
@@ -215,14 +224,12 @@ class SinkRunner:
         fresh: list[Event] = []
         closing: list[str] = []
         feeder = self.feeder
-        for record in records:
+        derived_records = []
+        for record in records:  # logged events first: a run's RunStarted before its derived points
             self.stats.records += 1
             try:
                 if record.topic == self.settings.topics.aggregates:
-                    derived = decode_aggregates(self.codec, record.value)
-                    fresh.extend(feeder.fresh_derived(derived.run_id, derived.events, derived.identified))
-                    if derived.closes_run:
-                        closing.append(derived.run_id)
+                    derived_records.append((record, decode_aggregates(self.codec, record.value)))
                     continue
                 events = decode_events(self.codec, record.value)
             except SchemaError as exc:
@@ -230,6 +237,17 @@ class SinkRunner:
                 continue
             self.stats.events += len(events)
             fresh.extend(feeder.fresh(events))
+        for run_id in [r for r in self._held if r in feeder.logged_runs]:
+            derived_records = self._held.pop(run_id) + derived_records
+        for record, derived in derived_records:
+            feeder.known(derived.run_id)
+            if derived.run_id not in feeder.logged_runs:
+                self._held.setdefault(derived.run_id, []).append((record, derived))
+                continue
+            fresh.extend(feeder.fresh_derived(derived.run_id, derived.events, derived.identified))
+            if derived.closes_run:
+                closing.append(derived.run_id)
+        self._hold_back_commits()
         self.stats.duplicates = feeder.duplicates
         if fresh:
             rejected = feeder.write(fresh)
@@ -239,6 +257,16 @@ class SinkRunner:
                 await self._deadletter(self._event_bytes(event), event.run_id.encode(), reason, None)
         for run_id in closing:
             self.sink.derived_complete(run_id)
+
+    def _hold_back_commits(self) -> None:
+        """Never commit a partition past a derived record still held."""
+        from aiokafka import TopicPartition
+
+        for held in self._held.values():
+            for record, _ in held:
+                tp = TopicPartition(record.topic, record.partition)
+                if tp in self._uncommitted:
+                    self._uncommitted[tp] = min(self._uncommitted[tp], record.offset)
 
     def _event_bytes(self, event: Event) -> bytes:
         try:

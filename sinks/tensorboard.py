@@ -86,13 +86,25 @@ class _RunWriter:
 
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
+        self.ledger = Ledger(directory / SEQS_FILE).load()
+        self._cut_unrecorded()
         name = f"events.out.tfevents.{time.time():010.0f}.{socket.gethostname()}.{os.getpid()}.metricbus"
+        self.name = name
         self._file: BinaryIO = open(directory / name, "ab")  # noqa: SIM115 - closed in close()
         self._records = RecordWriter(self._file)
         self._event = event_pb2.Event
         self.write(self._event(wall_time=time.time(), file_version="brain.Event:2"))
-        self.ledger = Ledger(directory / SEQS_FILE).load()
-        self.dirty = False
+
+    def _cut_unrecorded(self) -> None:
+        """Cut what a killed process appended after its last ledger save: it is re-delivered."""
+        for path in self.directory.glob("events.out.tfevents.*.metricbus"):
+            held = self.ledger.files.get(path.name, 0)
+            if path.stat().st_size > held:
+                log.info("cutting %s to %d bytes: the rest was written after its last flush", path, held)
+                if held:
+                    os.truncate(path, held)
+                else:
+                    path.unlink()
 
     def write(self, event: Any) -> None:
         self._records.write(event.SerializeToString())
@@ -102,6 +114,8 @@ class _RunWriter:
         if self.dirty:
             self._file.flush()
             os.fsync(self._file.fileno())
+            self.ledger.files[self.name] = self._file.tell()
+            self.ledger.dirty = True
             self.dirty = False
         self.ledger.save()
 
@@ -237,6 +251,7 @@ class TensorBoardSink:
                     os.replace(path, directory / path.name)
             merged = Ledger(directory / SEQS_FILE).load()
             merged.merge(writer.ledger.intervals())
+            merged.files.update(writer.ledger.files)
             merged.dirty = True
             merged.save()
             (writer.directory / SEQS_FILE).unlink(missing_ok=True)

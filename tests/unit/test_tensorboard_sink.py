@@ -116,3 +116,35 @@ def test_a_restarted_sink_knows_which_seqs_it_wrote(tmp_path):
     sink.flush()
     again = TensorBoardSink(tmp_path / "tb")
     assert again.recover("run-1") == {"p1": [(0, 1)]}
+
+
+def test_a_killed_sinks_unflushed_tail_is_cut_so_redelivery_writes_it_once(tmp_path):
+    """What was appended after the last flush (and ledger save) is re-delivered: it is cut first."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from schemas import METRICS, Event, default_codec
+    from sinks import TensorBoardSink
+
+    fp = default_codec().newest("EventBatch").fingerprint
+
+    def ev(seq):
+        body = {"step": seq, "epoch": None, "rank": 0, "scalars": {"loss": float(seq)}, "samples": {}}
+        return Event("run-cut", "p", seq, 1_700_000_000_000 + seq, METRICS, body, fp)
+
+    first = TensorBoardSink(tmp_path)
+    first.open()
+    first.write([ev(s) for s in range(5)])
+    first.flush()
+    first.write([ev(s) for s in range(5, 8)])  # written, never flushed: the process is killed here
+    first._writers["run-cut"]._file.flush()
+
+    second = TensorBoardSink(tmp_path)
+    second.open()
+    held = second.recover("run-cut")
+    assert held == {"p": [(0, 4)]}
+    second.write([ev(s) for s in range(5, 10)])  # the re-delivery from the committed offset
+    second.close()
+    (directory,) = tmp_path.glob("*/*run-cut")
+    acc = EventAccumulator(str(directory))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == list(range(10))
