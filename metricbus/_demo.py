@@ -93,12 +93,12 @@ def _print_stream_results(settings: Settings, run_id: str) -> None:
             epochs.setdefault(p["epoch"], {})[p["name"][6:]] = p["value"]
         last[p["name"]] = p["value"]
     print(f"stream worker: {len(points)} derived points\n")
-    cols = ["AvgReward", "RewardVariance", "RewardTrend", "AvgLoss", "LossTrend", "NumSamples"]
-    print("epoch" + "".join(f"{c:>16}" for c in cols))
+    cols = ["AvgReward", "RewardVariance", "RewardCV", "RewardTrend", "AvgLoss", "LossTrend", "NumSamples"]
+    print("epoch" + "".join(f"{c:>15}" for c in cols))
     for epoch in sorted(epochs):
         print(
             f"{epoch:<5}"
-            + "".join(f"{epochs[epoch][c]:>16.4g}" if c in epochs[epoch] else f"{'-':>16}" for c in cols)
+            + "".join(f"{epochs[epoch][c]:>15.4g}" if c in epochs[epoch] else f"{'-':>15}" for c in cols)
         )
     print("\nfinal rolling statistics (last 10 values, EMA):")
     for name in ("Train/AvgReward", "Train/Loss", "Train/Entropy", "Train/ApproxKL"):

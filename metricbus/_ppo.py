@@ -170,6 +170,7 @@ def train(run: Run, cfg: PPOConfig) -> dict[str, float]:
             "Performance/Backprop_SamplesPerSec": batch * cfg.update_epochs / backprop_time,
             "Performance/Backprop_Time": backprop_time,
             "global_step": global_step,
+            "Train/NumSamples": batch,  # environment steps this update learned from: Epoch/NumSamples
         }
         if finished_returns:
             r = np.asarray(finished_returns)

@@ -41,6 +41,10 @@ class AlertEngine:
         self._last_seen: dict[str, int] = {}
         self._finished: set[str] = set()
         self._matches: dict[str, list[Rule]] = {}
+        #: series some rule's ``only_if`` looks at -> per run, (min, max) of its finite values
+        self._ranges: dict[str, dict[str, tuple[float, float]]] = {
+            r.only_if.metric: {} for r in rules if r.only_if is not None
+        }
 
     def observe(
         self, run_id: str, series: str, value: float, step: int | None, ts_ms: int
@@ -63,6 +67,9 @@ class AlertEngine:
         conditions of the whole column are computed with numpy and only the stretches where
         the condition changes are walked in Python.
         """
+        ranges = self._ranges.get(series)
+        if ranges is not None:
+            _widen(ranges, run_id, values)
         rules = self._matches.get(series)
         if rules is None:
             rules = self._matches[series] = [r for r in self._value_rules if r.matches(series)]
@@ -70,6 +77,9 @@ class AlertEngine:
             return _NONE
         out = []
         for rule in rules:
+            scope = rule.only_if
+            if scope is not None and not scope.applies(self._ranges[scope.metric].get(run_id)):
+                continue
             state = self._state.get((run_id, rule.name, series))
             if state is None:
                 state = self._state[run_id, rule.name, series] = _State()
@@ -95,13 +105,21 @@ class AlertEngine:
 
     def state(self) -> dict[str, Any]:
         """Per (run, rule, series) state and liveness, for checkpoints (rules are not included)."""
-        return {"state": self._state, "last_seen": self._last_seen, "finished": self._finished}
+        return {
+            "state": self._state,
+            "last_seen": self._last_seen,
+            "finished": self._finished,
+            "ranges": self._ranges,
+        }
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state`; rules by the same name keep their firing/streak state."""
         self._state = state["state"]
         self._last_seen = state["last_seen"]
         self._finished = state["finished"]
+        for metric, ranges in state["ranges"].items():
+            if metric in self._ranges:
+                self._ranges[metric] = ranges
 
     def seen(self, run_id: str, ts_ms: int, finished: bool = False) -> list[dict[str, Any]]:
         """Note that the run is alive; resolves its 'absent' alerts. ``finished`` ends watching it."""
@@ -187,6 +205,15 @@ class AlertEngine:
                 state.false_since = None
                 return _alert(rule, "resolved", run_id, series, value, step, ts_ms, "back within limits")
         return None
+
+
+def _widen(ranges: dict[str, tuple[float, float]], run_id: str, values: Sequence[float]) -> None:
+    """Fold a column's finite values into the run's (min, max)."""
+    finite = [v for v in values if math.isfinite(v)]
+    if finite:
+        lo, hi = min(finite), max(finite)
+        old = ranges.get(run_id)
+        ranges[run_id] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
 
 
 def _quiet(rule: Rule, state: _State, values: Sequence[float]) -> bool:

@@ -25,7 +25,19 @@ SEED_004_REWARD_SAMPLES = {
 
 
 #: The per-metric statistics ``metric_stats`` can name.
-METRIC_STATS = ("recent_mean", "ema", "std", "min", "max", "median", "p99", "count", "slope", "trend")
+METRIC_STATS = (
+    "recent_mean",
+    "ema",
+    "std",
+    "min",
+    "max",
+    "median",
+    "p99",
+    "count",
+    "nonfinite",
+    "slope",
+    "trend",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,11 +52,18 @@ class StreamConfig:
     trend_window: int = 20
     #: Values kept for the P99 of throughput series.
     p99_window: int = 1000
-    #: The logged scalar that Epoch/AvgReward, RewardVariance and RewardTrend are computed from
-    #: (if its samples are logged through an alias, those samples are used instead).
+    #: The per-step average reward that Epoch/AvgReward, RewardVariance, RewardCV and
+    #: RewardTrend are computed over (the mean and the population variance of the epoch's
+    #: per-step averages). Logged as a scalar, or as per-sample rewards through an alias whose
+    #: ``mean`` is this name (then each step's average is the mean of its finite samples):
+    #: both ways give the same numbers.
     reward_metric: str = "Train/AvgReward"
     #: The logged scalar behind Epoch/AvgLoss and Epoch/LossTrend.
     loss_metric: str = "Train/Loss"
+    #: A scalar the user logs with the number of samples a step processed; summed per epoch
+    #: into Epoch/NumSamples. Without it, Epoch/NumSamples is the total size of the per-sample
+    #: arrays logged in the step (the largest one per step), and without either it is not emitted.
+    sample_count_metric: str = "Train/NumSamples"
     #: Samples name -> {statistic: derived name}; statistics without an alias are named
     #: ``<samples name>_<statistic>`` (seed 002's ``rewards/{name}_mean`` and friends).
     sample_aliases: Mapping[str, Mapping[str, str]] = dataclasses.field(
@@ -73,8 +92,9 @@ class StreamConfig:
     summary_table: str = "rubric_criteria_summary"
     #: What every logged scalar M gets as ``stats/M/<stat>``, once per input record: any of
     #: recent_mean, ema, std, min, max, median, p99 (over the last ``window`` values), count
-    #: (all values so far), slope and trend (+1 improving, 0 stable, -1 declining, with the
-    #: metric's direction; over the last ``trend_window`` values). Each one is another point
+    #: (finite values so far), nonfinite (NaN and inf values so far), slope and trend
+    #: (+1 improving, 0 stable, -1 declining, with the metric's direction; over the last
+    #: ``trend_window`` values). Each one is another point
     #: per metric per record; () for none.
     metric_stats: tuple[str, ...] = ("recent_mean", "ema")
     #: Name prefixes whose higher values are worse (for trend direction); everything else

@@ -59,6 +59,8 @@ def _metric_stat(series: _Series, stat: str, higher_is_better: bool) -> float:
         return series.ema.value
     if stat == "count":
         return float(series.count)
+    if stat == "nonfinite":
+        return float(series.nonfinite)
     if not len(recent):
         return math.nan
     if stat == "std":
@@ -80,10 +82,11 @@ class Column(NamedTuple):
 
 
 class _Series:
-    __slots__ = ("recent", "ema", "trend", "convergence", "count")
+    __slots__ = ("recent", "ema", "trend", "convergence", "count", "nonfinite")
 
     def __init__(self, cfg: StreamConfig) -> None:
-        self.count = 0
+        self.count = 0  # finite values, like every other statistic
+        self.nonfinite = 0
         self.recent = Window(cfg.window)
         self.ema = EMA(cfg.ema_weight)
         self.trend = Window(cfg.trend_window)
@@ -91,13 +94,25 @@ class _Series:
 
 
 class _Epoch:
-    __slots__ = ("reward", "reward_samples", "loss", "samples", "steps", "sums", "last_step")
+    __slots__ = (
+        "reward",
+        "reward_samples",
+        "loss",
+        "samples",
+        "counted",
+        "steps",
+        "sums",
+        "last_step",
+    )
 
     def __init__(self) -> None:
-        self.reward = Welford()  # the logged reward scalar
-        self.reward_samples = Welford()  # per-sample rewards, preferred when logged
+        # Epoch/AvgReward and RewardVariance are over the epoch's per-step average rewards,
+        # however the user logs them: the logged average, or the mean of the step's samples
+        self.reward = Welford()  # the logged per-step average
+        self.reward_samples = Welford()  # the means of per-sample rewards, preferred when logged
         self.loss = Welford()
-        self.samples = 0
+        self.samples = 0  # the sizes of the logged per-sample arrays
+        self.counted: float | None = None  # the explicit sample counts logged (cfg.sample_count_metric)
         self.steps = 0
         self.sums: dict[str, float] = {}
         self.last_step = 0
@@ -243,7 +258,12 @@ class RunDeriver:
             series = self._series.get(name)
             if series is None:
                 series = self._series[name] = _Series(cfg)
-            series.count += len(values)
+            if math.isfinite(sum(values)):
+                series.count += len(values)
+            else:
+                finite = sum(map(math.isfinite, values))
+                series.count += finite
+                series.nonfinite += len(values) - finite
             series.recent.extend(values)
             series.trend.extend(values)
             series.ema.extend(values)
@@ -260,6 +280,8 @@ class RunDeriver:
                     ep.reward.extend(values)
                 elif name == cfg.loss_metric:
                     ep.loss.extend(values)
+                elif name == cfg.sample_count_metric:
+                    ep.counted = (ep.counted or 0.0) + math.fsum(v for v in values if math.isfinite(v))
                 for suffix in cfg.epoch_sums:
                     if name.endswith(suffix):
                         ep.sums[suffix] = ep.sums.get(suffix, 0.0) + math.fsum(
@@ -305,9 +327,8 @@ class RunDeriver:
             if name.startswith("rewards/") and batch.count:
                 total_means.append(batch.mean)
             batch_size = max(batch_size, batch.count + batch.nonfinite)
-            if ep is not None:
-                if aliases.get("mean") == cfg.reward_metric:
-                    ep.reward_samples.extend(values)
+            if ep is not None and batch.count and aliases.get("mean") == cfg.reward_metric:
+                ep.reward_samples.add(batch.mean)
         if total_means:
             point("rewards/total_mean", "rewards/*", "sum_of_means", math.fsum(total_means))
         if ep is not None:
@@ -392,6 +413,8 @@ class RunDeriver:
             avg = reward.mean
             point("Epoch/AvgReward", cfg.reward_metric, "epoch_mean", avg)
             point("Epoch/RewardVariance", cfg.reward_metric, "epoch_variance", reward.variance)
+            if avg != 0:  # scale-free spread, for alert rules that must fit any reward scale
+                point("Epoch/RewardCV", cfg.reward_metric, "epoch_cv", reward.std / abs(avg))
             if "reward" in self._previous:
                 point("Epoch/RewardTrend", cfg.reward_metric, "epoch_trend", avg - self._previous["reward"])
             self._previous["reward"] = avg
@@ -402,7 +425,10 @@ class RunDeriver:
                 # positive = improving, as loss should decrease (seed 004)
                 point("Epoch/LossTrend", cfg.loss_metric, "epoch_trend", self._previous["loss"] - loss)
             self._previous["loss"] = loss
-        point("Epoch/NumSamples", "*", "count", float(ep.samples or ep.steps))
+        if ep.counted is not None:  # what the user counted wins over the arrays it logged
+            point("Epoch/NumSamples", cfg.sample_count_metric, "count", ep.counted)
+        elif ep.samples:
+            point("Epoch/NumSamples", "*", "count", float(ep.samples))
         for suffix, total in sorted(ep.sums.items()):
             point(f"Epoch/{suffix}", f"*{suffix}", "epoch_sum", total)
         for name in (cfg.reward_metric, cfg.loss_metric):
@@ -424,11 +450,17 @@ class RunDeriver:
         return out
 
     def _final(self, ts: int) -> list[Point]:
+        """Seed 002's ``final/{name}_*`` and the rubric table, over every sample of the run.
+
+        ``_total_samples`` counts every sample processed, NaN-scored ones included (seed 002);
+        ``_nonfinite_samples`` says how many of them had no finite score. The statistics are
+        over the finite scores.
+        """
         prefix = self.cfg.summary_prefix
         rows: list[list[Any]] = [
-            [name[len(prefix) :], total.mean, total.std, total.min, total.max, total.count]
+            [name[len(prefix) :], total.mean, total.std, total.min, total.max, total.count + total.nonfinite]
             for name, total in sorted(self._sample_totals.items())
-            if name.startswith(prefix) and total.count
+            if name.startswith(prefix) and total.count + total.nonfinite
         ]
         if rows:
             self._tables.append(
@@ -442,16 +474,14 @@ class RunDeriver:
             )
         out = []
         for name, total in sorted(self._sample_totals.items()):
-            if not total.count:
+            if not total.count + total.nonfinite:
                 continue
             short = name[len("rewards/") :] if name.startswith("rewards/") else name
-            for stat, value in (
-                ("mean", total.mean),
-                ("std", total.std),
-                ("max", total.max),
-                ("min", total.min),
-                ("total_samples", float(total.count)),
-            ):
+            stats = [("total_samples", float(total.count + total.nonfinite))]
+            stats.append(("nonfinite_samples", float(total.nonfinite)))
+            if total.count:
+                stats += [("mean", total.mean), ("std", total.std), ("max", total.max), ("min", total.min)]
+            for stat, value in stats:
                 out.append(
                     Point(f"final/{short}_{stat}", name, "final", self._last_step, self._epoch_no, value, ts)
                 )

@@ -38,7 +38,30 @@ _FIELDS = {
     "severity",
     "resolve_after_s",
     "message",
+    "only_if",
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Scope:
+    """Which runs a rule applies to, from the values a run has shown of one series.
+
+    ``within``: only runs whose every finite value of ``metric`` so far lies in [lo, hi]
+    (seed 004's absolute reward targets assume rewards in [0, 1]); ``outside``: only runs
+    with some value out of it (for the scale-free rule that stands in for them).
+    """
+
+    metric: str
+    lo: float
+    hi: float
+    within: bool
+
+    def applies(self, seen: tuple[float, float] | None) -> bool:
+        """Whether a run whose ``metric`` spanned ``seen`` (min, max; None: no value) is in scope."""
+        if seen is None:
+            return False
+        inside = self.lo <= seen[0] and seen[1] <= self.hi
+        return inside if self.within else not inside
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +83,7 @@ class Rule:
     severity: str = "warning"
     resolve_after_s: float = 30.0  #: the condition must stay false this long before "resolved"
     message: str = ""
+    only_if: Scope | None = None  #: the runs this rule applies to (all when None)
     line: int = 0  #: where the rule starts in its file
 
     def matches(self, series: str) -> bool:
@@ -138,6 +162,8 @@ def _rule(raw: Any, source: str) -> Rule:
         raise ConfigError(
             f"{where}: rate rule {name!r} needs 'max_change' (largest allowed change per value)"
         )
+    if "only_if" in raw:
+        fields["only_if"] = _scope(raw["only_if"], f"{where}: rule {name!r}")
     if kind == "zscore" and fields.get("direction", "both") not in ("both", "above", "below"):
         raise ConfigError(f"{where}: zscore rule {name!r}: direction must be both, above or below")
     try:
@@ -150,3 +176,24 @@ def _rule(raw: Any, source: str) -> Rule:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: rule {name!r} has a value of the wrong type ({exc})") from None
     return rule
+
+
+def _scope(raw: Any, where: str) -> Scope:
+    usage = (
+        f"{where}: only_if must be {{metric: NAME, within: [lo, hi]}} or {{metric: NAME, outside: [lo, hi]}}"
+    )
+    if not isinstance(raw, dict):
+        raise ConfigError(usage)
+    raw = {k: v for k, v in raw.items() if k != "__line__"}
+    which = [k for k in ("within", "outside") if k in raw]
+    metric, bounds = raw.get("metric"), raw.get(which[0]) if len(which) == 1 else None
+    if (
+        set(raw) != {"metric", *which}
+        or not isinstance(metric, str)
+        or not isinstance(bounds, list)
+        or len(bounds) != 2
+        or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
+        or not bounds[0] <= bounds[1]
+    ):
+        raise ConfigError(usage)
+    return Scope(metric, float(bounds[0]), float(bounds[1]), which[0] == "within")

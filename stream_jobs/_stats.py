@@ -148,12 +148,18 @@ class Window:
         return sum(self.values) / len(self.values) if self.values else math.nan
 
     def std(self) -> float:
-        """Population standard deviation of the window (two-pass, stable with large offsets)."""
+        """Population standard deviation of the window (two-pass around a shifted mean).
+
+        The values are taken relative to the first one before the mean is formed, so a
+        series of 1e9 + 1e-3 noise keeps its digits (the plain mean rounds at 1e-7).
+        """
         n = len(self.values)
         if not n:
             return math.nan
-        m = self.mean()
-        return math.sqrt(math.fsum((v - m) ** 2 for v in self.values) / n)
+        shift = self.values[0]
+        d = [v - shift for v in self.values]
+        m = math.fsum(d) / n
+        return math.sqrt(math.fsum((x - m) ** 2 for x in d) / n)
 
     def quantile(self, q: float) -> float:
         """Linear-interpolated quantile, as numpy's default; q in [0, 1]."""

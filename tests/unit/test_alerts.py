@@ -1,8 +1,10 @@
 import math
 
+import numpy as np
 import pytest
 
-from schemas import ConfigError, default_codec
+from schemas import METRICS, RUN_FINISHED, ConfigError, Event, default_codec
+from stream_jobs import StreamProcessor
 from stream_jobs._alerts import AlertEngine
 from stream_jobs._rules import DEFAULT_RULES, load_rules, parse_rules
 
@@ -94,9 +96,53 @@ def test_alerts_encode_as_alert_records():
         ("rules: [{name: a, kind: nonfinite, treshold: 3}]", "unknown field(s) ['treshold']"),
         ("rules: [ {name: a", "not valid YAML"),
         ("alerts: []", "top-level 'rules:'"),
+        (
+            "rules: [{name: a, kind: nonfinite, only_if: {metric: x, within: [2, 1]}}]",
+            "<t>:1: rule 'a': only_if",
+        ),
+        ("rules: [{name: a, kind: nonfinite, only_if: {metric: x, inside: [0, 1]}}]", "only_if must be"),
     ],
 )
 def test_a_bad_rules_file_fails_at_load_with_the_line_and_the_fix(text, fragment):
     with pytest.raises(ConfigError) as exc:
         parse_rules(text, source="<t>")
     assert fragment in str(exc.value)
+
+
+def _default_pack_on(step_rewards, epochs=4):
+    """The default rules over a run logging these per-step average rewards, 10 steps an epoch."""
+    proc = StreamProcessor(rules=load_rules(DEFAULT_RULES))
+    body = {"epoch": 0, "rank": 0, "samples": {}}
+    events = [
+        Event(
+            "r",
+            "p",
+            i,
+            1000 + i,
+            METRICS,
+            {**body, "step": i, "epoch": i // 10, "scalars": {"Train/AvgReward": v}},
+            b"",
+        )
+        for i, v in enumerate(step_rewards[: epochs * 10])
+    ]
+    events.append(
+        Event("r", "p", len(events), 1100, RUN_FINISHED, {"status": "finished", "summary": {}}, b"")
+    )
+    return {a["rule"] for a in proc.process(events).alerts}
+
+
+def test_seed_reward_rules_apply_to_unit_rewards_and_a_scale_free_rule_to_others():
+    """Seed 004's absolute targets assume rewards in [0, 1]; a CartPole-scale run gets the CV rule."""
+    rng = np.random.default_rng(5)
+    unit = (0.3 + 0.3 * rng.random(40)).tolist()  # low and spread: both seed rules are true
+    assert {"epoch_reward_below_target", "epoch_reward_unstable"} <= _default_pack_on(unit)
+    assert "epoch_reward_unstable_relative" not in _default_pack_on(unit)
+    steady = (100 + 5 * rng.random(40)).tolist()  # variance ~2, CV ~0.015: nothing is wrong
+    assert not _default_pack_on(steady) & {
+        "epoch_reward_below_target",
+        "epoch_reward_unstable",
+        "epoch_reward_unstable_relative",
+    }
+    erratic = (100 + 120 * rng.random(40)).tolist()  # CV ~0.22
+    fired = _default_pack_on(erratic)
+    assert "epoch_reward_unstable_relative" in fired and "epoch_reward_unstable" not in fired

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from schemas import METRICS, RUN_FINISHED
+from stream_jobs import StreamConfig
 from stream_jobs._derive import RunDeriver, derive_all
+from stream_jobs._stats import Window
 
 
 def metrics(step, scalars=None, samples=None, epoch=None):
@@ -72,10 +74,15 @@ def test_seed_004_batch_reward_statistics_and_epochs():
         np.var(events[0][1]["samples"]["Train/Reward"])
     )
     assert {"Train/RewardStd", "Train/RewardMin", "Train/RewardMax"} <= set(pts)
+    # over the epoch's per-step average rewards (here equal batches: the mean of all samples)
+    step_means = {e: np.asarray(rewards[e]).reshape(10, 16).mean(axis=1) for e in range(3)}
     avg = [p.value for p in pts["Epoch/AvgReward"]]
     assert avg == pytest.approx([np.mean(rewards[e]) for e in range(3)])
     assert [p.value for p in pts["Epoch/RewardVariance"]] == pytest.approx(
-        [np.var(rewards[e]) for e in range(3)]
+        [np.var(step_means[e]) for e in range(3)]
+    )
+    assert [p.value for p in pts["Epoch/RewardCV"]] == pytest.approx(
+        [np.std(step_means[e]) / np.mean(step_means[e]) for e in range(3)]
     )
     assert [p.value for p in pts["Epoch/RewardTrend"]] == pytest.approx([avg[1] - avg[0], avg[2] - avg[1]])
     loss = [np.mean(losses[e]) for e in range(3)]
@@ -86,6 +93,78 @@ def test_seed_004_batch_reward_statistics_and_epochs():
     assert [p.value for p in pts["Epoch/APITokens"]] == [1000.0] * 3
     assert [(p.epoch, p.step) for p in pts["Epoch/AvgReward"]] == [(0, 9), (1, 19), (2, 29)]
     assert pts["stats/Train/Loss/trend"][-1].value == 1.0  # loss falling: improving
+
+
+def test_epoch_reward_is_the_same_logged_as_samples_or_as_step_averages():
+    """Seed 004: Epoch/AvgReward and RewardVariance mean one thing however rewards are logged."""
+    rng = np.random.default_rng(7)
+    batches = [rng.random(int(rng.integers(4, 40))) for _ in range(40)]
+    batches[5][2] = math.nan  # a NaN-scored sample: out of its step's average, as everywhere
+    as_samples = [metrics(i, {}, {"Train/Reward": b.tolist()}, epoch=i // 10) for i, b in enumerate(batches)]
+    as_scalars = [
+        metrics(
+            i, {"Train/AvgReward": float(np.nanmean(b)), "Train/NumSamples": float(b.size)}, epoch=i // 10
+        )
+        for i, b in enumerate(batches)
+    ]
+    end = (RUN_FINISHED, {"status": "finished", "summary": {}}, 5000)
+    one, other = by_name(derive_all([*as_samples, end])), by_name(derive_all([*as_scalars, end]))
+    for name in (
+        "Epoch/AvgReward",
+        "Epoch/RewardVariance",
+        "Epoch/RewardCV",
+        "Epoch/RewardTrend",
+        "Epoch/NumSamples",
+    ):
+        assert [p.value for p in one[name]] == pytest.approx([p.value for p in other[name]], rel=1e-12), name
+    means = [np.nanmean(b) for b in batches[10:20]]
+    assert one["Epoch/RewardVariance"][1].value == pytest.approx(np.var(means), rel=1e-12)
+    assert [p.value for p in one["Epoch/NumSamples"]] == [
+        float(sum(b.size for b in batches[e * 10 : e * 10 + 10])) for e in range(4)
+    ]
+
+
+def test_num_samples_counts_samples_never_log_calls():
+    plain = [metrics(i, {"Train/Loss": 1.0}, epoch=i // 5) for i in range(10)]
+    end = (RUN_FINISHED, {"status": "finished", "summary": {}}, 5000)
+    assert "Epoch/NumSamples" not in by_name(derive_all([*plain, end]))  # nothing counted: nothing said
+    counted = [
+        metrics(i, {"Train/Loss": 1.0, "Train/NumSamples": 64.0}, {"x": [1.0] * 8}, epoch=i // 5)
+        for i in range(10)
+    ]
+    pts = by_name(derive_all([*counted, end]))
+    assert [p.value for p in pts["Epoch/NumSamples"]] == [320.0, 320.0]  # the user's count wins over arrays
+
+
+def test_final_total_samples_counts_nan_scored_samples():
+    scores = [[0.5, math.nan, 1.0], [math.inf, 0.0]]
+    events = [metrics(i, {}, {"rewards/judge": s}) for i, s in enumerate(scores)]
+    events.append((RUN_FINISHED, {"status": "finished", "summary": {}}, 5000))
+    pts = by_name(derive_all(events))
+    assert pts["final/judge_total_samples"][0].value == 5.0
+    assert pts["final/judge_nonfinite_samples"][0].value == 2.0
+    assert pts["final/judge_mean"][0].value == pytest.approx(0.5)
+
+
+def test_stats_count_is_finite_values_and_nonfinite_is_separate():
+    cfg = StreamConfig(metric_stats=("count", "nonfinite", "std"))
+    deriver = RunDeriver("r", cfg)
+    values = [1.0, math.nan, 2.0, math.inf, 3.0]
+    for i, v in enumerate(values):
+        deriver.feed(METRICS, metrics(i, {"m": v})[1], i)
+    pts = by_name(deriver.rolling_points())
+    assert pts["stats/m/count"][-1].value == 3.0
+    assert pts["stats/m/nonfinite"][-1].value == 2.0
+
+
+def test_stats_std_is_exact_on_a_large_offset():
+    """A loss of 1e9 + 1e-3 noise: the window's std uses a shifted mean."""
+    rng = np.random.default_rng(3)
+    values = (1e9 + 1e-3 * rng.standard_normal(10)).tolist()
+    window = Window(10)
+    window.extend(values)
+    exact = float(np.std(np.asarray(values) - values[0]))
+    assert window.std() == pytest.approx(exact, rel=1e-9)
 
 
 def test_epoch_reward_from_a_logged_scalar_and_rolling_stats():

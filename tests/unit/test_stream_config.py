@@ -70,7 +70,7 @@ def test_slope_and_trend_of_every_metric_with_its_direction():
 
 
 def test_metric_stats_over_the_recent_window_once_per_record():
-    cfg = StreamConfig(metric_stats=("std", "min", "max", "median", "p99", "count"))
+    cfg = StreamConfig(metric_stats=("std", "min", "max", "median", "p99", "count", "nonfinite"))
     deriver = RunDeriver("run", cfg)
     values = [float(v) for v in np.random.default_rng(3).normal(5, 2, 37)]
     values[20] = float("nan")  # counted, never in a window statistic
@@ -84,5 +84,6 @@ def test_metric_stats_over_the_recent_window_once_per_record():
     assert points["stats/Train/Loss/max"].value == recent.max()
     assert points["stats/Train/Loss/median"].value == pytest.approx(np.median(recent))
     assert points["stats/Train/Loss/p99"].value == pytest.approx(np.quantile(recent, 0.99))
-    assert points["stats/Train/Loss/count"].value == 37 and points["stats/Train/Loss/count"].step == 36
+    assert points["stats/Train/Loss/count"].value == 36 and points["stats/Train/Loss/count"].step == 36
+    assert points["stats/Train/Loss/nonfinite"].value == 1  # the NaN: counted apart, like everywhere
     assert deriver.rolling_points() == []  # nothing new since
