@@ -101,8 +101,13 @@ class Publisher:
 
     @property
     def backlog(self) -> int:
-        """Events queued in memory plus bytes spooled but unacknowledged (0 means all sent)."""
-        return len(self._queue) + self.spool.unsent_bytes
+        """Events queued in memory plus bytes spooled but unacknowledged (0 means all sent).
+
+        Read under the lock: the thread takes events off the queue and appends them to the
+        spool inside it, and between the two both would look empty.
+        """
+        with self._lock:
+            return len(self._queue) + self.spool.unsent_bytes
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything submitted so far is acknowledged; False on timeout."""
@@ -110,7 +115,7 @@ class Publisher:
         self._next_attempt = 0.0
         while time.monotonic() < deadline:
             self._wake.set()
-            if not self._queue and self.spool.unsent_bytes == 0:
+            if self.backlog == 0:
                 return True
             if not self._thread.is_alive():
                 return False

@@ -165,3 +165,26 @@ for i in range(1000):
     spool.close()
     assert [e["seq"] for e in events] == list(range(1002))  # RunStarted, 1000 metrics, RunFinished
     assert events[-1]["body"] == (RUN_FINISHED, {"status": "finished", "summary": {}})
+
+
+def test_flush_never_returns_while_events_are_between_the_queue_and_the_spool(settings, monkeypatch):
+    """The flaky broker-restart test's cause: flush() saw an empty queue and an empty spool while
+    the thread was encoding the events it had just taken off the queue, and said they were sent."""
+    fake = FakeTransport()
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    assert run._publisher.flush(5)
+    publisher = run._publisher
+    encode = publisher._encode
+
+    def slow_encode(events):
+        time.sleep(0.2)  # a loaded machine: the encoding takes a while
+        return encode(events)
+
+    monkeypatch.setattr(publisher, "_encode", slow_encode)
+    for i in range(50):
+        run.log({"x": float(i)}, step=i)
+    publisher._wake.set()
+    time.sleep(0.05)  # the thread has taken the events off the queue and is encoding them
+    assert publisher.flush(5)
+    assert [seq for _, seq, _ in fake.events()] == list(range(51))  # in the transport when flush said so
+    run.finish(timeout=5)
