@@ -135,15 +135,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_alerts(args: argparse.Namespace) -> int:
-    from sinks.alerts import ConsoleAlerts, WandbAlerts, WebhookAlerts, consume_alerts
+    from sinks.alerts import AlertRunner, ConsoleAlerts, WandbAlerts, WebhookAlerts
 
     settings = _settings(args)
-    if sum(map(bool, (args.console, args.webhook, args.wandb))) != 1:
+    if sum(map(bool, (args.console, args.webhook, args.wandb))) > 1:
         raise MetricbusError(
-            "choose one consumer: --console, --webhook URL or --wandb (one process per consumer)"
+            "choose one consumer: --console (default), --webhook URL or --wandb (one process per consumer)"
         )
     try:
-        if args.console:
+        if not (args.webhook or args.wandb):
             handler: Any = ConsoleAlerts()
         elif args.webhook:
             handler = WebhookAlerts(args.webhook)
@@ -154,11 +154,12 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     group = f"{settings.topic_prefix}alerts.{args.group or handler.name}"
 
     async def main() -> None:
-        stop = asyncio.Event()
+        runner = AlertRunner(settings, handler, group_id=group)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await consume_alerts(settings, handler, group, stop)
+            loop.add_signal_handler(sig, runner.stop)
+        stats = await runner.run()
+        log.info("alerts %s stopped: %s", handler.name, stats)
 
     asyncio.run(main())
     return 0
@@ -317,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_worker)
 
     s = sub.add_parser("alerts", help="deliver alerts: one line each on the console, or POST to a webhook")
-    s.add_argument("--console", action="store_true", help="print each alert as one line")
+    s.add_argument("--console", action="store_true", help="print each alert as one line (the default)")
     s.add_argument(
         "--webhook", metavar="URL", help="POST Slack-compatible JSON to URL (retries with backoff)"
     )

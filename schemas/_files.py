@@ -92,15 +92,17 @@ class Ledger:
         for producer, intervals in held.items():
             self.seqs.setdefault(producer, SeqSet()).merge(intervals)
 
-    def add(self, producer_id: str, seq: int) -> None:
-        """Record one event as held (durable only after the next ``save``)."""
+    def add(self, producer_id: str, seq: int) -> bool:
+        """Record one event as held (durable only after the next ``save``); False if it was."""
         if seq < 0:
-            return
+            return True
         seqs = self.seqs.get(producer_id)
         if seqs is None:
             seqs = self.seqs[producer_id] = SeqSet()
-        seqs.add(seq)
+        if not seqs.add(seq):
+            return False
         self.dirty = True
+        return True
 
     def intervals(self) -> dict[str, list[Interval]]:
         """{producer_id: intervals}, what ``recover`` reports."""

@@ -137,7 +137,167 @@ class Feeder:
         return rejected
 
 
-class SinkRunner:
+class ConsumerLoop:
+    """One consumer group's loop: poll, process, flush, then commit; dead letters; clean stop.
+
+    Subclasses say what a batch of records means (:meth:`_process`) and how to make it
+    durable (:meth:`flush`); the loop never commits an offset before that flush returned.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        topics: list[str],
+        group_id: str,
+        name: str,
+        *,
+        flush_interval_s: float = 2.0,
+    ) -> None:
+        self.settings = settings
+        self.topics = topics
+        self.group_id = group_id
+        self.name = name
+        self.flush_interval_s = flush_interval_s
+        self.stats = SinkStats()
+        self._stopping = asyncio.Event()
+        self._consumer: Any = None
+        self._producer: Any = None
+        self._uncommitted: dict[Any, int] = {}
+        self._last_flush = time.monotonic()
+
+    # -- what a subclass says -----------------------------------------------------------
+
+    def open(self) -> None:
+        """Before consuming."""
+
+    def close(self) -> None:
+        """After the last commit (also after a failure)."""
+
+    def pending(self) -> int:
+        """How much is taken but not yet durable (0: nothing to flush)."""
+        return 0
+
+    def flush(self) -> None:
+        """Make durable what :meth:`_process` took (runs in a thread)."""
+
+    def due(self) -> bool:
+        """Whether to flush and commit now."""
+        return bool(self._uncommitted) and time.monotonic() - self._last_flush >= self.flush_interval_s
+
+    async def _process(self, records: list[Any]) -> None:
+        raise NotImplementedError
+
+    def _after_commit(self) -> None:
+        """After each flush and commit."""
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the loop to flush, commit and return."""
+        self._stopping.set()
+
+    async def run(self) -> SinkStats:
+        """Consume until stop(); always flushes and commits what it took before returning."""
+        from aiokafka.abc import ConsumerRebalanceListener
+
+        loop = self
+
+        class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+            async def on_partitions_revoked(self, revoked: Any) -> None:
+                await loop._flush_and_commit()
+
+            async def on_partitions_assigned(self, assigned: Any) -> None:
+                log.info("%s assigned %s", loop.name, sorted(str(tp) for tp in assigned))
+
+        self.open()
+        self._consumer = make_consumer(
+            self.settings, group_id=self.group_id, client_id=f"metricbus-{self.name}"
+        )
+        self._producer = make_producer(self.settings, client_id=f"metricbus-{self.name}-dlq")
+        try:
+            await self._consumer.start()
+            await self._producer.start()
+            self._consumer.subscribe(self.topics, listener=_Listener())
+            log.info("%s consuming %s as group %s", self.name, ", ".join(self.topics), self.group_id)
+            while not self._stopping.is_set():
+                batches = await self._consumer.getmany(timeout_ms=200, max_records=5000)
+                for tp, records in batches.items():
+                    self._uncommitted[tp] = records[-1].offset + 1
+                await self._process([r for records in batches.values() for r in records])
+                if self.due():
+                    await self._flush_and_commit()
+            await self._flush_and_commit()
+        finally:
+            self.close()
+            await self._consumer.stop()
+            await self._producer.stop()
+        return self.stats
+
+    async def _flush_and_commit(self) -> None:
+        backoff = 0.5
+        while True:
+            try:
+                if self.pending():
+                    await asyncio.to_thread(self.flush)
+                    self.stats.flushes += 1
+                break
+            except Exception as exc:  # noqa: BLE001 - keep the consumer alive; nothing is committed
+                self.stats.flush_failures += 1
+                log.error(
+                    "%s: flush failed (%s); retrying in %.1fs, nothing committed", self.name, exc, backoff
+                )
+                if self._stopping.is_set():
+                    return  # stopping: what was not flushed is re-delivered to the next process
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+        self._last_flush = time.monotonic()
+        if self._uncommitted:
+            offsets, self._uncommitted = self._uncommitted, {}
+            try:
+                await self._consumer.commit(offsets)
+                self.stats.commits += 1
+            except Exception as exc:  # noqa: BLE001 - a lost commit only means harmless re-delivery
+                log.warning(
+                    "%s: commit failed (%s); records may be re-delivered and deduplicated", self.name, exc
+                )
+        self._after_commit()
+
+    async def _deadletter(self, value: bytes | None, key: bytes | None, reason: str, record: Any) -> None:
+        """Send what could not be taken to the dead-letter topic, with the reason."""
+        self.stats.deadlettered += 1
+        topic, partition, offset = (
+            (record.topic, record.partition, record.offset) if record else ("-", -1, -1)
+        )
+        where = f"{topic}[{partition}]@{offset}" if record else "an event"
+        log.error(
+            "%s: %s cannot be taken (%s); sent to %s",
+            self.name,
+            where,
+            reason,
+            self.settings.topics.deadletter,
+        )
+        letter = dead_letter(
+            value, key, reason, topic=topic, partition=partition, offset=offset, consumer=self.group_id
+        )
+        backoff = 0.5
+        while True:
+            try:
+                await self._producer.send_and_wait(
+                    self.settings.topics.deadletter,
+                    value=letter.value,
+                    key=letter.key,
+                    headers=letter.headers,
+                )
+                return
+            except Exception as send_exc:  # noqa: BLE001 - never commit past a record we did not keep
+                log.error("dead-letter send failed (%s); retrying in %.1fs", send_exc, backoff)
+                if self._stopping.is_set():
+                    raise
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+
+class SinkRunner(ConsumerLoop):
     """Runs one sink until :meth:`stop` (call it from the event loop, e.g. a signal handler)."""
 
     def __init__(
@@ -151,74 +311,44 @@ class SinkRunner:
         max_pending_events: int = 200_000,
         codec: Codec | None = None,
     ) -> None:
-        self.sink = sink
-        self.settings = settings
         #: Topics consumed: the events topic and, for sinks that show derived series, the
         #: aggregates topic.
-        self.topics = topics or [settings.topics.events]
-        self.group_id = group_id or f"{settings.topic_prefix}sink.{sink.name}"
-        self.flush_interval_s = flush_interval_s
+        super().__init__(
+            settings,
+            topics or [settings.topics.events],
+            group_id or f"{settings.topic_prefix}sink.{sink.name}",
+            f"sink-{sink.name}",
+            flush_interval_s=flush_interval_s,
+        )
+        self.sink = sink
         self.max_pending_events = max_pending_events
         self.codec = codec or default_codec()
-        self.stats = SinkStats()
         self.feeder = Feeder(sink, self.codec)
-        self._stopping = asyncio.Event()
-        self._consumer: Any = None
-        self._producer: Any = None
-        self._uncommitted: dict[Any, int] = {}
         #: derived records of runs whose logged events (RunStarted first) this sink has not seen
         #: yet: they come from another topic and can overtake them; written once the run is
         #: known, and their partition is not committed past them meanwhile
         self._held: dict[str, list[Any]] = {}
-        self._last_flush = time.monotonic()
         self._gaps_reported: dict[str, int] = {}
 
-    def stop(self) -> None:
-        """Ask the loop to flush, commit and return."""
-        self._stopping.set()
-
-    async def run(self) -> SinkStats:
-        """Consume until stop(); always flushes and commits what it wrote before returning."""
-        from aiokafka.abc import ConsumerRebalanceListener
-
-        runner = self
-
-        class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-            async def on_partitions_revoked(self, revoked: Any) -> None:
-                await runner._flush_and_commit()
-
-            async def on_partitions_assigned(self, assigned: Any) -> None:
-                log.info("sink %s assigned %s", runner.sink.name, sorted(str(tp) for tp in assigned))
-
+    def open(self) -> None:
+        """Open the sink."""
         self.sink.open()
-        name = self.sink.name
-        self._consumer = make_consumer(
-            self.settings, group_id=self.group_id, client_id=f"metricbus-sink-{name}"
-        )
-        self._producer = make_producer(self.settings, client_id=f"metricbus-sink-{name}-dlq")
-        try:
-            await self._consumer.start()
-            await self._producer.start()
-            self._consumer.subscribe(self.topics, listener=_Listener())
-            log.info("sink %s consuming %s as group %s", name, ", ".join(self.topics), self.group_id)
-            while not self._stopping.is_set():
-                batches = await self._consumer.getmany(timeout_ms=200, max_records=5000)
-                for tp, records in batches.items():
-                    self._uncommitted[tp] = records[-1].offset + 1
-                await self._process([r for records in batches.values() for r in records])
-                if self._due():
-                    await self._flush_and_commit()
-            await self._flush_and_commit()
-        finally:
-            self.sink.close()
-            await self._consumer.stop()
-            await self._producer.stop()
-        return self.stats
 
-    def _due(self) -> bool:
-        if self.sink.pending() >= self.max_pending_events:
-            return True
-        return bool(self._uncommitted) and time.monotonic() - self._last_flush >= self.flush_interval_s
+    def close(self) -> None:
+        """Close the sink."""
+        self.sink.close()
+
+    def pending(self) -> int:
+        """Events the sink holds unflushed."""
+        return self.sink.pending()
+
+    def flush(self) -> None:
+        """The sink's flush."""
+        self.sink.flush()
+
+    def due(self) -> bool:
+        """A full buffer, or the flush interval."""
+        return self.sink.pending() >= self.max_pending_events or super().due()
 
     async def _process(self, records: list[Any]) -> None:
         fresh: list[Event] = []
@@ -274,41 +404,7 @@ class SinkRunner:
         except SchemaError:
             return repr(event)[:4096].encode()
 
-    async def _flush_and_commit(self) -> None:
-        backoff = 0.5
-        while True:
-            try:
-                if self.sink.pending():
-                    await asyncio.to_thread(self.sink.flush)
-                    self.stats.flushes += 1
-                break
-            except Exception as exc:  # noqa: BLE001 - keep the consumer alive; nothing is committed
-                self.stats.flush_failures += 1
-                log.error(
-                    "sink %s: flush failed (%s); retrying in %.1fs, nothing committed",
-                    self.sink.name,
-                    exc,
-                    backoff,
-                )
-                if self._stopping.is_set():
-                    return  # stopping: what was not flushed is re-delivered to the next process
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-        self._last_flush = time.monotonic()
-        if self._uncommitted:
-            offsets, self._uncommitted = self._uncommitted, {}
-            try:
-                await self._consumer.commit(offsets)
-                self.stats.commits += 1
-            except Exception as exc:  # noqa: BLE001 - a lost commit only means harmless re-delivery
-                log.warning(
-                    "sink %s: commit failed (%s); events may be re-delivered and deduplicated",
-                    self.sink.name,
-                    exc,
-                )
-        self._report_gaps()
-
-    def _report_gaps(self) -> None:
+    def _after_commit(self) -> None:
         for producer, missing in self.feeder.logged.gaps().items():
             if self._gaps_reported.get(producer) != missing:
                 self._gaps_reported[producer] = missing
@@ -318,37 +414,3 @@ class SinkRunner:
                     producer,
                     missing,
                 )
-
-    async def _deadletter(self, value: bytes | None, key: bytes | None, reason: str, record: Any) -> None:
-        """Send what the sink could not take to the dead-letter topic, with the reason."""
-        self.stats.deadlettered += 1
-        topic, partition, offset = (
-            (record.topic, record.partition, record.offset) if record else ("-", -1, -1)
-        )
-        where = f"{topic}[{partition}]@{offset}" if record else "an event"
-        log.error(
-            "sink %s: %s cannot be taken (%s); sent to %s",
-            self.sink.name,
-            where,
-            reason,
-            self.settings.topics.deadletter,
-        )
-        letter = dead_letter(
-            value, key, reason, topic=topic, partition=partition, offset=offset, consumer=self.group_id
-        )
-        backoff = 0.5
-        while True:
-            try:
-                await self._producer.send_and_wait(
-                    self.settings.topics.deadletter,
-                    value=letter.value,
-                    key=letter.key,
-                    headers=letter.headers,
-                )
-                return
-            except Exception as send_exc:  # noqa: BLE001 - never commit past a record we did not keep
-                log.error("dead-letter send failed (%s); retrying in %.1fs", send_exc, backoff)
-                if self._stopping.is_set():
-                    raise
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)

@@ -1,10 +1,10 @@
-"""Alert consumers: console (one line per alert) and webhook (Slack-compatible JSON, retries).
+"""Alert consumers: console (one line per alert), webhook (Slack-compatible JSON, retries), W&B.
 
-Each reads the alerts topic as its own consumer group and delivers every alert once.
-
-A slow or failing endpoint only delays its own consumer: the console, the other webhooks and
-the pipeline have their own groups. Offsets are committed after delivery (or after the last
-retry failed, which is logged with the alert, so nothing is silently lost).
+Each reads the alerts topic as its own consumer group on the sink runtime and delivers every
+alert once (see :class:`AlertRunner`). A slow or failing endpoint only delays its own
+consumer: the console, the other webhooks and the pipeline have their own groups. Offsets are
+committed after delivery, or after the alert went to the dead-letter topic with the reason,
+so nothing is silently lost.
 """
 
 from __future__ import annotations
@@ -18,14 +18,9 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
-from schemas import (
-    SchemaError,
-    Settings,
-    client_options,
-    consumer_group_options,
-    default_codec,
-    fetch_options,
-)
+from schemas import Codec, Ledger, SchemaError, Settings, default_codec, path_segment
+
+from ._runtime import ConsumerLoop
 
 log = logging.getLogger("metricbus.alerts")
 
@@ -154,37 +149,72 @@ class WandbAlerts:
         self._runs.clear()
 
 
-async def consume_alerts(settings: Settings, handler: Handler, group: str, stop: asyncio.Event) -> int:
-    """Deliver every alert to ``handler`` until ``stop`` is set; return how many were handled."""
-    from aiokafka import AIOKafkaConsumer
+class AlertRunner(ConsumerLoop):
+    """Delivers every alert of the alerts topic to one handler, once, on the sink runtime.
 
-    codec = default_codec()
-    consumer = AIOKafkaConsumer(
-        settings.topics.alerts,
-        **client_options(settings),
-        **consumer_group_options(settings),
-        **fetch_options(settings),
-        group_id=group,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
-    await consumer.start()
-    handled = 0
-    try:
-        while not stop.is_set():
-            batches = await consumer.getmany(timeout_ms=200)
-            for records in batches.values():
-                for record in records:
-                    try:
-                        name, alert = codec.decode(record.value)
-                    except SchemaError as exc:
-                        log.error("undecodable alert record at offset %d: %s", record.offset, exc)
-                        continue
-                    if name == "Alert":
-                        await handler(alert)
-                        handled += 1
-            if batches:
-                await consumer.commit()
-    finally:
-        await consumer.stop()
-    return handled
+    Alerts with an identity (``seq``, per run) are checked against a ledger of the ones this
+    consumer group already handled (``<data dir>/alerts/<group>.json``, saved before each
+    commit), so a stream worker that re-sends alerts after a restart does not page twice.
+    An undecodable record, a handler that raises and a delivery that failed after its retries
+    go to the dead-letter topic with the reason; the consumer goes on.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        handler: Handler,
+        *,
+        group_id: str | None = None,
+        flush_interval_s: float = 1.0,
+        codec: Codec | None = None,
+    ) -> None:
+        name = getattr(handler, "name", "handler")
+        group = group_id or f"{settings.topic_prefix}alerts.{name}"
+        super().__init__(
+            settings, [settings.topics.alerts], group, f"alerts-{name}", flush_interval_s=flush_interval_s
+        )
+        self.handler = handler
+        self.codec = codec or default_codec()
+        self.ledger = Ledger(settings.data_dir / "alerts" / f"{path_segment(group)}.json")
+
+    def open(self) -> None:
+        """Load what this group already delivered."""
+        self.ledger.load()
+
+    def close(self) -> None:
+        """Close the handler if it holds anything (W&B runs)."""
+        close = getattr(self.handler, "close", None)
+        if close is not None:
+            close()
+
+    def pending(self) -> int:
+        """1 while delivered alerts are not yet in the saved ledger."""
+        return int(self.ledger.dirty)
+
+    def flush(self) -> None:
+        """Save the ledger (before the offsets are committed)."""
+        self.ledger.save()
+
+    async def _process(self, records: list[Any]) -> None:
+        for record in records:
+            self.stats.records += 1
+            try:
+                name, alert = self.codec.decode(record.value)
+                if name != "Alert":
+                    raise SchemaError(f"a {name} record on the alerts topic")
+            except SchemaError as exc:
+                await self._deadletter(record.value, record.key, f"{type(exc).__name__}: {exc}", record)
+                continue
+            self.stats.events += 1
+            if not self.ledger.add(alert["run_id"], alert["seq"]):
+                self.stats.duplicates += 1
+                continue
+            try:
+                delivered = await self.handler(alert)
+                why = "" if delivered else f"{self.name}: delivery failed after its retries"
+            except Exception as exc:  # noqa: BLE001 - one alert must not stop the consumer
+                delivered, why = False, f"{self.name}: {type(exc).__name__}: {exc}"
+            if delivered:
+                self.stats.written += 1
+            else:
+                await self._deadletter(record.value, record.key, why, record)

@@ -57,11 +57,14 @@ class StreamProcessor:
     def __init__(self, cfg: StreamConfig | None = None, rules: Iterable[Rule] = ()) -> None:
         self.cfg = cfg or StreamConfig()
         self.alerts = AlertEngine(list(rules))
+        self._timed = {r.name for r in self.alerts.rules if r.kind == "absent"}
         self.dedupe = Deduper()
         self._runs: dict[str, RunDeriver] = {}
         #: run -> seq of its next derived event: derived output is a function of the input
         #: records, so a worker that rebuilt its state numbers re-derived events the same way
         self._out_seq: dict[str, int] = {}
+        #: run -> seq of its next alert derived from its events (Alert.seq), for the same reason
+        self._alert_seq: dict[str, int] = {}
         self.events = 0
 
     def process(self, events: Iterable[Event]) -> Output:
@@ -100,7 +103,23 @@ class StreamProcessor:
                 self._out_seq[run] = out.first_seq[run] + count
         if len(out.alerts) > 1:  # rules ran a column at a time: put the alerts back in event order
             out.alerts.sort(key=lambda a: (a["ts_ms"], -1 if a["step"] is None else a["step"]))
+        self._number(out.alerts)
         return out
+
+    def _number(self, alerts: list[dict[str, Any]]) -> None:
+        """Give each alert its identity: per run, in order, for alerts that follow from events alone.
+
+        An 'absent' rule's alerts depend on the wall clock: they get -1, so that a restarted
+        worker that sees time differently does not shift the others.
+        """
+        timed = self._timed
+        for alert in alerts:
+            run = alert["run_id"]
+            if alert["rule"] in timed:
+                alert["seq"] = -1
+                continue
+            alert["seq"] = self._alert_seq.get(run, 0)
+            self._alert_seq[run] = alert["seq"] + 1
 
     def _new_by_run(self, events: Iterable[Event]) -> dict[str, list[Event]]:
         """The events not seen before, by run, in order.
@@ -145,6 +164,7 @@ class StreamProcessor:
             "dedupe": self.dedupe,
             "events": self.events,
             "out_seq": self._out_seq,
+            "alert_seq": self._alert_seq,
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -156,7 +176,10 @@ class StreamProcessor:
         self.dedupe = state["dedupe"]
         self.events = state["events"]
         self._out_seq = state["out_seq"]
+        self._alert_seq = state["alert_seq"]
 
     def tick(self, now_ms: int) -> list[dict[str, Any]]:
-        """Time-driven rules (a stalled run); call about once a second."""
-        return self.alerts.check_absent(now_ms)
+        """Time-driven rules (a stalled run); call about once a second. No identity (seq -1)."""
+        out = self.alerts.check_absent(now_ms)
+        self._number(out)
+        return out

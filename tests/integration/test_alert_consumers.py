@@ -8,7 +8,9 @@ import pytest
 from kafka import KafkaProducer
 
 from schemas import client_options, default_codec
-from sinks.alerts import ConsoleAlerts, WebhookAlerts, consume_alerts
+from sinks.alerts import AlertRunner, ConsoleAlerts, WebhookAlerts
+
+from .conftest import read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -22,44 +24,74 @@ ALERT = {
     "step": 42,
     "message": "loss is NaN",
     "ts_ms": 1_700_000_000_000,
+    "seq": 0,
 }
 
 
 def publish(settings, alerts):
     producer = KafkaProducer(**client_options(settings), enable_idempotence=False)
     for a in alerts:
-        producer.send(
-            settings.topics.alerts, key=a["run_id"].encode(), value=default_codec().encode("Alert", a)
-        )
+        value = a if isinstance(a, bytes) else default_codec().encode("Alert", a)
+        producer.send(settings.topics.alerts, key=b"run-7", value=value)
     producer.flush()
     producer.close()
 
 
 def run_consumer(settings, handler, group, until):
+    """Run an AlertRunner until ``until(stats)``; return its stats."""
+
     async def main():
-        stop = asyncio.Event()
+        runner = AlertRunner(settings, handler, group_id=group, flush_interval_s=0.2)
 
         async def watch():
-            while not until():
+            while not until(runner.stats):
                 await asyncio.sleep(0.1)
-            stop.set()
+            runner.stop()
 
         watcher = asyncio.create_task(watch())
-        n = await asyncio.wait_for(consume_alerts(settings, handler, group, stop), timeout=60)
+        stats = await asyncio.wait_for(runner.run(), timeout=60)
         await watcher
-        return n
+        return stats
 
     return asyncio.run(main())
 
 
 def test_console_prints_one_clear_line_per_alert(settings):
-    publish(settings, [ALERT, {**ALERT, "state": "resolved", "step": 50, "message": "back within limits"}])
+    publish(
+        settings,
+        [ALERT, {**ALERT, "state": "resolved", "step": 50, "message": "back within limits", "seq": 1}],
+    )
     out = io.StringIO()
-    n = run_consumer(settings, ConsoleAlerts(out), "c", lambda: out.getvalue().count("\n") >= 2)
+    stats = run_consumer(settings, ConsoleAlerts(out), "c", lambda _: out.getvalue().count("\n") >= 2)
     lines = out.getvalue().splitlines()
-    assert n == 2
+    assert stats.written == 2 and len(lines) == 2
     assert lines[0] == "[FIRING] critical nan_loss: run run-7 Train/Loss step 42: loss is NaN"
     assert lines[1].startswith("[RESOLVED]")
+
+
+def test_a_resent_alert_is_delivered_once_even_across_consumer_restarts_and_a_bad_record_is_dead_lettered(
+    settings,
+):
+    """A restarted stream worker re-sends alerts with their seq; the console prints each once."""
+    second = {**ALERT, "state": "resolved", "step": 50, "message": "back within limits", "seq": 1}
+    publish(settings, [ALERT, b"not an alert at all", ALERT])
+    out = io.StringIO()
+    stats = run_consumer(settings, ConsoleAlerts(out), "c", lambda st: st.records >= 3)
+    assert stats.duplicates == 1 and stats.deadlettered == 1 and stats.written == 1
+    publish(
+        settings, [ALERT, second, {**ALERT, "seq": -1, "rule": "run_stalled", "metric": "*", "step": None}]
+    )
+    stats = run_consumer(settings, ConsoleAlerts(out), "c", lambda st: st.records >= 3)  # a new process
+    assert stats.duplicates == 1 and stats.written == 2
+    lines = out.getvalue().splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "[FIRING] critical nan_loss",
+        "[RESOLVED] critical nan_loss",
+        "[FIRING] critical run_stalled",
+    ]
+    (dead,) = read_topic(settings, settings.topics.deadletter, 1)
+    assert dead.value == b"not an alert at all"
+    assert "BadMagicError" in dict(dead.headers)["metricbus.reason"].decode()
 
 
 class _Hook(http.server.BaseHTTPRequestHandler):
@@ -88,7 +120,7 @@ def test_webhook_posts_slack_compatible_json_and_retries_a_failing_endpoint(sett
     try:
         publish(settings, [ALERT])
         hook = WebhookAlerts(f"http://127.0.0.1:{server.server_port}/hook", backoff_s=0.1)
-        run_consumer(settings, hook, "w", lambda: bool(_Hook.received))
+        run_consumer(settings, hook, "w", lambda _: bool(_Hook.received))
     finally:
         server.shutdown()
     (body,) = _Hook.received
@@ -97,8 +129,11 @@ def test_webhook_posts_slack_compatible_json_and_retries_a_failing_endpoint(sett
     assert hook.failed == 0  # two 500s, then delivered
 
 
-def test_an_unreachable_webhook_gives_up_after_its_retries_without_blocking_forever(settings):
+def test_an_unreachable_webhook_gives_up_after_its_retries_and_dead_letters_the_alert(settings):
     publish(settings, [ALERT])
     hook = WebhookAlerts("http://127.0.0.1:9/nothing-listens", retries=3, backoff_s=0.05, timeout_s=1)
-    n = run_consumer(settings, hook, "dead", lambda: hook.failed >= 1)
-    assert n == 1 and hook.failed == 1
+    stats = run_consumer(settings, hook, "dead", lambda st: st.deadlettered >= 1)
+    assert stats.records == 1 and hook.failed == 1 and stats.written == 0
+    (dead,) = read_topic(settings, settings.topics.deadletter, 1)
+    assert default_codec().decode(dead.value)[1]["rule"] == "nan_loss"  # the alert itself, kept
+    assert "delivery failed after its retries" in dict(dead.headers)["metricbus.reason"].decode()
