@@ -26,7 +26,7 @@ from schemas import (
 
 from ._checkpoint import snapshot, write
 from ._config import StreamConfig
-from ._processor import Output, StreamProcessor
+from ._processor import StreamProcessor
 from ._rules import Rule
 
 log = logging.getLogger("metricbus.stream")
@@ -182,9 +182,9 @@ def build_app(
 
     @app.timer(1.0)
     async def stalled_runs() -> None:
-        alerts_out = processor.tick(int(time.time() * 1000))
-        if alerts_out:
-            publish(Output(alerts=alerts_out))
+        out = processor.tick(int(time.time() * 1000))
+        if out.alerts or out.points or out.closing:
+            publish(out)
 
     if checkpoint is not None and settings.checkpoint_interval_s > 0:
         taken = {"events": processor.events}

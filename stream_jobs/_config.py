@@ -75,9 +75,10 @@ class StreamConfig:
     #: Scalars ending with this get a running ``..._Avg<suffix>`` and ``..._P99<suffix>``
     #: (seed 004: Performance/Generation_TokensPerSec -> Generation_AvgTokensPerSec, ...P99...).
     throughput_suffix: str = "TokensPerSec"
-    #: Cross-rank merge: a step missing a rank is emitted without it once the leading rank is
-    #: this many steps ahead (and the rank's later value for it counts as late).
-    rank_timeout_steps: int = 10
+    #: Cross-rank merge: a rank that stays silent counts as missing once another rank's events
+    #: are this many seconds of event time past its last event (heartbeats included); the
+    #: steps it did not report are then emitted without it, and its later values count as late.
+    rank_timeout_s: float = 30.0
     #: Seed 002's ``rewards/{name}_hist``: every samples series gets ``<name>_hist``, a histogram
     #: of its last ``hist_window`` scores in ``hist_bins`` bins, every ``hist_every`` steps once
     #: it holds ``hist_min_samples`` scores.

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event
+from schemas import HEARTBEAT, METRICS, RUN_FINISHED, RUN_STARTED, Event
 
 from ._config import StreamConfig
 from ._ranks import RankMerger
@@ -134,39 +134,90 @@ class RunDeriver:
         self._last_step = 0
         self._touched: dict[str, tuple[int, int | None, int]] = {}
         self._ranks: RankMerger | None = None
+        self._producer_rank: dict[str, int] = {}  # from each producer's RunStarted
+        self._rank_producer: dict[int, str] = {}  # the producer each rank's events come from
+        self._finished_producers: set[str] = set()
         self._hist_recent: dict[str, Window] = {}  # samples name -> its last hist_window scores
         self._hist_step: dict[str, int] = {}  # samples name -> step of its last histogram
         self._histograms: list[dict[str, Any]] = []
         self._tables: list[dict[str, Any]] = []
         self.finished = False
 
-    def feed(self, kind: str, body: dict[str, Any], ts_ms: int) -> list[Point]:
-        """Derived points caused by one event."""
+    def feed(self, kind: str, body: dict[str, Any], ts_ms: int, producer: str = "") -> list[Point]:
+        """Derived points caused by one event (``producer``: who sent it, for multi-rank runs)."""
         if kind == METRICS:
             out: list[Point] = []
             self._stretch([body], [ts_ms], out, None)
             if body["samples"]:
                 self._samples(body, ts_ms, out)
-            if self._ranks is not None and body["scalars"]:
-                merged = self._ranks.feed(body["rank"], body["step"], body["scalars"])
-                out.extend(Point(n, "ranks", "rank_merge", s, body["epoch"], v, ts_ms) for n, s, v in merged)
+            if self._ranks is not None:
+                self._rank_producer[body["rank"]] = producer
+                merged = (
+                    self._ranks.feed(body["rank"], body["step"], body["scalars"], ts_ms)
+                    if body["scalars"]
+                    else self._ranks.seen(body["rank"], ts_ms)
+                )
+                out.extend(self._rank_points(merged, body["epoch"], ts_ms))
             return out
         if kind == RUN_STARTED:
+            rank = int(body.get("rank", 0) or 0)
+            self._producer_rank[producer] = rank
+            self._rank_producer[rank] = producer
             world = RankMerger.world_size_of(body)
             if world > 1 and (self._ranks is None or self._ranks.world_size < world):
-                self._ranks = RankMerger(world, self.cfg.rank_timeout_steps)
+                self._ranks = RankMerger(world, self.cfg.rank_timeout_s)
             return []
+        if kind == HEARTBEAT and self._ranks is not None and producer in self._producer_rank:
+            return self._rank_points(
+                self._ranks.seen(self._producer_rank[producer], ts_ms), self._epoch_no, ts_ms
+            )
         if kind == RUN_FINISHED and not self.finished:
-            self.finished = True
-            out = self._close_epoch(ts_ms)
-            if self._ranks is not None:
-                out.extend(
-                    Point(n, "ranks", "rank_merge", s, self._epoch_no, v, ts_ms)
-                    for n, s, v in self._ranks.flush()
-                )
-            out.extend(self._final(ts_ms))
-            return out
+            self._finished_producers.add(producer)
+            if self._ranks is None:
+                return self._finish(ts_ms)
+            merged = self._ranks.seen(self._producer_rank.get(producer, -1), ts_ms)
+            out = self._rank_points(merged, self._epoch_no, ts_ms)
+            if self._ranks_running():
+                return out  # another rank of the run is still sending: its RunFinished ends the run
+            return out + self._finish(ts_ms)
         return []
+
+    def _ranks_running(self) -> list[int]:
+        """Ranks that have not finished and are not silent (never seen counts as not finished)."""
+        assert self._ranks is not None
+        silent = self._ranks.silent()
+        return [
+            r
+            for r in range(self._ranks.world_size)
+            if self._rank_producer.get(r) not in self._finished_producers and r not in silent
+        ]
+
+    def _finish(self, ts_ms: int) -> list[Point]:
+        self.finished = True
+        out = self._close_epoch(ts_ms)
+        if self._ranks is not None:
+            out.extend(self._rank_points(self._ranks.flush(), self._epoch_no, ts_ms))
+        out.extend(self._final(ts_ms))
+        return out
+
+    def expire(self, now_ms: int) -> list[Point]:
+        """Finish a multi-rank run that some ranks finished while the rest fell silent.
+
+        The one wall-clock decision of the merge: a rank that died within the timeout of the
+        end sends no event that would tell, so once nothing of the run arrived for the rank
+        timeout (``now_ms`` against the last event's time), the run ends with the ranks it has.
+        """
+        ranks = self._ranks
+        if self.finished or ranks is None or not self._finished_producers:
+            return []
+        last = ranks.last_event_ms()
+        if now_ms - last <= ranks.timeout_ms:
+            return []
+        return self._finish(last)
+
+    @staticmethod
+    def _rank_points(merged: list[tuple[str, int, float]], epoch: int | None, ts_ms: int) -> list[Point]:
+        return [Point(n, "ranks", "rank_merge", s, epoch, v, ts_ms) for n, s, v in merged]
 
     def feed_many(self, events: list[Event] | Iterable[Event]) -> tuple[list[Point], list[Column]]:
         """Derived points of many events of this run, and the logged scalars as columns.
@@ -202,7 +253,7 @@ class RunDeriver:
             if bodies:
                 self._stretch(bodies, stamps, points, columns)
                 bodies, stamps = [], []
-            points.extend(self.feed(e.kind, body, e.ts_ms))
+            points.extend(self.feed(e.kind, body, e.ts_ms, e.producer_id))
             if e.kind == METRICS:
                 step = body["step"]
                 columns.extend(Column(n, [v], [step], [e.ts_ms]) for n, v in body["scalars"].items())

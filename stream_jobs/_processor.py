@@ -91,20 +91,24 @@ class StreamProcessor:
                 out.histograms.setdefault(run, []).extend(histograms)
             if tables:
                 out.tables.setdefault(run, []).extend(tables)
-            if any(e.kind == RUN_FINISHED for e in stretch):
+            if deriver.finished and any(e.kind == RUN_FINISHED for e in stretch):
                 out.closing.add(run)
-            count = derived_event_count(
-                [(p.step, p.epoch) for p in out.points.get(run, ())],
-                out.histograms.get(run, ()),
-                out.tables.get(run, ()),
-            )
-            if count or run in out.closing:
-                out.first_seq[run] = self._out_seq.get(run, 0)
-                self._out_seq[run] = out.first_seq[run] + count
+            self._number_derived(out, run)
         if len(out.alerts) > 1:  # rules ran a column at a time: put the alerts back in event order
             out.alerts.sort(key=lambda a: (a["ts_ms"], -1 if a["step"] is None else a["step"]))
         self._number(out.alerts)
         return out
+
+    def _number_derived(self, out: Output, run: str) -> None:
+        """Give the run's derived events in ``out`` their seqs (the derived identity)."""
+        count = derived_event_count(
+            [(p.step, p.epoch) for p in out.points.get(run, ())],
+            out.histograms.get(run, ()),
+            out.tables.get(run, ()),
+        )
+        if count or run in out.closing:
+            out.first_seq[run] = self._out_seq.get(run, 0)
+            self._out_seq[run] = out.first_seq[run] + count
 
     def _number(self, alerts: list[dict[str, Any]]) -> None:
         """Give each alert its identity: per run, in order, for alerts that follow from events alone.
@@ -178,8 +182,25 @@ class StreamProcessor:
         self._out_seq = state["out_seq"]
         self._alert_seq = state["alert_seq"]
 
-    def tick(self, now_ms: int) -> list[dict[str, Any]]:
-        """Time-driven rules (a stalled run); call about once a second. No identity (seq -1)."""
-        out = self.alerts.check_absent(now_ms)
-        self._number(out)
+    def tick(self, now_ms: int) -> Output:
+        """What time alone decides; call about once a second.
+
+        Time-driven rules (a stalled run; alerts without identity) and multi-rank runs whose
+        unfinished ranks fell silent (see ``RunDeriver.expire``).
+        """
+        out = Output(alerts=self.alerts.check_absent(now_ms))
+        self._number(out.alerts)
+        for run, deriver in self._runs.items():
+            if deriver.finished:
+                continue
+            points = deriver.expire(now_ms)
+            if deriver.finished:
+                self._emit(out, run, points)
+                histograms, tables = deriver.take_objects()
+                if histograms:
+                    out.histograms[run] = histograms
+                if tables:
+                    out.tables[run] = tables
+                out.closing.add(run)
+                self._number_derived(out, run)
         return out

@@ -1,57 +1,137 @@
 """Cross-rank merge: one run's ranks 0..W-1 log the same step; merge them per step.
 
 Per (step, metric), each rank's value is folded into a Welford state and the ranks' states
-are combined with Chan's parallel formulas (a rank that logs a batch of samples merges as a
-block). A step is emitted once all ``world_size`` ranks reported it, or, if a rank is late,
-once the leading rank is ``timeout_steps`` past it, with the ranks that did report
-(``ranks/reported``); a rank's value for a step already emitted is counted as late. Steps,
-not seconds, decide the timeout, so a replay or a back-test gives the same result as live.
+are combined with Chan's parallel formulas. The result depends only on the events, never on
+how they were batched into records or in what order the ranks' records arrived:
+
+- a step is complete once every rank has reported it or a later step (a rank that went past
+  a step without logging it will not log it later: a producer's events arrive in order);
+- a rank that stays silent counts as missing only after ``timeout_s`` of *event time*: once
+  another rank's events are that far past the silent rank's last event (its heartbeats count
+  as events). A burst of one rank's steps, a rank that started a second later or a spool
+  synced after a short outage therefore waits for the others instead of emitting steps with
+  one rank, live, after a restart and in a replay alike;
+- steps are emitted in order, each with ``ranks/reported`` (how many ranks are in it),
+  ``ranks/missing`` and ``ranks/lag_steps``; a value for a step already emitted (a rank later
+  than the timeout) is counted in ``ranks/late_events`` and left out: the step is not
+  re-emitted (see the README).
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 from ._stats import Welford
+
+Triple = tuple[str, int, float]
+
+
+class _Step:
+    __slots__ = ("stats", "reported_at")
+
+    def __init__(self) -> None:
+        self.stats: dict[str, Welford] = {}
+        self.reported_at: dict[int, int] = {}  # rank -> event time it logged this step
 
 
 class RankMerger:
     """Merges one run's ranks; ``feed`` returns ``(name, step, value)`` triples to emit."""
 
-    def __init__(self, world_size: int, timeout_steps: int = 10) -> None:
+    #: event times kept per rank for ``ranks/lag_steps`` (the most recent ones)
+    HISTORY = 4096
+
+    def __init__(self, world_size: int, timeout_s: float = 30.0) -> None:
         self.world_size = world_size
-        self.timeout_steps = timeout_steps
-        self._pending: dict[int, tuple[set[int], dict[str, Welford]]] = {}
-        self._emitted_below = -1  # every step <= this has been emitted
-        self._latest: dict[int, int] = {}  # rank -> latest step
+        self.timeout_ms = int(timeout_s * 1000)
+        self._pending: dict[int, _Step] = {}
+        self._order: list[int] = []  # the pending steps, sorted
+        self._emitted_below: int | None = None  # every step <= this has been emitted
+        self._latest: dict[int, int] = {}  # rank -> latest step it reported
+        self._last_ts: dict[int, int] = {}  # rank -> event time of its latest event
+        self._first_ts: int | None = None
+        self._times: dict[int, list[int]] = {}  # rank -> event times of its step reports, in order
         self.late_events = 0
 
-    def feed(self, rank: int, step: int, scalars: dict[str, float]) -> list[tuple[str, int, float]]:
+    def seen(self, rank: int, ts_ms: int) -> list[Triple]:
+        """Any event of ``rank`` (a heartbeat too): it is alive at ``ts_ms``."""
+        if 0 <= rank < self.world_size:
+            self._last_ts[rank] = max(ts_ms, self._last_ts.get(rank, ts_ms))
+        if self._first_ts is None or ts_ms < self._first_ts:
+            self._first_ts = ts_ms
+        return self._ready()
+
+    def feed(self, rank: int, step: int, scalars: dict[str, float], ts_ms: int) -> list[Triple]:
         """Fold one rank's scalars for ``step``; return what became complete."""
-        self._latest[rank] = max(step, self._latest.get(rank, step))
-        if step <= self._emitted_below:
-            self.late_events += 1
+        if not 0 <= rank < self.world_size:
+            self.late_events += 1  # a rank the run did not declare: never part of the merge
             return [("ranks/late_events", step, float(self.late_events))]
-        ranks, stats = self._pending.setdefault(step, (set(), {}))
-        ranks.add(rank)
+        self._latest[rank] = max(step, self._latest.get(rank, step))
+        times = self._times.setdefault(rank, [])
+        times.append(ts_ms)
+        if len(times) > 2 * self.HISTORY:
+            del times[: self.HISTORY]
+        if self._emitted_below is not None and step <= self._emitted_below:
+            self.late_events += 1
+            return [("ranks/late_events", step, float(self.late_events)), *self.seen(rank, ts_ms)]
+        pending = self._pending.get(step)
+        if pending is None:
+            pending = self._pending[step] = _Step()
+            if not self._order or step > self._order[-1]:
+                self._order.append(step)
+            else:
+                bisect.insort(self._order, step)
+        pending.reported_at.setdefault(rank, ts_ms)
         for name, value in scalars.items():
-            stats.setdefault(name, Welford()).add(value)
-        out: list[tuple[str, int, float]] = []
-        leader = max(self._latest.values())
-        for pending in sorted(self._pending):
-            reported, _ = self._pending[pending]
-            if len(reported) < self.world_size and leader - pending < self.timeout_steps:
+            pending.stats.setdefault(name, Welford()).add(value)
+        return self.seen(rank, ts_ms)
+
+    def last_event_ms(self) -> int:
+        """Event time of the latest event of any rank."""
+        return max(self._last_ts.values(), default=self._first_ts or 0)
+
+    def silent(self) -> set[int]:
+        """Ranks whose last event is more than the timeout behind the latest event of the run."""
+        leader_ts = max(self._last_ts.values(), default=0)
+        start = self._first_ts if self._first_ts is not None else leader_ts
+        return {
+            r for r in range(self.world_size) if leader_ts - self._last_ts.get(r, start) > self.timeout_ms
+        }
+
+    def _ready(self) -> list[Triple]:
+        """Emit, in order, every pending step that is complete or whose missing ranks timed out."""
+        out: list[Triple] = []
+        if not self._pending:
+            return out
+        leader_ts = max(self._last_ts.values(), default=0)
+        start = self._first_ts if self._first_ts is not None else leader_ts
+        silent = {
+            r for r in range(self.world_size) if leader_ts - self._last_ts.get(r, start) > self.timeout_ms
+        }
+        latest = self._latest
+        done = 0
+        for step in self._order:
+            reported = self._pending[step].reported_at
+            if any(
+                r not in reported and latest.get(r, -1) <= step and r not in silent
+                for r in range(self.world_size)
+            ):
                 break  # steps are emitted in order
-            out.extend(self._emit(pending))
-        if len(self._latest) == self.world_size:
-            out.append(("ranks/lag_steps", step, float(leader - min(self._latest.values()))))
+            out.extend(self._emit(step, silent))
+            done += 1
+        del self._order[:done]
         return out
 
-    def _emit(self, step: int) -> list[tuple[str, int, float]]:
-        reported, stats = self._pending.pop(step)
+    def _emit(self, step: int, silent: set[int]) -> list[Triple]:
+        pending = self._pending.pop(step)
         self._emitted_below = step
-        out = [("ranks/reported", step, float(len(reported)))]
-        for name, w in stats.items():
+        reported = pending.reported_at
+        out = [
+            ("ranks/reported", step, float(len(reported))),
+            ("ranks/missing", step, float(self.world_size - len(reported))),
+            ("ranks/lag_steps", step, float(self._lag(step, reported, silent))),
+        ]
+        for name, w in pending.stats.items():
             out += [
                 (f"ranks/{name}/mean", step, w.mean),
                 (f"ranks/{name}/std", step, w.std),
@@ -60,11 +140,29 @@ class RankMerger:
             ]
         return out
 
-    def flush(self) -> list[tuple[str, int, float]]:
+    def _lag(self, step: int, reported: dict[int, int], silent: set[int]) -> int:
+        """How many steps the first rank to reach ``step`` had logged past it when the last did.
+
+        In event time, so a burst in the stream is no lag; a rank that timed out without
+        reporting the step lags by the steps since its latest one.
+        """
+        lag = 0
+        if len(reported) > 1:
+            first_rank = min(reported, key=reported.__getitem__)
+            first, last = reported[first_rank], max(reported.values())
+            times = self._times.get(first_rank, [])
+            lag = bisect.bisect_right(times, last) - bisect.bisect_right(times, first)
+        for rank in silent:
+            if rank not in reported:
+                lag = max(lag, step - self._latest.get(rank, -1))
+        return lag
+
+    def flush(self) -> list[Triple]:
         """Emit every pending step (at the end of the run)."""
-        out: list[tuple[str, int, float]] = []
-        for step in sorted(self._pending):
-            out.extend(self._emit(step))
+        out: list[Triple] = []
+        for step in self._order:
+            out.extend(self._emit(step, set()))
+        self._order.clear()
         return out
 
     @staticmethod

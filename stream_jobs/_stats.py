@@ -37,6 +37,10 @@ class Welford:
         if not math.isfinite(x):
             self.nonfinite += 1
             return
+        if x < self.min:  # before the shift: min and max are the values themselves, to the bit
+            self.min = x
+        if x > self.max:
+            self.max = x
         if self._shift is None:
             self._shift = x
         x -= self._shift
@@ -44,11 +48,6 @@ class Welford:
         delta = x - self._mean
         self._mean += delta / self.count
         self._m2 += delta * (x - self._mean)
-        x += self._shift
-        if x < self.min:
-            self.min = x
-        if x > self.max:
-            self.max = x
 
     def extend(self, xs: Iterable[float]) -> None:
         """Fold in many values (one batch is merged as a block: exact and fast)."""
