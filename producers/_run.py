@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import hashlib
 import itertools
 import logging
 import os
@@ -90,7 +91,7 @@ class Run:
         if not isinstance(project, str) or not project.strip():
             raise ConfigError(f"project must be a non-empty string (got {project!r})")
         self.settings = settings or Settings.from_env()
-        self.run_id = check_run_id(run_id) if run_id is not None else _new_run_id()
+        self.run_id = check_run_id(run_id) if run_id is not None else _shared_run_id() or _new_run_id()
         self.project = project
         self.name = name or self.run_id
         self.producer_id = uuid.uuid4().hex
@@ -339,6 +340,21 @@ class Run:
 
 def _new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
+def _shared_run_id() -> str | None:
+    """The run id every rank of one job agrees on without talking.
+
+    ``METRICBUS_RUN_ID``, or under torchrun (``WORLD_SIZE`` > 1) one made from its rendezvous
+    id ``TORCHELASTIC_RUN_ID``.
+    """
+    explicit = os.environ.get("METRICBUS_RUN_ID")
+    if explicit:
+        return check_run_id(explicit)
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID")
+    if elastic and elastic != "none" and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        return "torchrun-" + hashlib.sha256(elastic.encode()).hexdigest()[:16]
+    return None
 
 
 def _cell(value: Any) -> Any:

@@ -53,12 +53,19 @@ def _key(value: float, f32: bool) -> str:
 def train(settings, stop_at: dict[int, callable] | None = None) -> tuple[str, Counter]:
     """The adversarial run; returns its id and the logged scalars as (name, step, value)."""
     run = metricbus.init(
-        project=PROJECT, name="adversarial", config={"lr": 3e-4, "note": "ü"}, settings=settings, system_metrics=False
+        project=PROJECT,
+        name="adversarial",
+        config={"lr": 3e-4, "note": "ü"},
+        settings=settings,
+        system_metrics=False,
     )
     logged: Counter = Counter()
     for s in range(STEPS):
         scalars = {name: f(s) for name, f in NAMES.items()}
-        samples = {"Train/Reward": [0.1 * (s % 7), 0.2, math.nan], "rewards/format": [1.0, math.inf, 0.0, 0.5]}
+        samples = {
+            "Train/Reward": [0.1 * (s % 7), 0.2, math.nan],
+            "rewards/format": [1.0, math.inf, 0.0, 0.5],
+        }
         run.log({**scalars, **samples}, step=s, epoch=s // 30)
         logged.update((n, s, v) for n, v in scalars.items())
         if s == 50:  # a step that goes backwards
@@ -94,7 +101,9 @@ def expected_derived(settings, run_id: str, timeout: float = 90.0) -> Counter:
         if closed:
             assert sorted(seen) == list(range(len(seen))), "derived seqs must run 0..n-1 with no gap"
             return Counter(
-                (name, body["step"], value) for body in seen.values() for name, value in body.get("scalars", {}).items()
+                (name, body["step"], value)
+                for body in seen.values()
+                for name, value in body.get("scalars", {}).items()
             )
         time.sleep(1.0)
     raise AssertionError(f"the worker never closed run {run_id}")
@@ -112,7 +121,9 @@ def read_parquet(root: Path, run_id: str) -> Counter:
     table = read_table(root, run_id)  # the files a compaction replaced are left out, as users get them
     con = duckdb.connect()
     con.register("t", table)
-    rows = con.execute("SELECT name, step, value FROM t WHERE kind = 'metricbus.Metrics' AND samples IS NULL").fetchall()
+    rows = con.execute(
+        "SELECT name, step, value FROM t WHERE kind = 'metricbus.Metrics' AND samples IS NULL"
+    ).fetchall()
     return Counter((n, s, v) for n, s, v in rows)
 
 
@@ -171,7 +182,12 @@ def normalised(found: Counter, f32: bool) -> Counter:
 
 
 def compare(
-    sink: str, root: Path, run_id: str, expected: Counter, timeout: float = 60.0, duplicates_allowed: bool = False
+    sink: str,
+    root: Path,
+    run_id: str,
+    expected: Counter,
+    timeout: float = 60.0,
+    duplicates_allowed: bool = False,
 ) -> dict:
     """Poll the sink's output until it equals ``expected`` (or time out); report the counts.
 
@@ -215,7 +231,10 @@ class Up:
         env.pop("WANDB_API_KEY", None)
         self.out = Path(settings.data_dir) / "up.out"
         self.proc = subprocess.Popen(
-            cli(settings, "up"), stdout=open(self.out, "wb"), stderr=subprocess.STDOUT, env=env  # noqa: SIM115
+            cli(settings, "up"),
+            stdout=open(self.out, "wb"),
+            stderr=subprocess.STDOUT,
+            env=env,  # noqa: SIM115
         )
         self.wait_for("metricbus is up", 90)
 
@@ -250,7 +269,9 @@ def expected_alerts(settings, run_id: str) -> Counter:
 
 def check_every_sink(settings, run_id: str, logged: Counter, duplicates_allowed=()) -> dict:
     derived = expected_derived(settings, run_id)
-    assert any(n == "Epoch/AvgLoss" for n, _, _ in derived) and any(n.startswith("final/") for n, _, _ in derived)
+    assert any(n == "Epoch/AvgLoss" for n, _, _ in derived) and any(
+        n.startswith("final/") for n, _, _ in derived
+    )
     expected = logged + derived
     reports = {}
     for sink, (_, where, _) in READERS.items():

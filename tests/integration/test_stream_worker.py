@@ -9,40 +9,9 @@ import pytest
 from producers import Run
 from schemas import default_codec
 
-from .conftest import cli, read_topic
+from .conftest import aggregates, cli, read_topic
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def worker(settings, tmp_path):
-    log = open(tmp_path / "worker.log", "wb")
-    env = {**os.environ, **settings.to_env()}
-    proc = subprocess.Popen(cli(settings, "worker"), stdout=log, stderr=subprocess.STDOUT, env=env)
-    yield proc
-    proc.terminate()
-    try:
-        proc.wait(20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
-
-
-def aggregates(settings, count, timeout=60.0):
-    codec = default_codec()
-    out = {}
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = {}
-        for record in read_topic(settings, settings.topics.aggregates, 1, timeout=5):
-            _, batch = codec.decode(record.value)
-            for p in batch["points"]:
-                out.setdefault(p["name"], []).append(p)
-        if sum(len(v) for v in out.values()) >= count:
-            return out
-        time.sleep(0.5)
-    return out
 
 
 def test_worker_derives_seed_series_and_fires_a_nan_alert_seconds_after_it_is_logged(settings, worker):

@@ -172,7 +172,9 @@ def test_aggregate_batches_decode_into_events_sinks_take_old_and_new():
     table = {"name": "rubric_criteria_summary", "step": 11, "columns": ["criterion", "mean", "samples"]}
     table |= {"rows": [["essay/clarity", 0.75, 12]], "ts_ms": 3}
     v2 = codec.encode(
-        "AggregateBatch", {"run_id": "r", "points": [point], "histograms": [hist], "tables": [table]}, version=2
+        "AggregateBatch",
+        {"run_id": "r", "points": [point], "histograms": [hist], "tables": [table]},
+        version=2,
     )
     kinds = {e.kind: e for e in decode_aggregates(codec, v2).events}
     assert set(kinds) == {METRICS, HISTOGRAM, TABLE}
@@ -193,7 +195,15 @@ def test_derived_events_are_numbered_from_first_seq_in_the_order_the_schema_stat
     codec = default_codec()
 
     def point(name, step, epoch=None, value=1.0):
-        return {"name": name, "source": "x", "kind": "mean", "step": step, "epoch": epoch, "value": value, "ts_ms": step}
+        return {
+            "name": name,
+            "source": "x",
+            "kind": "mean",
+            "step": step,
+            "epoch": epoch,
+            "value": value,
+            "ts_ms": step,
+        }
 
     points = [point("a", 5), point("b", 5), point("a", 6), point("c", 5, epoch=0), point("b", 6)]
     hist = {"name": "h", "source": "x", "step": 6, "edges": [0.0, 1.0], "counts": [2], "ts_ms": 6}
@@ -206,7 +216,11 @@ def test_derived_events_are_numbered_from_first_seq_in_the_order_the_schema_stat
     assert record.identified and record.closes_run and record.run_id == "r"
     assert [e.seq for e in record.events] == [40, 41, 42, 43, 44]
     assert [e.kind for e in record.events] == [METRICS, METRICS, METRICS, HISTOGRAM, TABLE]
-    assert [e.body.get("scalars") for e in record.events[:3]] == [{"a": 1.0, "b": 1.0}, {"a": 1.0, "b": 1.0}, {"c": 1.0}]
+    assert [e.body.get("scalars") for e in record.events[:3]] == [
+        {"a": 1.0, "b": 1.0},
+        {"a": 1.0, "b": 1.0},
+        {"c": 1.0},
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(load_versions()))
