@@ -29,20 +29,32 @@ def archived_runs(archive: Path, run: str | None, project: str | None) -> list[s
 
 def events_from_kafka(settings: Settings, run_id: str) -> list[Any]:
     """A run's logged and derived events from its topics (as far as retention reaches), deduplicated."""
-    from schemas import Deduper, decode_aggregates, decode_events
+    from schemas import Deduper, SchemaError, decode_aggregates, decode_events
 
     from ._read import read_topic
 
     codec, logged, derived = default_codec(), Deduper(), Deduper()
     key = run_id.encode()
     out: list[Any] = []
+    skipped = 0
     for record in read_topic(settings, settings.topics.events):
         if record.key == key:
-            out.extend(e for e in decode_events(codec, record.value) if logged.is_new(e.producer_id, e.seq))
+            try:
+                events = decode_events(codec, record.value)
+            except SchemaError:  # the live consumers dead-lettered it; a replay skips it, and says so
+                skipped += 1
+                continue
+            out.extend(e for e in events if logged.is_new(e.producer_id, e.seq))
     for record in read_topic(settings, settings.topics.aggregates):
         if record.key == key:
-            events = decode_aggregates(codec, record.value).events
+            try:
+                events = decode_aggregates(codec, record.value).events
+            except SchemaError:
+                skipped += 1
+                continue
             out.extend(e for e in events if e.seq < 0 or derived.is_new(run_id, e.seq))
+    if skipped:
+        log.warning("run %s: %d records under its key cannot be decoded and were skipped", run_id, skipped)
     return out
 
 

@@ -20,6 +20,7 @@ from ._errors import (
     SchemaError,
     TruncatedRecordError,
     UnknownSchemaError,
+    UnsafeRecordError,
 )
 from ._events import (
     DERIVED_PRODUCER,
@@ -49,7 +50,7 @@ from ._kafka import (
     make_producer,
     ssl_context,
 )
-from ._names import check_run_id, path_segment
+from ._names import check_run_id, checked_ids, path_segment
 from ._registry import SCHEMA_DIR, SchemaVersion, crc64_avro, load_versions
 from ._settings import Settings, Topics
 
@@ -86,6 +87,8 @@ __all__ = [
     "Settings",
     "Topics",
     "TruncatedRecordError",
+    "UnsafeRecordError",
+    "checked_ids",
     "UnknownSchemaError",
     "check_run_id",
     "client_options",

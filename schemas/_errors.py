@@ -9,7 +9,8 @@
     │   ├── EncodeError             a value of the wrong type for its schema field
     │   ├── BadMagicError           not Avro single-object encoding (no C3 01 marker)
     │   ├── UnknownSchemaError      a writer fingerprint that no schema version in schemas/ has
-    │   └── TruncatedRecordError    the record ends before the schema says it should
+    │   ├── TruncatedRecordError    the record ends before the schema says it should
+    │   └── UnsafeRecordError       decodes, but its run id or producer id cannot be used safely
     ├── MetricValueError            a logged value that can never be a scalar (strict mode only)
     └── BrokerError                 the Kafka-protocol broker could not be started or reached
         └── PortInUseError          the local broker's port is taken
@@ -50,6 +51,10 @@ class UnknownSchemaError(SchemaError):
 
 class TruncatedRecordError(SchemaError):
     """The record ends before its schema says it should."""
+
+
+class UnsafeRecordError(SchemaError):
+    """A record that decodes but whose run id or producer id is unusable as a path or key."""
 
 
 class MetricValueError(MetricbusError):

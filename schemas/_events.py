@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from ._codec import Codec
 from ._errors import SchemaError
+from ._names import checked_ids
 
 #: Full Avro names of the event body kinds (union branches of RunEvent.body).
 METRICS = "metricbus.Metrics"
@@ -69,6 +70,7 @@ def decode_events(codec: Codec, value: bytes) -> list[Event]:
         raise SchemaError(f"expected an EventBatch record on the events topic, got a {name}")
     run_id = batch["run_id"]
     producer_id = batch["producer_id"]
+    checked_ids(run_id, producer_id)
     fingerprint = bytes(value[2:10])
     new = tuple.__new__  # skips the NamedTuple's Python-level __new__: a third of this loop's time
     return [
@@ -131,6 +133,7 @@ def decode_aggregates(codec: Codec, value: bytes) -> DerivedRecord:
     if name != "AggregateBatch":
         raise SchemaError(f"expected an AggregateBatch record on the aggregates topic, got a {name}")
     run_id = batch["run_id"]
+    checked_ids(run_id, DERIVED_PRODUCER)
     first = batch["first_seq"]
     fingerprint = bytes(value[2:10])
     by_step: dict[tuple[int, int | None], dict[str, Any]] = {}

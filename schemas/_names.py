@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import urllib.parse
 
-from ._errors import InvalidNameError
+from ._errors import InvalidNameError, UnsafeRecordError
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: the longest path segment made from a name: far under the 255 bytes of common filesystems
+MAX_SEGMENT = 120
 
 
 def check_run_id(run_id: str) -> str:
@@ -25,9 +28,32 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
+def checked_ids(run_id: str, producer_id: str) -> None:
+    """Raise UnsafeRecordError unless a record's ids are usable (consumers call this on decode).
+
+    Everything from a topic is untrusted: run ids become directory names, producer ids keys of
+    ledgers. Both must be what :func:`check_run_id` accepts.
+    """
+    for what, value in (("run_id", run_id), ("producer_id", producer_id)):
+        if not _RUN_ID.match(value):
+            shown = repr(value[:60]) + (f"... ({len(value)} characters)" if len(value) > 60 else "")
+            raise UnsafeRecordError(
+                f"{what} {shown} is not usable: 1-128 letters, digits, '.', '_' or '-' expected"
+            )
+
+
 def path_segment(name: str) -> str:
-    """Map any project or run name to one safe, reversible path segment (percent-encoding)."""
+    """Map any project or run name to one safe path segment (percent-encoding).
+
+    Deterministic, and reversible up to :data:`MAX_SEGMENT` characters; a longer name keeps
+    its start and ends with a hash of the whole name, so two long names never share a folder.
+    """
     quoted = urllib.parse.quote(name, safe=" -_,+@")
     if quoted in {"", ".", ".."}:
         quoted = quoted.replace(".", "%2E") or "%00"
+    if len(quoted) > MAX_SEGMENT:
+        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        cut = quoted[: MAX_SEGMENT - 17]
+        partial = cut.rfind("%", len(cut) - 2)  # never end inside a %XX escape
+        quoted = (cut if partial == -1 else cut[:partial]) + "~" + digest
     return quoted

@@ -123,7 +123,7 @@ class Feeder:
             return list(self.sink.write(events) or ())
         except Exception as exc:  # noqa: BLE001 - one bad event must not stop the sink
             log.error(
-                "sink %s: write of %d events failed (%s); retrying one by one",
+                "sink %s: write of %d events failed (%.300s); retrying one by one",
                 self.sink.name,
                 len(events),
                 exc,
@@ -270,7 +270,7 @@ class ConsumerLoop:
         )
         where = f"{topic}[{partition}]@{offset}" if record else "an event"
         log.error(
-            "%s: %s cannot be taken (%s); sent to %s",
+            "%s: %s cannot be taken (%.300s); sent to %s",
             self.name,
             where,
             reason,

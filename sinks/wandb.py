@@ -28,9 +28,11 @@ twice. What W&B had not written when the process died is lost to this sink (repl
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -55,6 +57,23 @@ RUNS_DIR = ".metricbus-runs"
 STEP = "metricbus/step"
 EPOCH = "metricbus/epoch"
 UNKNOWN_PROJECT = "_unknown"
+#: what W&B refuses in a project name (UsageError), and its length limit
+_NOT_IN_PROJECT = re.compile(r"[/\\#?%:\x00-\x1f\x7f]")
+_PROJECT_MAX = 128
+
+
+def wandb_project(project: str) -> str:
+    """A project name W&B accepts, as close to the metricbus one as it allows.
+
+    W&B refuses slashes, backslashes, ``# ? % :`` and names over 128 characters: those become ``-``
+    and a long name keeps its start plus a hash of the whole (the original is in the run's
+    config as ``metricbus/project``).
+    """
+    clean = _NOT_IN_PROJECT.sub("-", project)
+    if len(clean) > _PROJECT_MAX:
+        digest = hashlib.sha256(project.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        clean = clean[: _PROJECT_MAX - 17] + "~" + digest
+    return clean
 
 
 class WandbSink:
@@ -225,11 +244,15 @@ class WandbSink:
             log.warning(
                 "run %s: opened before its RunStarted arrived; W&B project %s", run_id, UNKNOWN_PROJECT
             )
+        config = dict(meta["config"])
+        project = wandb_project(meta["project"])
+        if project != meta["project"]:
+            config["metricbus/project"] = meta["project"]
         run = wandb.init(
-            project=meta["project"],
+            project=project,
             name=meta["name"],
             id=run_id,
-            config=meta["config"],
+            config=config,
             tags=meta["tags"],
             dir=str(self.root),
             mode=self.mode,  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 import pytest
 
 from producers import Run
-from schemas import client_options
+from schemas import RUN_STARTED, client_options, default_codec, encode_events, run_started
 from sinks import ParquetArchive, SinkRunner, read_table, tidy
 
 from .conftest import cli, read_topic
@@ -158,6 +158,10 @@ def test_undecodable_records_go_to_the_dead_letter_topic_and_the_sink_goes_on(se
     producer = KafkaProducer(**client_options(settings), enable_idempotence=False)
     producer.send(settings.topics.events, key=b"bad-run", value=b"not avro at all")
     producer.send(settings.topics.events, key=b"bad-run", value=b"\xc3\x01" + b"\x00" * 8 + b"xx")
+    escaping = encode_events(
+        default_codec(), "a/../../../../escaped", "p", [(0, 1, RUN_STARTED, run_started("x", "y"))]
+    )
+    producer.send(settings.topics.events, key=b"bad-run", value=escaping)  # decodes; its run id would escape
     producer.flush()
     producer.close()
     run = Run("p", settings=settings, system_metrics=False)
@@ -165,10 +169,12 @@ def test_undecodable_records_go_to_the_dead_letter_topic_and_the_sink_goes_on(se
     assert run.finish(timeout=20)
     table = wait_for_rows(settings.archive_dir, run.run_id, lambda t: len(held_seqs(t)) >= 3)
     assert len(held_seqs(table)) == 3
-    dead = read_topic(settings, settings.topics.deadletter, 2)
-    assert [r.value for r in dead] == [b"not avro at all", b"\xc3\x01" + b"\x00" * 8 + b"xx"]
+    dead = read_topic(settings, settings.topics.deadletter, 3)
+    assert [r.value for r in dead] == [b"not avro at all", b"\xc3\x01" + b"\x00" * 8 + b"xx", escaping]
     reasons = [dict(r.headers)["metricbus.reason"].decode() for r in dead]
     assert "BadMagicError" in reasons[0] and "UnknownSchemaError" in reasons[1]
+    assert "UnsafeRecordError: run_id 'a/../../../../escaped' is not usable" in reasons[2]
+    assert not (settings.data_dir.parent / "escaped").exists()
     assert proc.proc.poll() is None  # still running
 
 
