@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from schemas import Codec, EncodeError
+from schemas import MAX_RECORD_BYTES, Codec, EncodeError, encode_events
 
 from ._spool import Spool
 from ._transport import Transport, TransportError
@@ -45,6 +45,7 @@ class Publisher:
         linger_s: float = 0.02,
         max_batch_events: int = 500,
         max_queue: int = 100_000,
+        max_record_bytes: int = MAX_RECORD_BYTES,
         describe_target: Callable[[], str] = lambda: "Kafka",
     ) -> None:
         self.run_id = run_id
@@ -56,6 +57,7 @@ class Publisher:
         self.linger_s = linger_s
         self.max_batch_events = max_batch_events
         self.max_queue = max_queue
+        self.max_record_bytes = max_record_bytes
         self.describe_target = describe_target
         self._key = run_id.encode()
         #: Events waiting for the thread. Run.log appends here directly when below max_queue.
@@ -77,6 +79,7 @@ class Publisher:
         self.overflows = 0
         self.lost_events = 0
         self.encode_errors = 0
+        self.oversize_events = 0
 
     # -- the caller's side ------------------------------------------------------------
 
@@ -190,14 +193,14 @@ class Publisher:
                 )
 
     def _encode(self, events: list[Event]) -> list[bytes]:
-        batch = {
-            "run_id": self.run_id,
-            "producer_id": self.producer_id,
-            "events": [{"seq": s, "ts_ms": t, "body": (k, b)} for s, t, k, b in events],
-            "sdk_version": self.sdk_version,
-        }
+        """Records for ``events``, each under MAX_RECORD_BYTES; what cannot be encoded is dropped.
+
+        A batch that encodes too large is cut in halves until each part fits, so the spool
+        never holds a record the broker would refuse; one event too large for any record is
+        dropped with an error naming it (counted in ``lost_events``).
+        """
         try:
-            return [self.codec.encode("EventBatch", batch)]
+            record = encode_events(self.codec, self.run_id, self.producer_id, events, self.sdk_version)
         except EncodeError:
             if len(events) > 1:  # one bad event must not take its batch with it
                 return [r for e in events for r in self._encode([e])]
@@ -205,6 +208,21 @@ class Publisher:
             self.lost_events += 1
             log.error("event seq %d cannot be encoded and is dropped", events[0][0], exc_info=True)
             return []
+        if len(record) <= self.max_record_bytes:
+            return [record]
+        if len(events) > 1:
+            half = len(events) // 2
+            return self._encode(events[:half]) + self._encode(events[half:])
+        self.oversize_events += 1
+        self.lost_events += 1
+        log.error(
+            "event seq %d is %.1f MB encoded, over the %.0f MB a Kafka record may hold: dropped. "
+            "Log fewer values per call, or large arrays as a histogram.",
+            events[0][0],
+            len(record) / 1e6,
+            self.max_record_bytes / 1e6,
+        )
+        return []
 
     def _send_spooled(self) -> None:
         while time.monotonic() >= self._next_attempt:

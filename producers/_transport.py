@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from schemas import BrokerError, MetricbusError, Settings, client_options, ensure_topics
+from schemas import MAX_RECORD_BYTES, BrokerError, MetricbusError, Settings, client_options, ensure_topics
 
 log = logging.getLogger("metricbus.producer")
 
@@ -67,7 +67,7 @@ class KafkaTransport:
                 request_timeout_ms=timeout_ms,
                 delivery_timeout_ms=timeout_ms * 2,
                 bootstrap_timeout_ms=timeout_ms,
-                max_request_size=8 * 1024 * 1024,
+                max_request_size=MAX_RECORD_BYTES + 64 * 1024,
                 allow_auto_create_topics=False,
             )
             self._admin = KafkaAdminClient(

@@ -82,7 +82,12 @@ def ensure_topics(settings: Settings, timeout_s: float = 10.0) -> list[str]:
     try:
         existing = set(admin.list_topics())
         wanted = [
-            NewTopic(name, 1 if name == topics.deadletter else settings.partitions, 1)
+            NewTopic(
+                name,
+                1 if name == topics.deadletter else settings.partitions,
+                1,
+                topic_configs={"max.message.bytes": str(MAX_RECORD_BYTES + 64 * 1024)},
+            )
             for name in topics.all()
             if name not in existing
         ]

@@ -188,3 +188,26 @@ def test_flush_never_returns_while_events_are_between_the_queue_and_the_spool(se
     assert publisher.flush(5)
     assert [seq for _, seq, _ in fake.events()] == list(range(51))  # in the transport when flush said so
     run.finish(timeout=5)
+
+
+def test_batches_are_cut_to_fit_a_kafka_record_and_an_event_too_large_for_any_is_dropped_loudly(
+    settings, caplog
+):
+    """Issue 13 point 7: eight log() calls of 100k scalars made one 15 MB record that never left."""
+    from schemas import MAX_RECORD_BYTES
+
+    fake = FakeTransport()
+    run = Run("p", settings=settings, transport=fake, system_metrics=False, linger_s=0.5)
+    wide = {f"m{i}": float(i) for i in range(100_000)}
+    for step in range(8):
+        run.log(wide, step=step)
+    huge = {f"metric/{i:07d}": float(i) for i in range(700_000)}  # ~12 MB as one event
+    with caplog.at_level(logging.ERROR, logger="metricbus.producer"):
+        run.log(huge, step=8)
+        run.log({"after": 1.0}, step=9)
+        assert run.finish(timeout=60)
+    assert all(len(r) <= MAX_RECORD_BYTES for r in fake.records) and len(fake.records) > 1
+    steps = [body["step"] for _, body in metrics(fake.events())]
+    assert steps == [0, 1, 2, 3, 4, 5, 6, 7, 9]  # every step but the one no record can hold
+    assert run.stats()["lost_events"] == 1
+    assert sum("over the 8 MB a Kafka record may hold" in r.getMessage() for r in caplog.records) == 1
