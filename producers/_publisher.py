@@ -1,13 +1,17 @@
 """The background half of the producer hook: batch, encode, spool, send.
 
-The training thread only appends event tuples to a deque (:meth:`Publisher.submit`). One
-thread owned by the Publisher wakes every ``linger_s``, encodes what is queued into
-EventBatch records, appends them to the spool, then sends from the spool and moves its
-cursor on acknowledgement. Ordering: every spool append happens under one lock, in seq order.
+The training thread only appends event tuples to a deque (:meth:`Publisher.submit`). Two
+threads owned by the Publisher do the rest: the *spooler* wakes every ``linger_s``, encodes
+what is queued into EventBatch records and appends them to the spool (so a crash loses at
+most one linger interval, whatever the network does); the *sender* sends from the spool and
+moves its cursor on acknowledgement, and may block on a dead broker without holding anything
+up. Ordering: every spool append happens under one lock, in seq order.
 
-When the queue is full (the training loop outruns encoding), ``submit`` itself encodes the
-queue and the new event into the spool under that lock: the caller pays the encoding cost it
-caused (backpressure at encoding speed), never a network wait, and order is kept.
+When the queue is full (the training loop outruns encoding, millions of events a second),
+``log()`` waits up to ``max_block_s`` for room (0 by default), then sheds the event: it gets
+no seq, is counted in ``dropped_events`` and the run says so once. ``log()`` never encodes in
+the caller and never waits on the network. Control events (RunStarted, RunFinished, ...) are
+never shed.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class Publisher:
         max_batch_events: int = 500,
         max_queue: int = 100_000,
         max_record_bytes: int = MAX_RECORD_BYTES,
+        max_block_s: float = 0.0,
         describe_target: Callable[[], str] = lambda: "Kafka",
     ) -> None:
         self.run_id = run_id
@@ -58,25 +63,30 @@ class Publisher:
         self.max_batch_events = max_batch_events
         self.max_queue = max_queue
         self.max_record_bytes = max_record_bytes
+        self.max_block_s = max_block_s
         self.describe_target = describe_target
         self._key = run_id.encode()
         #: Events waiting for the thread. Run.log appends here directly when below max_queue.
         self.queue: collections.deque[Event] = collections.deque()
         self._queue = self.queue
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # the spooler's
+        self._send_wake = threading.Event()
         self._stopping = False
-        # A daemon thread, because Python joins non-daemon threads *before* atexit handlers
+        self._closed = False
+        # Daemon threads, because Python joins non-daemon threads *before* atexit handlers
         # run: a script that forgot finish() would hang at exit. Run's atexit hook flushes
-        # it instead, and if even that never runs (os._exit, SIGKILL), the spool has the data.
-        self._thread = threading.Thread(target=self._loop, name=f"metricbus-publisher-{run_id}", daemon=True)
+        # them instead, and if even that never runs (os._exit, SIGKILL), the spool has the data.
+        self._thread = threading.Thread(target=self._spool_loop, name=f"mb-spool-{run_id}", daemon=True)
+        self._sender = threading.Thread(target=self._send_loop, name=f"mb-send-{run_id}", daemon=True)
         self._next_attempt = 0.0
         self._failures = 0
         self._last_sync = 0.0
         #: Counters, readable at any time.
         self.events_spooled = 0
         self.records_sent = 0
-        self.overflows = 0
+        self.overflows = 0  #: times log() found the queue full
+        self.dropped_events = 0  #: events shed because the queue stayed full (no seq given)
         self.lost_events = 0
         self.encode_errors = 0
         self.oversize_events = 0
@@ -84,18 +94,39 @@ class Publisher:
     # -- the caller's side ------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the thread."""
+        """Start the threads."""
         self._thread.start()
+        self._sender.start()
 
     def submit(self, event: Event) -> None:
-        """Queue one event. Never blocks on the network; never raises."""
+        """Queue one event, whatever the queue holds (control events). Never blocks; never raises."""
+        self._queue.append(event)
+        if len(self._queue) >= self.max_queue:
+            self._wake.set()
+
+    def room(self) -> bool:
+        """Called by ``log()`` with the queue full: wait up to ``max_block_s`` for room.
+
+        False: shed the event (counted; said once per run).
+        """
+        self.overflows += 1
+        self._wake.set()
+        deadline = time.monotonic() + self.max_block_s
+        while time.monotonic() < deadline:
+            time.sleep(0.0002)
+            if len(self._queue) < self.max_queue:
+                return True
         if len(self._queue) < self.max_queue:
-            self._queue.append(event)
-            return
-        with self._lock:
-            self.overflows += 1
-            self._queue.append(event)
-            self._spool_queue_locked()
+            return True
+        self.dropped_events += 1
+        if self.dropped_events == 1:
+            log.warning(
+                "metricbus: log() is outrunning the encoder (%d events queued): events are being "
+                "dropped and counted in run.stats()['dropped_events']. Log less often, or pass "
+                "max_block_s= to metricbus.init to wait for room instead.",
+                len(self._queue),
+            )
+        return False
 
     @property
     def events_submitted(self) -> int:
@@ -118,61 +149,73 @@ class Publisher:
         self._next_attempt = 0.0
         while time.monotonic() < deadline:
             self._wake.set()
+            self._send_wake.set()
             if self.backlog == 0:
                 return True
-            if not self._thread.is_alive():
+            if not (self._thread.is_alive() and self._sender.is_alive()):
                 return False
             time.sleep(0.005)
         return False
 
     def stop(self, timeout: float) -> bool:
-        """Flush up to ``timeout``, then stop the thread; True when nothing was left unsent.
+        """Flush up to ``timeout``, then stop the threads; True when nothing was left unsent.
 
         Whatever is unsent stays in the spool file (fsynced) for ``metricbus sync``. If the
-        thread is still inside a send, it closes the spool itself when that send returns
+        sender is still inside a send, it closes the spool itself when that send returns
         (bounded by the transport timeout).
         """
+        deadline = time.monotonic() + timeout
         if self._thread.is_alive():
-            deadline = time.monotonic() + timeout
             self.flush(timeout)
-            self._stopping = True
-            self._wake.set()
-            self._thread.join(max(0.0, deadline - time.monotonic()) + 0.05)
         self._stopping = True
-        if self._thread.is_alive():
-            with self._lock:
-                self._spool_queue_locked()
-                self.spool.sync()
-        else:
-            with self._lock:
+        self._wake.set()
+        self._send_wake.set()
+        for thread in (self._thread, self._sender):
+            if thread.is_alive():
+                thread.join(max(0.0, deadline - time.monotonic()) + 0.05)
+        with self._lock:
+            self._spool_queue_locked()
+            self.spool.sync()
+            if not self._sender.is_alive():
                 self._close_locked()
-        return not self._queue and self.spool.unsent_bytes == 0
+            return not self._queue and self.spool.unsent_bytes == 0
 
     def _close_locked(self) -> None:
-        self._spool_queue_locked()
-        self.spool.close()
-        self.transport.close()
+        if not self._closed:
+            self._closed = True
+            self._spool_queue_locked()
+            self.spool.close()
+            self.transport.close()
 
-    # -- the thread ---------------------------------------------------------------------
+    # -- the threads ----------------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _spool_loop(self) -> None:
+        """Queue to spool every linger interval (fsynced at least once a second while unsent)."""
         try:
             while not self._stopping:
                 self._wake.wait(self.linger_s)
                 self._wake.clear()
                 with self._lock:
                     self._spool_queue_locked()
-                self._send_spooled()
+                self._send_wake.set()
                 self._sync_if_behind()
         except Exception:  # noqa: BLE001 - the thread must never die silently
-            log.exception("metricbus publisher thread failed; unsent events stay in the spool")
+            log.exception("metricbus spooler thread failed; queued events go to the spool at finish()")
+
+    def _send_loop(self) -> None:
+        """Spool to Kafka: send, and move the cursor on acknowledgement."""
+        try:
+            while not self._stopping:
+                self._send_wake.wait(self.linger_s)
+                self._send_wake.clear()
+                self._send_spooled()
+        except Exception:  # noqa: BLE001 - the thread must never die silently
+            log.exception("metricbus sender thread failed; unsent events stay in the spool")
         finally:
-            with self._lock:
-                if self._stopping:
-                    self._close_locked()
-                else:
-                    self._spool_queue_locked()
-                    self.spool.sync()
+            if self._stopping:
+                with self._lock:
+                    if not self._thread.is_alive():
+                        self._close_locked()
 
     def _spool_queue_locked(self) -> None:
         queue = self._queue

@@ -61,9 +61,10 @@ class OfflineTransport:
 class Run:
     """One training run publishing to metricbus. Create it with ``metricbus.init()``.
 
-    ``max_queue`` bounds the events held in memory (past it, log() encodes into the spool
-    itself: backpressure at encoding speed, never a network wait); ``linger_s`` is how long
-    the publisher batches before sending.
+    ``max_queue`` bounds the events held in memory; past it (the loop outruns encoding),
+    ``log()`` waits up to ``max_block_s`` (default 0) for room, then drops the event, counted
+    in ``stats()["dropped_events"]`` and said once. ``linger_s`` is how long the publisher
+    batches: queued events reach the spool within it, whatever the network does.
 
     Thread-safety: ``log`` may be called from any thread; events of one thread keep their
     order. Failure: broker faults never raise here; a value that cannot be a scalar is
@@ -86,6 +87,7 @@ class Run:
         world_size: int | None = None,
         max_queue: int = 100_000,
         linger_s: float = 0.02,
+        max_block_s: float = 0.0,
         transport: Transport | None = None,
     ) -> None:
         if not isinstance(project, str) or not project.strip():
@@ -116,6 +118,7 @@ class Run:
             describe_target=self._describe_target,
             max_queue=max_queue,
             linger_s=linger_s,
+            max_block_s=max_block_s,
         )
         self._publisher.start()
         self._split = self._gate.split
@@ -149,6 +152,8 @@ class Run:
             elif type(step) is not int:
                 step = int(step)
             self._step = step + 1
+            if len(self._queue) >= self._max_queue and not self._publisher.room():
+                return  # shed (counted, said once): the loop outruns encoding
             event = (
                 next(self._seq),
                 time.time_ns() // 1_000_000,
@@ -161,10 +166,7 @@ class Run:
                     "samples": samples,
                 },
             )
-            if len(self._queue) < self._max_queue:
-                self._queue.append(event)  # the hot path: Publisher.submit, inlined
-            else:
-                self._publisher.submit(event)
+            self._queue.append(event)
         except MetricValueError:
             raise
         except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
@@ -273,12 +275,13 @@ class Run:
             )
 
     def stats(self) -> dict[str, int]:
-        """Counters: events logged, dropped values, overflows to the spool, records sent, ..."""
+        """Counters: events logged, dropped values, full-queue events (overflows, dropped), ..."""
         p = self._publisher
         return {
             "events": p.events_submitted,
             "dropped_values": self._gate.dropped,
             "overflows": p.overflows,
+            "dropped_events": p.dropped_events,
             "records_sent": p.records_sent,
             "lost_events": p.lost_events,
             "unsent_bytes": p.spool.unsent_bytes,

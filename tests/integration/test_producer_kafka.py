@@ -82,11 +82,13 @@ def test_broker_killed_mid_run_and_restarted_loses_nothing_unacknowledged(settin
         broker.stop()
 
 
-def test_queue_overflow_goes_through_the_spool_in_order(settings):
-    run = Run("p", settings=settings, system_metrics=False, max_queue=100, linger_s=2.0)
+def test_a_full_queue_with_max_block_waits_for_room_and_delivers_everything_in_order(settings):
+    """The other overflow policy: the user chose to wait (bounded) rather than shed."""
+    run = Run("p", settings=settings, system_metrics=False, max_queue=100, linger_s=0.01, max_block_s=2.0)
     for i in range(3000):
         run.log({"x": float(i)}, step=i)
-    assert run.stats()["overflows"] > 0
+    stats = run.stats()
+    assert stats["overflows"] > 0 and stats["dropped_events"] == 0
     assert run.finish(timeout=30)
     events = read_events(settings, 3002)
     assert [seq for _, seq, _, _ in events] == list(range(3002))
@@ -102,9 +104,10 @@ def test_finish_with_no_broker_returns_within_timeout_and_sync_publishes_later(s
     assert run.finish(timeout=2.0) is False
     assert time.monotonic() - t0 < 2.0 + 3.5  # the timeout plus at most one bounded connect attempt
     assert "metricbus sync" in caplog.text
-    # The publisher thread ends after its current (bounded) connect attempt and releases the spool.
-    run._publisher._thread.join(10)
-    assert not run._publisher._thread.is_alive()
+    # The sender ends after its current (bounded) connect attempt and releases the spool.
+    for thread in (run._publisher._thread, run._publisher._sender):
+        thread.join(10)
+        assert not thread.is_alive()
     with EmbeddedBroker(port, log_path=tmp_path / "b.log"):
         report = sync_spools(s)
         assert report.records_sent > 0 and not report.spools_failed

@@ -1,4 +1,5 @@
 import logging
+import threading
 import time
 
 import pytest
@@ -71,17 +72,43 @@ def test_finish_with_the_broker_down_returns_within_its_timeout_and_keeps_everyt
     assert run.spool_path.exists() and run.spool_path.stat().st_size > 0
 
 
-def test_queue_overflow_goes_to_the_spool_in_order(settings):
+def test_a_full_queue_sheds_events_by_a_counted_policy_said_once_and_never_encodes_in_the_caller(
+    settings, caplog
+):
+    """Issue 13 point 8: log() with the queue full used to encode the whole queue itself (1 s stalls)."""
     fake = FakeTransport()
-    fake.down = True
-    # the thread sleeps between batches: the caller overflows
     run = Run("p", settings=settings, transport=fake, system_metrics=False, max_queue=50, linger_s=5.0)
-    for i in range(500):
-        run.log({"x": i}, step=i)
-    assert run.stats()["overflows"] > 0
-    fake.down = False
+    publisher = run._publisher
+    encoded = []
+    encode = publisher._encode
+    publisher._encode = lambda events: encoded.append(threading.current_thread().name) or encode(events)
+    with caplog.at_level(logging.WARNING, logger="metricbus.producer"):
+        for i in range(500):
+            run.log({"x": i}, step=i)
+    stats = run.stats()
+    assert stats["dropped_events"] == 500 - 49  # RunStarted and 49 events fit; no seq given to the rest
+    assert threading.current_thread().name not in encoded  # the caller never encoded anything
+    assert sum("outrunning the encoder" in r.getMessage() for r in caplog.records) == 1
     assert run.finish(timeout=15)
-    assert [seq for _, seq, _ in fake.events()] == list(range(502))
+    events = fake.events()
+    assert [seq for _, seq, _ in events] == list(range(51))  # no gap in the seqs: consumers see none
+    assert [b["step"] for _, b in metrics(events)] == list(range(49))
+
+
+def test_queued_events_reach_the_spool_within_a_linger_while_the_broker_hangs(settings):
+    """Issue 13 point 6: a send blocked on a dead broker held up the spooling of new events."""
+    fake = FakeTransport()
+    fake.delay_s = 3.0  # every send hangs 3 s (a connect timeout), then fails
+    fake.down = True
+    run = Run("p", settings=settings, transport=fake, system_metrics=False, linger_s=0.02)
+    time.sleep(0.2)  # the sender is now inside its first (hanging) send
+    for i in range(100):
+        run.log({"x": float(i)}, step=i)
+    time.sleep(0.3)  # well under the hanging send: the spooler must not wait for it
+    assert run._publisher.events_spooled == 101 and not run._publisher.queue
+    assert run.spool_path.stat().st_size > 0
+    fake.down, fake.delay_s = False, 0.0
+    assert run.finish(timeout=15)
 
 
 def test_bad_values_never_raise_into_the_loop(settings):
