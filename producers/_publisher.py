@@ -249,7 +249,12 @@ class Publisher:
                 return [r for e in events for r in self._encode([e])]
             self.encode_errors += 1
             self.lost_events += 1
-            log.error("event seq %d cannot be encoded and is dropped", events[0][0], exc_info=True)
+            log.error(
+                "event seq %d cannot be encoded and is dropped%s",
+                events[0][0],
+                "" if self.encode_errors == 1 else f" ({self.encode_errors} so far)",
+                exc_info=self.encode_errors == 1,
+            )
             return []
         if len(record) <= self.max_record_bytes:
             return [record]

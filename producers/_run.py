@@ -45,6 +45,9 @@ from ._values import ValueGate, _flatten
 
 log = logging.getLogger("metricbus.producer")
 SDK_VERSION = "0.1.0"
+_LONG = 2**63  #: steps and epochs are Avro longs
+#: Largest list (not array) log_histogram walks; arrays and tensors are binned whole by numpy.
+MAX_HISTOGRAM_VALUES = 10_000_000
 
 
 class OfflineTransport:
@@ -104,6 +107,8 @@ class Run:
         self._seq = itertools.count()
         self._step = 0
         self._finished = False
+        self.skipped_calls = 0
+        self._errors_said: set[tuple[str, str]] = set()
         self.status: str | None = None
         if transport is None:
             transport = OfflineTransport() if self.settings.offline else KafkaTransport(self.settings)
@@ -151,6 +156,8 @@ class Run:
                 step = self._step
             elif type(step) is not int:
                 step = int(step)
+            if not -_LONG <= step < _LONG or (epoch is not None and not -_LONG <= int(epoch) < _LONG):
+                raise ValueError(f"step {step} / epoch {epoch} does not fit in 64 bits")
             self._step = step + 1
             if len(self._queue) >= self._max_queue and not self._publisher.room():
                 return  # shed (counted, said once): the loop outruns encoding
@@ -189,7 +196,10 @@ class Run:
             if values is not None:
                 import numpy as np
 
-                counts_a, edges_a = np.histogram(np.asarray(_flatten(values), dtype=float), bins=bins)
+                if hasattr(values, "detach"):  # torch: no autograd, on the host
+                    values = values.detach().cpu().numpy()
+                flat = values if hasattr(values, "shape") else _flatten(values, MAX_HISTOGRAM_VALUES)
+                counts_a, edges_a = np.histogram(np.asarray(flat, dtype=float).ravel(), bins=bins)
                 edges, counts = edges_a.tolist(), counts_a.tolist()
             if edges is None or counts is None or len(edges) != len(counts) + 1:
                 raise ConfigError(
@@ -282,6 +292,7 @@ class Run:
             "dropped_values": self._gate.dropped,
             "overflows": p.overflows,
             "dropped_events": p.dropped_events,
+            "skipped_calls": self.skipped_calls,
             "records_sent": p.records_sent,
             "lost_events": p.lost_events,
             "unsent_bytes": p.spool.unsent_bytes,
@@ -313,9 +324,21 @@ class Run:
         return self._finished
 
     def _internal_error(self, what: str, exc: BaseException) -> None:
+        """Say once per call and error type, with the traceback; count the rest."""
         if self.strict and isinstance(exc, MetricbusError):
             raise exc
-        log.error("metricbus %s() failed and the call was skipped: %s", what, exc, exc_info=True)
+        self.skipped_calls += 1
+        key = (what, type(exc).__name__)
+        if key in self._errors_said:
+            return
+        self._errors_said.add(key)
+        log.error(
+            "metricbus %s() failed and the call was skipped: %s (said once; later ones are counted "
+            "in run.stats()['skipped_calls'])",
+            what,
+            exc,
+            exc_info=True,
+        )
 
     def _describe_target(self) -> str:
         if self.settings.offline:

@@ -40,6 +40,11 @@ class KafkaTransport:
     """kafka-python producer: acks from the partition leader, one request in flight (order)."""
 
     def __init__(self, settings: Settings, send_timeout_s: float = 5.0) -> None:
+        # kafka-python logs every refused connection at ERROR, several lines a second while the
+        # broker is down; the run says so once itself. A level the user set is left alone.
+        kafka_log = logging.getLogger("kafka")
+        if kafka_log.level == logging.NOTSET:
+            kafka_log.setLevel(logging.CRITICAL)
         self.settings = settings
         self.topic = settings.topics.events
         self.send_timeout_s = send_timeout_s

@@ -54,23 +54,24 @@ class ValueGate:
         return scalars, samples
 
     def _slow(self, key: str, value: Any, scalars: dict[str, float], samples: dict[str, list[float]]) -> None:
-        ndim = getattr(value, "ndim", None)
         try:
+            ndim = getattr(value, "ndim", None)
             if ndim == 0:  # numpy scalar or 0-d array / tensor
                 scalars[key] = float(value.item())
                 return
             if ndim is not None or isinstance(value, (list, tuple)):
-                flat = _flatten(value)
-                if len(flat) > self.max_samples:
-                    self._reject(key, value, f"{len(flat)} samples is over the limit of {self.max_samples}")
+                size = _size(value)  # before converting: a 1e6-element array is refused for free
+                if size is not None and size > self.max_samples:
+                    self._reject(key, value, f"{size} samples is over the limit of {self.max_samples}")
                     return
+                flat = _flatten(value, self.max_samples)
                 samples[key] = [float(v) for v in flat]
                 return
             if isinstance(value, _NUMBER) or hasattr(value, "__float__"):
                 scalars[key] = float(value)
                 return
-        except (TypeError, ValueError, OverflowError) as exc:
-            self._reject(key, value, str(exc))
+        except Exception as exc:  # noqa: BLE001 - whatever a user's object raises, log() must not
+            self._reject(key, value, f"{type(exc).__name__}: {exc}")
             return
         self._reject(key, value, "not a number, an array of numbers or a 0-d tensor")
 
@@ -89,19 +90,39 @@ class ValueGate:
             log.warning("%s; further bad values of this metric are dropped silently", message)
 
 
-def _flatten(value: Any) -> list[Any]:
+def _size(value: Any) -> int | None:
+    """Elements of an array or tensor without converting it (None for lists: walked with a limit)."""
+    numel = getattr(value, "numel", None)  # torch
+    if callable(numel):
+        return int(numel())
+    size = getattr(value, "size", None)  # numpy
+    return size if isinstance(size, int) else None
+
+
+def _flatten(value: Any, limit: int) -> list[Any]:
+    """The leaves of nested lists / an array, in order.
+
+    ValueError past ``limit`` leaves or ``4 * limit`` visited items (a list that contains
+    itself would never end otherwise).
+    """
     if hasattr(value, "detach"):  # torch tensor: no autograd, on the host
         value = value.detach().cpu()
     if hasattr(value, "tolist"):
         value = value.tolist()
     out: list[Any] = []
     stack = [value]
+    visited = 0
     while stack:
         item = stack.pop()
+        visited += 1
+        if len(out) > limit or visited > 4 * limit + 16:
+            raise ValueError(f"more than {limit} samples (or a list that contains itself)")
         if isinstance(item, (list, tuple)):
             stack.extend(reversed(item))
         else:
             out.append(item)
+    if len(out) > limit:
+        raise ValueError(f"{len(out)} samples is over the limit of {limit}")
     return out
 
 

@@ -238,3 +238,37 @@ def test_batches_are_cut_to_fit_a_kafka_record_and_an_event_too_large_for_any_is
     assert steps == [0, 1, 2, 3, 4, 5, 6, 7, 9]  # every step but the one no record can hold
     assert run.stats()["lost_events"] == 1
     assert sum("over the 8 MB a Kafka record may hold" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_an_out_of_range_step_is_said_once_and_counted_not_a_traceback_per_event(settings, caplog):
+    fake = FakeTransport()
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    with caplog.at_level(logging.ERROR, logger="metricbus.producer"):
+        for _ in range(50):
+            run.log({"x": 1.0}, step=2**70)
+        run.log({"x": 2.0}, step=3)
+    assert run.finish(timeout=10)
+    assert [b["step"] for _, b in metrics(fake.events())] == [3]
+    assert run.stats()["skipped_calls"] == 50
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "does not fit in 64 bits" in errors[0].getMessage()
+
+
+def test_with_no_broker_the_run_says_so_once_and_kafka_pythons_own_errors_stay_quiet(tmp_path, caplog):
+    """Issue 13 point 10: ECONNREFUSED lines from kafka-python reached the user's log over and over."""
+    s = Settings(data_dir=tmp_path, bootstrap="127.0.0.1:1")
+    with caplog.at_level(logging.DEBUG):
+        logging.getLogger("kafka").setLevel(logging.NOTSET)  # as in a fresh process
+        run = Run("p", settings=s, system_metrics=False)
+        for i in range(20):
+            run.log({"x": float(i)}, step=i)
+        deadline = time.monotonic() + 15
+        while (
+            not any("unreachable" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
+        time.sleep(1.0)  # a few more reconnect attempts
+        run.finish(timeout=1.0)
+    kafka_lines = [r for r in caplog.records if r.name.startswith("kafka") and r.levelno >= logging.WARNING]
+    ours = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert kafka_lines == [] and len(ours) == 1

@@ -60,3 +60,38 @@ def test_oversize_arrays_are_refused_with_the_limit_in_the_message(caplog):
 def test_strict_raises_with_the_metric_name():
     with pytest.raises(MetricValueError, match="'text'"):
         ValueGate(strict=True).split({"text": "high"})
+
+
+def test_a_huge_array_is_refused_by_its_size_without_being_converted(caplog):
+    """Issue 13 point 9: np.zeros(1_000_000) spent ~2 s in tolist() before being refused."""
+
+    class NoConvert(np.ndarray):
+        def tolist(self):
+            raise AssertionError("converted before its size was checked")
+
+    gate = ValueGate()
+    scalars, samples = gate.split({"big": np.zeros(1_000_000).view(NoConvert)})
+    assert (scalars, samples, gate.dropped) == ({}, {}, 1)
+    assert "1000000 samples is over the limit" in caplog.text
+
+
+def test_a_list_that_contains_itself_is_refused_instead_of_looping_forever():
+    loop = [1.0, 2.0]
+    loop.append(loop)
+    gate = ValueGate()
+    assert gate.split({"loop": loop}) == ({}, {}) and gate.dropped == 1
+
+
+def test_a_value_whose_float_raises_anything_is_dropped_with_one_warning(caplog):
+    class Weird:
+        def __float__(self):
+            raise RuntimeError("device lost")
+
+    gate = ValueGate()
+    with caplog.at_level(logging.WARNING, logger="metricbus.producer"):
+        for _ in range(100):
+            gate.split({"w": Weird(), "ok": 1.0})
+    assert gate.dropped == 100
+    warnings = [r for r in caplog.records if "metric 'w'" in r.getMessage()]
+    assert len(warnings) == 1 and "RuntimeError: device lost" in warnings[0].getMessage()
+    assert not any(r.exc_info for r in caplog.records)  # a line, not a traceback
