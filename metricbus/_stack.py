@@ -94,6 +94,8 @@ class Stack:
             for name, args in (available_consumers() if consumers is None else consumers).items()
         ]
         self._stopped = threading.Event()
+        self.broker_restarts = 0
+        self._broker_next_start = 0.0
 
     def start(self) -> Stack:
         """Start the broker, create the topics, start every consumer."""
@@ -142,12 +144,38 @@ class Stack:
                 )
             if child.proc is None and now >= child.next_start and not self._stopped.is_set():
                 self._start(child)
-        if self.broker is not None and self.broker.proc is not None and self.broker.proc.poll() is not None:
-            log.error(
-                "the embedded broker exited (code %s); see %s",
-                self.broker.proc.returncode,
-                self.broker.log_path,
-            )
+        broker = self.broker
+        if (
+            broker is not None
+            and broker.proc is not None
+            and broker.proc.poll() is not None
+            and not self._stopped.is_set()
+            and now >= self._broker_next_start
+        ):
+            self._restart_broker(broker, now)
+
+    def _restart_broker(self, broker: EmbeddedBroker, now: float) -> None:
+        """Start the embedded broker again (it kept nothing: memory-only) and its topics.
+
+        Producers notice the re-created topics and send their last minute of acknowledged
+        records again; consumers start over from the new topics and drop the duplicates.
+        """
+        assert broker.proc is not None
+        code = broker.proc.returncode
+        self.broker_restarts += 1
+        last = _proc.tail(broker.log_path) if broker.log_path is not None else ""
+        self.report(
+            f"metricbus up: the embedded broker exited with code {code} (restart "
+            f"{self.broker_restarts}); it is memory-only: topics and offsets start over, producers "
+            f"send their last minute again. The end of {broker.log_path}:\n{last}"
+        )
+        log.error("the embedded broker exited with code %s; restarting it", code)
+        try:
+            broker.start()
+            ensure_topics(self.settings)
+        except MetricbusError as exc:
+            self._broker_next_start = now + min(2**self.broker_restarts, 30)
+            self.report(f"metricbus up: the embedded broker cannot start again ({exc}); retrying")
 
     def run_until(self, stop: threading.Event) -> None:
         """Supervise until ``stop`` is set (raises MetricbusError if a child cannot start)."""

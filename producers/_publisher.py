@@ -51,6 +51,8 @@ class Publisher:
         max_queue: int = 100_000,
         max_record_bytes: int = MAX_RECORD_BYTES,
         max_block_s: float = 0.0,
+        retain_s: float = 60.0,
+        retain_bytes: int = 64 * 1024 * 1024,
         describe_target: Callable[[], str] = lambda: "Kafka",
     ) -> None:
         self.run_id = run_id
@@ -64,6 +66,15 @@ class Publisher:
         self.max_queue = max_queue
         self.max_record_bytes = max_record_bytes
         self.max_block_s = max_block_s
+        #: Acknowledged records kept in memory for ``retain_s`` (at most ``retain_bytes``) and
+        #: sent again when the broker turns out to have lost its topic (a memory-only broker
+        #: restarted): its acknowledgement was not durability. Consumers drop the duplicates.
+        self.retain_s = retain_s
+        self.retain_bytes = retain_bytes
+        self._retained: collections.deque[tuple[float, bytes]] = collections.deque()
+        self._retained_size = 0
+        self._resend_retained = False
+        self.records_resent = 0
         self.describe_target = describe_target
         self._key = run_id.encode()
         #: Events waiting for the thread. Run.log appends here directly when below max_queue.
@@ -274,29 +285,70 @@ class Publisher:
 
     def _send_spooled(self) -> None:
         while time.monotonic() >= self._next_attempt:
+            if self._resend_retained and not self._send_retained():
+                return
             with self._lock:
                 pending = self.spool.read_unsent(max_records=64)
             if not pending:
                 return
-            try:
-                self.transport.send(self._key, [record for record, _ in pending])
-            except TransportError as exc:
-                self._failures += 1
-                self._next_attempt = time.monotonic() + min(0.25 * 2 ** (self._failures - 1), 5.0)
-                if self._failures == 1:
-                    log.warning(
-                        "%s is unreachable (%s); events are kept in %s and sent when it is back",
-                        self.describe_target(),
-                        exc,
-                        self.spool.path,
-                    )
+            records = [record for record, _ in pending]
+            if not self._send(records):
                 return
             with self._lock:
                 self.spool.commit(pending[-1][1])
             self.records_sent += len(pending)
-            if self._failures:
-                log.warning("%s is reachable again; sending the spooled events", self.describe_target())
-                self._failures = 0
+            self._retain(records)
+
+    def _send(self, records: list[bytes]) -> bool:
+        """One send; on failure, back off (and note a lost topic); True when acknowledged."""
+        try:
+            self.transport.send(self._key, records)
+        except TransportError as exc:
+            if self.transport.take_lost():  # what the broker acknowledged may be gone: resend it first
+                self._resend_retained = bool(self._retained)
+                if self._resend_retained:
+                    return False
+            self._failures += 1
+            self._next_attempt = time.monotonic() + min(0.25 * 2 ** (self._failures - 1), 5.0)
+            if self._failures == 1:
+                log.warning(
+                    "%s is unreachable (%s); events are kept in %s and sent when it is back",
+                    self.describe_target(),
+                    exc,
+                    self.spool.path,
+                )
+            return False
+        if self.transport.take_lost():  # found after these records: they were resent by the spool
+            self._resend_retained = bool(self._retained)
+        if self._failures:
+            log.warning("%s is reachable again; sending the spooled events", self.describe_target())
+            self._failures = 0
+        return True
+
+    def _retain(self, records: list[bytes]) -> None:
+        now = time.monotonic()
+        retained = self._retained
+        for record in records:
+            retained.append((now, record))
+            self._retained_size += len(record)
+        while retained and (now - retained[0][0] > self.retain_s or self._retained_size > self.retain_bytes):
+            self._retained_size -= len(retained.popleft()[1])
+
+    def _send_retained(self) -> bool:
+        """Send the retained window again, oldest first; True when all of it was acknowledged."""
+        window = [record for _, record in self._retained]
+        for start in range(0, len(window), 64):
+            if not self._send(window[start : start + 64]):
+                return False
+        self.records_resent += len(window)
+        self._resend_retained = False
+        log.warning(
+            "%s had lost its topic (a memory-only broker restarted?): sent the last %d acknowledged "
+            "records again; consumers drop the duplicates",
+            self.describe_target(),
+            len(window),
+        )
+        return True
 
     def _sync_if_behind(self) -> None:
         now = time.monotonic()

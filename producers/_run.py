@@ -57,6 +57,10 @@ class OfflineTransport:
         """Refuse; the records stay spooled."""
         raise TransportError("offline mode")
 
+    def take_lost(self) -> bool:
+        """Never: nothing was sent."""
+        return False
+
     def close(self) -> None:
         """Nothing to release."""
 

@@ -32,6 +32,9 @@ class Transport(Protocol):
     def send(self, key: bytes, records: list[bytes]) -> None:
         """Send ``records`` in order under ``key``; return only once all are acknowledged."""
 
+    def take_lost(self) -> bool:
+        """True once after the broker was seen to have lost the topic (a memory-only restart)."""
+
     def close(self) -> None:
         """Release connections; idempotent."""
 
@@ -51,6 +54,12 @@ class KafkaTransport:
         self._producer: Any = None
         self._admin: Any = None
         self._topic_id: str | None = None
+        self._lost = False
+
+    def take_lost(self) -> bool:
+        """True once after the topic was found lost or re-created (what it held may be gone)."""
+        lost, self._lost = self._lost, False
+        return lost
 
     def _connect(self) -> Any:
         from kafka import KafkaProducer
@@ -81,7 +90,9 @@ class KafkaTransport:
                 request_timeout_ms=timeout_ms,
                 bootstrap_timeout_ms=timeout_ms,
             )
-            self._topic_id = self._current_topic_id()
+            previous, self._topic_id = self._topic_id, self._current_topic_id()
+            if previous is not None and self._topic_id != previous:
+                self._lost = True  # reconnected to a broker that re-created the topic
         except (KafkaError, BrokerError, OSError) as exc:
             self.close()
             raise TransportError(f"cannot connect to {self.settings.bootstrap_servers}: {exc}") from exc
@@ -92,6 +103,8 @@ class KafkaTransport:
         from kafka.errors import KafkaError
 
         producer = self._producer or self._connect()
+        if self._lost:  # found at reconnect: say so before sending, so the caller can resend first
+            raise TransportError(f"topic {self.topic} was re-created since the last send (broker restart?)")
         try:
             futures = [producer.send(self.topic, key=key, value=r) for r in records]
             producer.flush(timeout=self.send_timeout_s)
@@ -101,6 +114,7 @@ class KafkaTransport:
                 if future.failed():
                     raise TransportError(f"send failed: {future.exception}")
             if self._current_topic_id() != self._topic_id:
+                self._lost = True
                 raise TransportError(f"topic {self.topic} was lost or re-created (broker restart?)")
         except (KafkaError, OSError, TransportError) as exc:
             self.close()

@@ -26,6 +26,9 @@ class FakeTransport:
         with self.lock:
             self.records.extend(records)
 
+    def take_lost(self) -> bool:
+        return False
+
     def close(self) -> None:
         pass
 
