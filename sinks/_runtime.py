@@ -102,14 +102,14 @@ class Feeder:
         return out
 
     def fresh_derived(self, run_id: str, events: Sequence[Event], identified: bool) -> list[Event]:
-        """Derived events of one record, unless the sink holds them (a record is all or none)."""
+        """Derived events of one record that the sink does not hold (one check per record)."""
         if not events or not identified:  # records written before v3: no identity to check
             return list(events)
         self.known(run_id)
         if self.derived.add_range(run_id, events[0].seq, events[-1].seq):
             return list(events)
-        self.derived.duplicates += len(events)
-        return []
+        # held in part (a sink whose output outlived a crash mid-record): the rest, event by event
+        return [e for e in events if self.derived.is_new(run_id, e.seq)]
 
     def write(self, events: Sequence[Event]) -> list[tuple[Event, str]]:
         """Hand events to the sink; return the ones it could not take, with the reason.

@@ -20,9 +20,12 @@ worker says so. Every (re)opening uses the project, name, config and tags of the
 RunStarted, kept beside the output, so a late point or a restarted sink never opens a run in
 another project. Offline, each opening is one run directory (``wandb sync`` them in order).
 
-Durability: W&B writes asynchronously and offers no flush; ``flush`` records the identities
-handed to W&B (logged and derived) in a ledger beside the run, so a restart does not log them
-twice. What W&B had not written when the process died is lost to this sink (replay restores it).
+Exactly once after a crash: every history row carries its event's identity (``_metricbus_id``,
+``<producer_id>/<seq>``; W&B hides keys that start with ``_`` from the default charts), and a
+restarted sink reads the run's own W&B file(s) back to learn which rows W&B really wrote. So
+a row W&B wrote is never logged twice, and one it had not written when the process died is
+logged again: the run file is the ledger. Events that make no row (RunStarted, RunFinished,
+filtered-out metrics) are recorded in a small ledger beside the run at each flush.
 """
 
 from __future__ import annotations
@@ -51,12 +54,16 @@ from schemas import (
     check_run_id,
 )
 
+from ._wandb_file import logged_ids
+
 log = logging.getLogger("metricbus.sink.wandb")
 SEQS_DIR = ".metricbus-seqs"
 RUNS_DIR = ".metricbus-runs"
 STEP = "metricbus/step"
 EPOCH = "metricbus/epoch"
 UNKNOWN_PROJECT = "_unknown"
+#: the history key holding each row's event identity, ``<producer_id>/<seq>``
+ID_KEY = "_metricbus_id"
 #: what W&B refuses in a project name (UsageError), and its length limit
 _NOT_IN_PROJECT = re.compile(r"[/\\#?%:\x00-\x1f\x7f]")
 _PROJECT_MAX = 128
@@ -107,8 +114,13 @@ class WandbSink:
         import wandb  # noqa: F401
 
     def recover(self, run_id: str) -> Mapping[str, Sequence[Interval]]:
-        """Identities already handed to W&B for the run."""
-        return self._ledger(run_id).intervals()
+        """Identities the run already holds: rows in its W&B file(s), and the ledger of the rest."""
+        ledger = self._ledger(run_id)
+        for ident in logged_ids(self.root, run_id, ID_KEY):
+            producer, _, seq = str(ident).rpartition("/")
+            if producer and seq.isdigit():
+                ledger.add(producer, int(seq))
+        return ledger.intervals()
 
     def write(self, events: Sequence[Event]) -> list[tuple[Event, str]]:
         """Log events to their W&B runs (W&B queues them to its own service process).
@@ -121,11 +133,12 @@ class WandbSink:
         rejected = []
         for e in events:
             try:
-                self._write(e)
+                row = self._write(e)
             except (ValueError, TypeError, KeyError, OverflowError) as exc:
                 rejected.append((e, f"wandb cannot take this {e.kind} event: {type(exc).__name__}: {exc}"))
                 continue
-            self._ledger(e.run_id).add(e.producer_id, e.seq)
+            if not row:  # a row carries its identity into W&B's own file; the rest is ledgered
+                self._ledger(e.run_id).add(e.producer_id, e.seq)
             self._pending += 1
         return rejected
 
@@ -163,32 +176,29 @@ class WandbSink:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _write(self, e: Event) -> None:
+    def _write(self, e: Event) -> bool:
+        """Hand one event to W&B; True when it became a history row (with its identity)."""
         import numpy as np
         import wandb
 
         body = e.body
+        row: dict[str, Any] = {}
         if e.kind == RUN_STARTED:
             self._run(e.run_id)
         elif e.kind == METRICS:
-            row: dict[str, Any] = {k: v for k, v in body["scalars"].items() if self._wanted(k)}
+            row = {k: v for k, v in body["scalars"].items() if self._wanted(k)}
             for k, values in body["samples"].items():
                 if values and self._wanted(k):
                     arr = np.asarray(values, dtype=float)
                     finite = arr[np.isfinite(arr)]
                     if finite.size:  # W&B's histogram refuses NaN and inf; the archive keeps them
                         row[k] = wandb.Histogram(finite)  # type: ignore[arg-type]
-            if row:
-                row[STEP] = body["step"]
-                if body["epoch"] is not None:
-                    row[EPOCH] = body["epoch"]
-                self._run(e.run_id).log(row)
+            if row and body["epoch"] is not None:
+                row[EPOCH] = body["epoch"]
         elif e.kind == HISTOGRAM and self._wanted(body["name"]):
-            hist = wandb.Histogram(np_histogram=(body["counts"], body["edges"]))
-            self._run(e.run_id).log({body["name"]: hist, STEP: body["step"]})
+            row = {body["name"]: wandb.Histogram(np_histogram=(body["counts"], body["edges"]))}
         elif e.kind == TABLE and self._wanted(body["name"]):
-            table = wandb.Table(columns=body["columns"], data=body["rows"])
-            self._run(e.run_id).log({body["name"]: table, STEP: body["step"]})
+            row = {body["name"]: wandb.Table(columns=body["columns"], data=body["rows"])}
         elif e.kind == RUN_FINISHED:
             run = self._run(e.run_id)
             run.summary.update({k: v for k, v in body["summary"].items() if self._wanted(k)})
@@ -196,6 +206,13 @@ class WandbSink:
             self._finished[e.run_id] = (time.monotonic(), 0 if body["status"] == "finished" else 1)
             if e.run_id in self._complete:
                 self._finish(e.run_id)
+        if not row:
+            return False
+        row[STEP] = body["step"]
+        if e.seq >= 0:
+            row[ID_KEY] = f"{e.producer_id}/{e.seq}"
+        self._run(e.run_id).log(row)
+        return e.seq >= 0
 
     def _finish(self, run_id: str) -> None:
         run = self._runs.pop(run_id, None)

@@ -1,49 +1,17 @@
-"""Read a W&B offline run file (``run-<id>.wandb``) back, as a user's tool would.
+"""Read a W&B offline run file (``run-<id>.wandb``) back: config, history, summary.
 
-The format is LevelDB's log format after a 7-byte header (``:W&B``, magic 0xBEE1, version):
-32 KiB blocks of records ``crc32 u32 | length u16 | type u8 | data``, where type 1 is a whole
-record and 2/3/4 the first/middle/last pieces of one, each a ``wandb_internal_pb2.Record``.
+The record reader is the W&B sink's own (``sinks._wandb_file``); this turns records into what
+a user sees.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
-BLOCK = 32768
-HEADER = 7
+from sinks._wandb_file import records, run_files
 
-
-def records(path: Path) -> list:
-    from wandb.proto import wandb_internal_pb2
-
-    data = Path(path).read_bytes()
-    if data[:4] != b":W&B":
-        raise ValueError(f"{path} is not a W&B run file")
-    pos, pieces, out = HEADER, b"", []
-    while pos + HEADER <= len(data):
-        room = BLOCK - pos % BLOCK
-        if room < HEADER:  # the block's tail is padding
-            pos += room
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
-        pos += HEADER
-        chunk = data[pos : pos + length]
-        pos += length
-        if kind == 0:
-            continue
-        pieces = chunk if kind in (1, 2) else pieces + chunk
-        if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pieces)
-            out.append(record)
-    return out
-
-
-def run_files(root: Path, run_id: str) -> list[Path]:
-    """Every offline run file of ``run_id`` under ``root``, oldest first (one per opening)."""
-    return sorted(Path(root).glob(f"wandb/*run-*{run_id}/run-{run_id}.wandb"), key=lambda p: p.parent.name)
+__all__ = ["read_run", "records", "run_file", "run_files"]
 
 
 def run_file(root: Path, run_id: str) -> Path:

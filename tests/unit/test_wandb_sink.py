@@ -113,3 +113,30 @@ def test_wandb_alert_consumer_raises_an_alert_on_the_run(tmp_path, offline):
     ]
     assert (got.title, got.level) == ("nan_loss", "ERROR")
     assert got.text == "[FIRING] critical nan_loss: run run-al1 Train/Loss step 3: loss is NaN"
+
+
+def test_a_restarted_sink_learns_from_the_run_file_what_wandb_wrote_and_logs_only_the_rest(tmp_path, offline):
+    """Exactly once after a crash: the W&B run file is the ledger of rows (there is no flush)."""
+    from sinks import Feeder
+    from sinks._wandb_file import run_files
+
+    events = [ev(0, RUN_STARTED, run_started("grpo", "gemma"))]
+    events += [metrics(i, i - 1, {"Train/Loss": 1.0 / i}) for i in range(1, 201)]
+    first = WandbSink(tmp_path)
+    first.open()
+    Feeder(first).write(events[:151])
+    first.close()  # W&B wrote 150 rows
+    (path,) = run_files(tmp_path, "run-wb1")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 2 // 3])  # the writer was killed: the file ends mid-record
+
+    second = WandbSink(tmp_path)  # a new process: nothing in memory, no ledger of rows
+    second.open()
+    feeder = Feeder(second)
+    fresh = feeder.fresh(events)  # the consumer group re-delivers everything from the start
+    assert 50 < len(fresh) < 200  # the rows the torn file kept are not logged again
+    feeder.write(fresh)
+    second.close()
+    run = read_run(tmp_path, "run-wb1", every_opening=True)
+    steps = sorted(r["metricbus/step"] for r in run["history"] if "Train/Loss" in r)
+    assert steps == list(range(200))  # every row exactly once across the two openings
