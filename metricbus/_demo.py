@@ -20,8 +20,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_archived(archive: Path, run_id: str, events: int, timeout: float) -> int:
-    """Wait until the archive holds ``events`` distinct events of the run; return how many it holds."""
+def wait_archived(archive: Path, run_id: str, events: int, timeout: float, derived: bool = False) -> int:
+    """Wait until the archive holds ``events`` distinct logged (or ``derived``) events of the run.
+
+    Returns how many it holds.
+    """
     from sinks import read_table
 
     deadline = time.monotonic() + timeout
@@ -29,7 +32,7 @@ def wait_archived(archive: Path, run_id: str, events: int, timeout: float) -> in
     while time.monotonic() < deadline:
         table = read_table(archive, run_id, columns=["producer_id", "seq"])
         pairs = zip(table["producer_id"].to_pylist(), table["seq"].to_pylist(), strict=True)
-        held = len({(p, s) for p, s in pairs if p != DERIVED_PRODUCER})  # logged events only
+        held = len({(p, s) for p, s in pairs if (p == DERIVED_PRODUCER) == derived})
         if held >= events:
             break
         time.sleep(0.5)
@@ -55,22 +58,6 @@ def derived_total(settings: Settings, run_id: str, timeout: float = 30.0) -> int
                     return total or 0
         time.sleep(1.0)
     return None
-
-
-def wait_derived_archived(archive: Path, run_id: str, total: int, timeout: float) -> int:
-    """Wait until the archive holds ``total`` derived events of the run; return how many it holds."""
-    from sinks import read_table
-
-    deadline = time.monotonic() + timeout
-    held = 0
-    while time.monotonic() < deadline:
-        table = read_table(archive, run_id, columns=["producer_id", "seq"])
-        pairs = zip(table["producer_id"].to_pylist(), table["seq"].to_pylist(), strict=True)
-        held = len({s for p, s in pairs if p == DERIVED_PRODUCER})
-        if held >= total:
-            break
-        time.sleep(0.5)
-    return held
 
 
 def _print_stream_results(settings: Settings, run_id: str) -> None:
@@ -197,7 +184,7 @@ def run_demo(settings: Settings, updates: int = 30) -> int:
         print(f"trained in {elapsed:.1f}s; {events} events logged, all acknowledged by Kafka: {delivered}")
         held = wait_archived(settings.archive_dir, run.run_id, events, timeout=30)
         total = derived_total(settings, run.run_id)
-        derived_held = wait_derived_archived(settings.archive_dir, run.run_id, total or 0, timeout=30)
+        derived_held = wait_archived(settings.archive_dir, run.run_id, total or 0, timeout=30, derived=True)
         print(
             f"archive holds {held}/{events} logged events of the run "
             f"and {derived_held}/{total} derived ones\n"
