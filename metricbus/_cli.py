@@ -261,6 +261,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    from ._status import collect, format_status
+
+    settings = _settings(args)
+    stop = _stop_on_signals() if args.watch else threading.Event()
+    while True:
+        snap = collect(settings, window_s=args.window, stop_after_s=args.stop_after, since_s=args.since)
+        if args.json:
+            print(json.dumps(snap, indent=None if args.watch else 2, default=str), flush=True)
+        else:
+            print(("\x1b[2J\x1b[H" if args.watch and sys.stdout.isatty() else "") + format_status(snap))
+            print(flush=True)
+        if not args.watch or stop.wait(args.watch):
+            return 0 if snap["healthy"] else 1
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from ._demo import run_demo
 
@@ -360,6 +378,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--format", choices=["csv", "json", "parquet"], default="csv", help="json = JSON Lines")
     s.add_argument("--out", help="file to write (default: stdout; required for parquet)")
     s.set_defaults(func=cmd_export)
+
+    s = sub.add_parser(
+        "status",
+        help="runs, consumer lag and status per group, dead letters, local spools (exit 1 on STOP/ERR)",
+    )
+    s.add_argument("--json", action="store_true", help="one JSON object (one per line with --watch)")
+    s.add_argument("--watch", type=float, metavar="S", help="again every S seconds until Ctrl-C")
+    s.add_argument(
+        "--window", type=float, default=3.0, help="seconds between the two lag samples a status is judged on"
+    )
+    s.add_argument(
+        "--stop-after",
+        type=float,
+        default=30.0,
+        help="a group whose oldest waiting record is older than this, with no progress, is STOP",
+    )
+    s.add_argument("--since", type=float, metavar="S", help="read runs from the last S seconds only")
+    s.set_defaults(func=cmd_status)
 
     s = sub.add_parser(
         "demo", help="embedded stack + a short real PPO run on CartPole, read back from the archive"

@@ -5,7 +5,7 @@
 
 from ._publisher import Publisher
 from ._run import SDK_VERSION, OfflineTransport, Run
-from ._spool import Spool, SpoolBusyError, pending_spools
+from ._spool import Spool, SpoolBusyError, pending_spools, spool_in_use, unsent_bytes
 from ._sync import SyncReport, sync_spools
 from ._system import SystemSampler, sample_system
 from ._transport import KafkaTransport, Transport, TransportError
@@ -25,6 +25,8 @@ __all__ = [
     "TransportError",
     "ValueGate",
     "pending_spools",
+    "spool_in_use",
+    "unsent_bytes",
     "sample_system",
     "sync_spools",
 ]

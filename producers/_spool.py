@@ -157,15 +157,33 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def unsent_bytes(path: Path) -> int:
+    """Bytes of the spool file at ``path`` not yet acknowledged by Kafka (0 if it is gone)."""
+    cursor_path = Path(path).with_suffix(".cursor")
+    try:
+        cursor = int(cursor_path.read_text() or 0) if cursor_path.exists() else 0
+    except ValueError:
+        cursor = 0
+    try:
+        return max(0, Path(path).stat().st_size - cursor)
+    except OSError:
+        return 0
+
+
+def spool_in_use(path: Path) -> bool:
+    """Whether a live process owns the spool at ``path`` (it publishes it itself)."""
+    try:
+        with open(path, "rb") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            return False
+    except OSError:
+        return False
+
+
 def pending_spools(spool_dir: Path) -> list[Path]:
     """Spool files under ``spool_dir`` that still hold unsent bytes."""
-    found = []
-    for path in sorted(Path(spool_dir).glob(f"*/*{SUFFIX}")):
-        cursor_path = path.with_suffix(".cursor")
-        try:
-            cursor = int(cursor_path.read_text() or 0) if cursor_path.exists() else 0
-        except ValueError:
-            cursor = 0
-        if path.stat().st_size > cursor:
-            found.append(path)
-    return found
+    return [path for path in sorted(Path(spool_dir).glob(f"*/*{SUFFIX}")) if unsent_bytes(path) > 0]

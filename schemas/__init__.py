@@ -53,6 +53,7 @@ from ._kafka import (
 from ._names import check_run_id, checked_ids, path_segment
 from ._registry import SCHEMA_DIR, SchemaVersion, crc64_avro, load_versions
 from ._settings import Settings, Topics
+from ._telemetry import LoopMetrics, count_restart, multiprocess_dir
 
 __all__ = [
     "HEADER_SIZE",
@@ -74,6 +75,9 @@ __all__ = [
     "Deduper",
     "DerivedRecord",
     "Ledger",
+    "LoopMetrics",
+    "count_restart",
+    "multiprocess_dir",
     "Event",
     "Interval",
     "SeqSet",

@@ -24,6 +24,7 @@ from schemas import (
     Codec,
     Deduper,
     Event,
+    LoopMetrics,
     SchemaError,
     Settings,
     dead_letter,
@@ -159,6 +160,7 @@ class ConsumerLoop:
         self.name = name
         self.flush_interval_s = flush_interval_s
         self.stats = SinkStats()
+        self.metrics = LoopMetrics("consumer", group_id)
         self._stopping = asyncio.Event()
         self._consumer: Any = None
         self._producer: Any = None
@@ -238,7 +240,9 @@ class ConsumerLoop:
         while True:
             try:
                 if self.pending():
+                    started = time.perf_counter()
                     await asyncio.to_thread(self.flush)
+                    self.metrics.observe(time.perf_counter() - started)
                     self.stats.flushes += 1
                 break
             except Exception as exc:  # noqa: BLE001 - keep the consumer alive; nothing is committed
@@ -256,10 +260,12 @@ class ConsumerLoop:
             try:
                 await self._consumer.commit(offsets)
                 self.stats.commits += 1
+                self.metrics.stamp()
             except Exception as exc:  # noqa: BLE001 - a lost commit only means harmless re-delivery
                 log.warning(
                     "%s: commit failed (%s); records may be re-delivered and deduplicated", self.name, exc
                 )
+        self.metrics.update(dataclasses.asdict(self.stats))
         self._after_commit()
 
     async def _deadletter(self, value: bytes | None, key: bytes | None, reason: str, record: Any) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from schemas import (
     MAX_RECORD_BYTES,
+    LoopMetrics,
     SchemaError,
     Settings,
     dead_letter,
@@ -147,6 +148,9 @@ def build_app(
             )
             _track(alerts.send_soon(key=alert["run_id"].encode(), value=codec.encode("Alert", alert)))
 
+    metrics = LoopMetrics("worker", group_id(settings))
+    counts = dict.fromkeys(metrics.names, 0)  # cheap adds per record; the counters follow each second
+
     def _track(future: Any) -> None:
         unacked.add(future)
         future.add_done_callback(unacked.discard)
@@ -176,8 +180,16 @@ def build_app(
                     consumer=group_id(settings),
                 )
                 await deadletter.send(key=letter.key, value=letter.value, headers=dict(letter.headers))
+                counts["deadlettered"] += 1
             else:
-                publish(processor.process(batch))
+                started = time.perf_counter()
+                output = processor.process(batch)
+                publish(output)
+                metrics.observe(time.perf_counter() - started)
+                counts["events"] += len(batch)
+                counts["outputs"] += sum(map(len, output.points.values()))
+                counts["alerts"] += len(output.alerts)
+            counts["records"] += 1
             covered[event.message.partition] = event.message.offset + 1  # no await since process()
 
     @app.timer(1.0)
@@ -185,6 +197,8 @@ def build_app(
         out = processor.tick(int(time.time() * 1000))
         if out.alerts or out.points or out.closing:
             publish(out)
+            counts["alerts"] += len(out.alerts)
+        metrics.update(counts)
 
     if checkpoint is not None and settings.checkpoint_interval_s > 0:
         taken = {"events": processor.events}
@@ -207,6 +221,7 @@ def build_app(
                 return
             await asyncio.get_running_loop().run_in_executor(None, write, checkpoint, data)
             taken["events"] = events
+            metrics.stamp()
             log.info("stream checkpoint: %d bytes, offsets %s", len(data), at)
 
     return app

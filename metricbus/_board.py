@@ -1,0 +1,382 @@
+"""The live view of runs: what ``status`` lists and the dashboard draws.
+
+A :class:`RunBoard` folds events (logged and derived) and alerts into one bounded summary per
+run: project, name, host, ranks, last step, events/s over the last minute, time since the
+last event, firing alerts, config, and the last points of every series. It consumes the
+topics itself (no consumer group: it never commits, never holds up a sink) on a thread of
+its own; readers take snapshots under a lock, so a slow or closed browser costs it nothing.
+Everything from the topics is untrusted: undecodable or unsafe records are counted and
+skipped (the sinks dead-letter them), names are only ever data, sizes are capped.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import math
+import threading
+import time
+from typing import Any
+
+from schemas import (
+    HEARTBEAT,
+    METRICS,
+    RUN_FINISHED,
+    RUN_STARTED,
+    MetricbusError,
+    SchemaError,
+    Settings,
+    client_options,
+    decode_aggregates,
+    decode_events,
+    default_codec,
+)
+from schemas import MAX_RECORD_BYTES as _MAX_RECORD
+
+log = logging.getLogger("metricbus.board")
+
+#: A live run with no event (metrics or heartbeat) for this long is stalled.
+STALL_AFTER_S = 60.0
+#: Points kept per series, runs kept, series kept per run (the oldest go first).
+MAX_POINTS = 2000
+MAX_RUNS = 500
+MAX_SERIES = 400
+MAX_CONFIG_BYTES = 64 * 1024
+
+
+@dataclasses.dataclass
+class RunView:
+    """What is known of one run."""
+
+    run_id: str
+    project: str = ""
+    name: str = ""
+    host: str = ""
+    world_size: int = 1
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    ranks: set[int] = dataclasses.field(default_factory=set)
+    started_ms: int | None = None
+    finished: str | None = None  #: RunFinished status
+    finished_ms: int | None = None
+    last_step: int | None = None
+    last_event_ms: int = 0
+    events: int = 0
+    #: per-second event counts of the last minute (event time): (second, count)
+    recent: collections.deque[list[int]] = dataclasses.field(default_factory=lambda: collections.deque())
+    series: dict[str, collections.deque[tuple[int, float]]] = dataclasses.field(default_factory=dict)
+    epochs: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
+    #: rule/metric -> the latest alert of that key
+    alerts: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    finished_by: set[str] = dataclasses.field(default_factory=set)
+
+    def state(self, now_ms: int) -> str:
+        if self.finished is not None:
+            return "finished" if self.finished in ("", "finished", "success", "ok") else self.finished
+        if now_ms - self.last_event_ms > STALL_AFTER_S * 1000:
+            return "stalled"
+        return "live"
+
+    def events_per_s(self, now_ms: int) -> float:
+        since = now_ms // 1000 - 60
+        return round(sum(n for sec, n in self.recent if sec > since) / 60.0, 3)
+
+    def firing(self) -> list[dict[str, Any]]:
+        return [a for a in self.alerts.values() if a["state"] == "firing"]
+
+    def summary(self, now_ms: int) -> dict[str, Any]:
+        """The runs-table row (JSON-ready)."""
+        return {
+            "run_id": self.run_id,
+            "project": self.project,
+            "name": self.name,
+            "host": self.host,
+            "state": self.state(now_ms),
+            "ranks": sorted(self.ranks) or [0],
+            "world_size": self.world_size,
+            "last_step": self.last_step,
+            "events": self.events,
+            "events_per_s": self.events_per_s(now_ms),
+            "since_last_event_s": round(max(0, now_ms - self.last_event_ms) / 1000, 1)
+            if self.last_event_ms
+            else None,
+            "started_ms": self.started_ms,
+            "firing": [f"{a['rule']}" for a in self.firing()],
+        }
+
+    def detail(self, now_ms: int, since: dict[str, int] | None = None) -> dict[str, Any]:
+        """Everything of the run for its page; ``since`` (series -> step) keeps only newer points."""
+        since = since or {}
+        return {
+            **self.summary(now_ms),
+            "config": self.config,
+            "finished": self.finished,
+            "series": {
+                name: [[s, v] for s, v in points if s > since.get(name, -(2**63))]
+                for name, points in sorted(self.series.items())
+            },
+            "epochs": [{"epoch": e, **vals} for e, vals in sorted(self.epochs.items())],
+            "alerts": sorted(self.alerts.values(), key=lambda a: a["ts_ms"]),
+        }
+
+
+class RunBoard:
+    """Runs folded from the events, aggregates and alerts topics. Thread-safe snapshots."""
+
+    def __init__(self, settings: Settings, since_s: float | None = None) -> None:
+        self.settings = settings
+        #: how far back to read at start (None: from the start of each topic)
+        self.since_s = since_s
+        self.codec = default_codec()
+        self.runs: collections.OrderedDict[str, RunView] = collections.OrderedDict()
+        self.lock = threading.Lock()
+        self.skipped = 0  #: records that could not be read (the sinks dead-letter them)
+        self.records = 0
+        self.caught_up = threading.Event()  #: set once the topics were read to their ends
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: bumped on every change; the dashboard's stream waits on it
+        self.version = 0
+        self.changed = threading.Condition(self.lock)
+
+    # -- folding (one thread) ------------------------------------------------------------
+
+    def _run(self, run_id: str) -> RunView:
+        view = self.runs.get(run_id)
+        if view is None:
+            view = self.runs[run_id] = RunView(run_id)
+            while len(self.runs) > MAX_RUNS:
+                self.runs.popitem(last=False)
+        return view
+
+    def take(self, topic: str, value: bytes | None) -> None:
+        """Fold one record of ``topic`` (undecodable ones are counted and skipped)."""
+        if value is None:
+            self.skipped += 1
+            return
+        t = self.settings.topics
+        try:
+            if topic == t.events:
+                decoded = decode_events(self.codec, value)
+            elif topic == t.aggregates:
+                decoded = decode_aggregates(self.codec, value).events
+            elif topic == t.alerts:
+                name, alert = self.codec.decode(value)
+                if name != "Alert":
+                    raise SchemaError(f"expected an Alert, got a {name}")
+                with self.changed:
+                    self._alert(alert)
+                    self._bump()
+                return
+            else:
+                return
+        except (SchemaError, MetricbusError, ValueError, KeyError, TypeError):
+            self.skipped += 1
+            return
+        derived_topic = topic == t.aggregates
+        with self.changed:
+            for e in decoded:
+                self._event(e.run_id, e.producer_id, e.ts_ms, e.kind, e.body, derived_topic)
+            self._bump()
+
+    def _bump(self) -> None:
+        self.records += 1
+        self.version += 1
+        self.changed.notify_all()
+
+    def _event(
+        self, run_id: str, producer_id: str, ts_ms: int, kind: str, body: dict[str, Any], derived: bool
+    ) -> None:
+        view = self._run(run_id)
+        if not derived:
+            view.events += 1
+            view.last_event_ms = max(view.last_event_ms, ts_ms)
+            sec = ts_ms // 1000
+            if view.recent and view.recent[-1][0] == sec:
+                view.recent[-1][1] += 1
+            else:
+                view.recent.append([sec, 1])
+                while len(view.recent) > 61:
+                    view.recent.popleft()
+        if kind == METRICS:
+            step = body["step"]
+            if not derived:
+                view.ranks.add(int(body.get("rank") or 0))
+                view.last_step = step if view.last_step is None else max(view.last_step, step)
+            epoch = body.get("epoch")
+            for name, value in (body.get("scalars") or {}).items():
+                self._point(view, name, step, value)
+                if derived and epoch is not None and name.startswith("Epoch/"):
+                    row = view.epochs.setdefault(int(epoch), {})
+                    if len(row) < 64:
+                        row[name[len("Epoch/") :]] = value if math.isfinite(value) else None  # type: ignore[assignment]
+                    while len(view.epochs) > MAX_POINTS:
+                        del view.epochs[min(view.epochs)]
+        elif kind == RUN_STARTED:
+            view.project = str(body.get("project", ""))[:200]
+            view.name = str(body.get("name", ""))[:200]
+            view.host = str(body.get("host", ""))[:200]
+            view.world_size = int(body.get("world_size") or 1)
+            view.started_ms = ts_ms if view.started_ms is None else min(view.started_ms, ts_ms)
+            view.ranks.add(int(body.get("rank") or 0))
+            raw = body.get("config_json") or "{}"
+            if len(raw) <= MAX_CONFIG_BYTES:
+                try:
+                    config = json.loads(raw)
+                    view.config = config if isinstance(config, dict) else {}
+                except ValueError:
+                    view.config = {}
+        elif kind == RUN_FINISHED and not derived:
+            view.finished_by.add(producer_id)  # one producer per rank: finished when all ranks are
+            if len(view.finished_by) >= max(1, view.world_size):
+                view.finished = str(body.get("status") or "finished")[:40]
+                view.finished_ms = ts_ms
+        elif kind == HEARTBEAT:
+            pass  # counted above: a heartbeat says the run is alive
+
+    def _point(self, view: RunView, name: str, step: int, value: float) -> None:
+        points = view.series.get(name)
+        if points is None:
+            if len(view.series) >= MAX_SERIES:
+                return
+            points = view.series[name] = collections.deque(maxlen=MAX_POINTS)
+        # JSON has no NaN: a non-finite value is drawn as a gap (and the run's alerts say why)
+        points.append((step, value if math.isfinite(value) else None))  # type: ignore[arg-type]
+
+    def _alert(self, alert: dict[str, Any]) -> None:
+        view = self._run(alert["run_id"][:128])
+        key = f"{alert['rule']}/{alert['metric']}"[:300]
+        prior = view.alerts.get(key)
+        row = {
+            "rule": str(alert["rule"])[:200],
+            "metric": str(alert["metric"])[:200],
+            "severity": str(alert["severity"])[:20],
+            "state": str(alert["state"])[:20],
+            "step": alert["step"],
+            "message": str(alert["message"])[:500],
+            "ts_ms": alert["ts_ms"],
+            "fired_ms": alert["ts_ms"] if alert["state"] == "firing" else (prior or {}).get("fired_ms"),
+            "resolved_ms": alert["ts_ms"] if alert["state"] == "resolved" else None,
+        }
+        if key not in view.alerts and len(view.alerts) >= MAX_SERIES:
+            return
+        view.alerts[key] = row
+
+    # -- reading -------------------------------------------------------------------------
+
+    def runs_table(self) -> list[dict[str, Any]]:
+        now = int(time.time() * 1000)
+        with self.lock:
+            rows = [v.summary(now) for v in self.runs.values() if v.started_ms or v.events]
+        order = {"live": 0, "stalled": 1}
+        return sorted(rows, key=lambda r: (order.get(r["state"], 2), -(r["started_ms"] or 0)))
+
+    def run(self, run_id: str, since: dict[str, int] | None = None) -> dict[str, Any] | None:
+        now = int(time.time() * 1000)
+        with self.lock:
+            view = self.runs.get(run_id)
+            return None if view is None else view.detail(now, since)
+
+    def alerts(self) -> list[dict[str, Any]]:
+        with self.lock:
+            rows = [{"run_id": v.run_id, **a} for v in self.runs.values() for a in v.alerts.values()]
+        return sorted(rows, key=lambda a: -a["ts_ms"])
+
+    def wait_change(self, version: int, timeout_s: float) -> int:
+        """Block until the board changed past ``version`` (or timeout); the new version."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.version != version, timeout_s)
+            return self.version
+
+    # -- consuming -----------------------------------------------------------------------
+
+    def read_once(self, timeout_s: float = 10.0) -> RunBoard:
+        """Read the topics up to their ends now (for a one-shot ``status``), then return."""
+        consumer = self._consumer()
+        try:
+            self._consume(consumer, until_caught_up=True, deadline=time.monotonic() + timeout_s)
+        finally:
+            consumer.close()
+        return self
+
+    def start(self) -> RunBoard:
+        """Follow the topics on a daemon thread until :meth:`stop`."""
+        self._thread = threading.Thread(target=self._follow, name="metricbus-board", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self.changed:
+            self.changed.notify_all()
+        if self._thread is not None:
+            self._thread.join(5.0)
+
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            try:
+                consumer = self._consumer()
+                try:
+                    self.error = None
+                    self._consume(consumer, until_caught_up=False, deadline=None)
+                finally:
+                    consumer.close()
+            except Exception as exc:  # noqa: BLE001 - the board outlives a broker restart
+                self.error = f"{type(exc).__name__}: {exc}"
+                log.warning("run board: %s; reconnecting in 2s", self.error)
+                self._stop.wait(2.0)
+
+    def _consumer(self) -> Any:
+        from kafka import KafkaConsumer, TopicPartition
+
+        t = self.settings.topics
+        consumer = KafkaConsumer(
+            **client_options(self.settings),
+            client_id="metricbus-board",
+            enable_auto_commit=False,
+            fetch_max_wait_ms=self.settings.fetch_max_wait_ms,
+            max_partition_fetch_bytes=_MAX_RECORD + 64 * 1024,
+            request_timeout_ms=10000,
+        )
+        tps = [
+            TopicPartition(topic, p)
+            for topic in (t.events, t.aggregates, t.alerts)
+            for p in sorted(consumer.partitions_for_topic(topic) or ())
+        ]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        if self.since_s is not None and tps:
+            start = int((time.time() - self.since_s) * 1000)
+            for tp, found in consumer.offsets_for_times({tp: start for tp in tps}).items():
+                if found is not None and found.offset >= 0:
+                    consumer.seek(tp, found.offset)
+        return consumer
+
+    def _consume(self, consumer: Any, until_caught_up: bool, deadline: float | None) -> None:
+        tps = list(consumer.assignment())
+        while not self._stop.is_set():
+            if deadline is not None and time.monotonic() > deadline:
+                return
+            for tp, records in consumer.poll(timeout_ms=200).items():
+                for record in records:
+                    if record.serialized_value_size > _MAX_RECORD:
+                        self.skipped += 1
+                        continue
+                    self.take(tp.topic, record.value)
+            if not self.caught_up.is_set() or until_caught_up:
+                done = all(
+                    consumer.highwater(tp) is not None and consumer.position(tp) >= consumer.highwater(tp)
+                    for tp in tps
+                )
+                if done:
+                    self.caught_up.set()
+                    if until_caught_up:
+                        return
+            if not tps:
+                self.caught_up.set()
+                if until_caught_up:
+                    return
+                self._stop.wait(2.0)
+                return  # look again for the topics

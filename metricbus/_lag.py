@@ -1,0 +1,268 @@
+"""Consumer-group lag in records and in seconds, and a Burrow-style status over a window.
+
+Lag is measured against the high watermark of a Fetch response, never ListOffsets LATEST:
+the embedded broker answers that with the last batch's base offset + 1 (a group at rest
+would show a lag of -1). Lag in seconds is the age of the oldest record the group has not
+consumed (the record at its committed offset), as kafka-lag-exporter reports it.
+
+Status per partition over the samples of a window (Burrow's rules, adapted to what a
+broker tells every client: commit timestamps are not among it):
+
+- OK: no lag in the last sample, or the group commits and its lag does not grow;
+- WARN: the group commits, but its lag grew in every interval of the window;
+- STALL: the committed offset did not move while records wait, for less than ``stop_after_s``;
+- STOP: records have waited longer than ``stop_after_s`` behind a committed offset that did
+  not move (nobody consumes: the process is down, or stuck for that long);
+- ERR: the offsets cannot be read, or one is past the end of its log (the topic was
+  re-created under the group, as after a restart of the memory-only embedded broker).
+
+A group's status is its worst partition's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from schemas import MAX_RECORD_BYTES, Settings, client_options
+
+log = logging.getLogger("metricbus.lag")
+
+#: Order of badness, for a group's status (its worst partition's).
+STATUSES = ("OK", "WARN", "STALL", "STOP", "ERR")
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionLag:
+    """One partition of one group at one moment."""
+
+    topic: str
+    partition: int
+    committed: int | None  #: None: the group never committed here (it starts at the log start)
+    end: int  #: high watermark
+    lag: int  #: records not yet consumed
+    lag_s: float | None  #: age of the oldest of them (None when there are none, or unknown)
+
+
+@dataclasses.dataclass
+class GroupSample:
+    """Every partition of one group at time ``at`` (epoch seconds)."""
+
+    group: str
+    at: float
+    partitions: dict[tuple[str, int], PartitionLag]
+    error: str | None = None
+
+    @property
+    def lag(self) -> int:
+        return sum(p.lag for p in self.partitions.values())
+
+    @property
+    def lag_s(self) -> float:
+        return max((p.lag_s or 0.0 for p in self.partitions.values()), default=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupStatus:
+    """A group's verdict over a window of samples."""
+
+    group: str
+    status: str
+    reason: str
+    lag: int
+    lag_s: float
+    commit_rate: float  #: records committed per second over the window
+    partitions: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def evaluate(samples: Sequence[GroupSample], stop_after_s: float = 30.0) -> GroupStatus:
+    """The Burrow-style status of one group from its samples, oldest first (at least one)."""
+    last = samples[-1]
+    first = samples[0]
+    span = max(last.at - first.at, 1e-9)
+    moved_total = 0
+    verdicts: list[tuple[str, str, PartitionLag]] = []
+    for key, part in sorted(last.partitions.items()):
+        history = [s.partitions[key] for s in samples if key in s.partitions]
+        before = history[0]
+        if before.committed is not None and part.committed is not None:
+            moved_total += max(0, part.committed - before.committed)
+        verdicts.append((*_partition_status(history, stop_after_s), part))
+    if last.error is not None:
+        worst, reason = "ERR", last.error
+    elif not verdicts:
+        worst, reason = "OK", "no committed offsets yet"
+    else:
+        worst, reason, _ = max(verdicts, key=lambda v: STATUSES.index(v[0]))
+        if worst == "OK":
+            reason = "caught up" if last.lag == 0 else f"consuming, {last.lag} records behind"
+    return GroupStatus(
+        group=last.group,
+        status=worst,
+        reason=reason,
+        lag=last.lag,
+        lag_s=round(last.lag_s, 3),
+        commit_rate=round(moved_total / span, 3) if len(samples) > 1 else 0.0,
+        partitions=[
+            {**dataclasses.asdict(p), "status": s, "reason": r}
+            for s, r, p in sorted(verdicts, key=lambda v: (v[2].topic, v[2].partition))
+        ],
+    )
+
+
+def _partition_status(history: list[PartitionLag], stop_after_s: float) -> tuple[str, str]:
+    last = history[-1]
+    where = f"{last.topic}[{last.partition}]"
+    if last.committed is not None and last.committed > last.end:
+        return "ERR", (
+            f"{where}: committed offset {last.committed} is past the end of the log ({last.end}); "
+            "the topic was re-created under the group"
+        )
+    if last.lag <= 0:
+        return "OK", f"{where}: caught up"
+    moved = last.committed != history[0].committed
+    if moved:
+        lags = [h.lag for h in history]
+        if len(lags) > 1 and all(b > a for a, b in zip(lags, lags[1:], strict=False)):
+            return "WARN", f"{where}: consuming, but the lag grew in every sample ({lags[0]} -> {lags[-1]})"
+        return "OK", f"{where}: consuming ({last.lag} behind)"
+    age = last.lag_s or 0.0
+    if age > stop_after_s:
+        return "STOP", (
+            f"{where}: {last.lag} records wait, the oldest for {age:.0f}s, and the committed "
+            "offset does not move: nothing consumes"
+        )
+    if len(history) < 2:
+        return "OK", f"{where}: {last.lag} behind"
+    return "STALL", f"{where}: {last.lag} records wait and the committed offset did not move"
+
+
+class LagProbe:
+    """Samples every consumer group of a topic prefix (kafka-python clients, no group of its own)."""
+
+    def __init__(self, settings: Settings, timeout_s: float = 5.0) -> None:
+        self.settings = settings
+        self.timeout_s = timeout_s
+        self._admin: Any = None
+        self._consumer: Any = None
+
+    def _clients(self) -> tuple[Any, Any]:
+        from kafka import KafkaConsumer
+        from kafka.admin import KafkaAdminClient
+
+        if self._admin is None:
+            ms = int(self.timeout_s * 1000)
+            self._admin = KafkaAdminClient(
+                **client_options(self.settings),
+                request_timeout_ms=ms,
+                bootstrap_timeout_ms=ms,
+                client_id="metricbus-status",
+            )
+            self._consumer = KafkaConsumer(
+                **client_options(self.settings),
+                client_id="metricbus-status",
+                enable_auto_commit=False,
+                request_timeout_ms=max(ms, 6000),
+                fetch_max_wait_ms=self.settings.fetch_max_wait_ms,
+                max_partition_fetch_bytes=MAX_RECORD_BYTES + 64 * 1024,
+            )
+        return self._admin, self._consumer
+
+    def close(self) -> None:
+        for client in (self._consumer, self._admin):
+            if client is not None:
+                try:
+                    client.close()
+                except Exception:  # noqa: BLE001 - closing a broken client must not hide the result
+                    log.debug("closing a status client failed", exc_info=True)
+        self._admin = self._consumer = None
+
+    def groups(self) -> list[str]:
+        """The groups of this prefix (the worker's, each sink's, each alert consumer's)."""
+        admin, _ = self._clients()
+        prefix = self.settings.topic_prefix
+        return sorted(g["group_id"] for g in admin.list_groups() if g["group_id"].startswith(prefix))
+
+    def sample(self, groups: Sequence[str] | None = None) -> dict[str, GroupSample]:
+        """One sample of every group (errors become a sample with ``error`` set, never raise)."""
+        from kafka.errors import KafkaError
+
+        try:
+            names = list(groups) if groups is not None else self.groups()
+        except (KafkaError, OSError) as exc:
+            self.close()
+            now = time.time()
+            return {"": GroupSample("", now, {}, error=f"cannot list consumer groups: {exc}")}
+        out: dict[str, GroupSample] = {}
+        for group in names:
+            try:
+                out[group] = self._sample_group(group)
+            except (KafkaError, OSError, ValueError) as exc:
+                out[group] = GroupSample(group, time.time(), {}, error=f"cannot read offsets: {exc}")
+                self.close()
+        return out
+
+    def _sample_group(self, group: str) -> GroupSample:
+        from kafka import TopicPartition
+
+        admin, consumer = self._clients()
+        committed = {
+            (tp.topic, tp.partition): meta.offset
+            for tp, meta in admin.list_group_offsets({group: None}).get(group, {}).items()
+            if meta is not None and meta.offset is not None and meta.offset >= 0
+        }
+        topics = sorted({t for t, _ in committed})
+        tps = []
+        for topic in topics:
+            for p in sorted(consumer.partitions_for_topic(topic) or ()):
+                tps.append(TopicPartition(topic, p))
+        starts = consumer.beginning_offsets(tps) if tps else {}
+        positions = {tp: committed.get((tp.topic, tp.partition), starts.get(tp, 0)) for tp in tps}
+        ends, oldest = self._fetch_at(consumer, positions)
+        now = time.time()
+        parts = {}
+        for tp in tps:
+            pos = positions[tp]
+            end = ends.get(tp, pos)
+            ts = oldest.get(tp)
+            lag = max(0, end - pos)
+            parts[(tp.topic, tp.partition)] = PartitionLag(
+                topic=tp.topic,
+                partition=tp.partition,
+                committed=committed.get((tp.topic, tp.partition)),
+                end=end,
+                lag=lag,
+                lag_s=round(max(0.0, now - ts / 1000), 3) if lag and ts is not None else None,
+            )
+        return GroupSample(group, now, parts)
+
+    def _fetch_at(self, consumer: Any, positions: dict[Any, int]) -> tuple[dict[Any, int], dict[Any, int]]:
+        """Fetch at each position: the high watermark and the timestamp of the first record."""
+        if not positions:
+            return {}, {}
+        consumer.assign(list(positions))
+        for tp, pos in positions.items():
+            consumer.seek(tp, pos)
+        ends: dict[Any, int] = {}
+        oldest: dict[Any, int] = {}
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=200, update_offsets=False).items():
+                if records and tp not in oldest:
+                    oldest[tp] = records[0].timestamp
+            for tp in positions:
+                high = consumer.highwater(tp)
+                if high is not None:
+                    ends[tp] = high
+            if all(tp in ends and (ends[tp] <= pos or tp in oldest) for tp, pos in positions.items()):
+                break
+            for tp, pos in positions.items():  # poll moves positions only where records came
+                if tp not in oldest:
+                    consumer.seek(tp, pos)
+        return ends, oldest

@@ -1,0 +1,225 @@
+"""``metricbus status``: runs, consumer groups, dead letters and local spools, in one snapshot.
+
+The same snapshot feeds the dashboard's pipeline page and its Prometheus gauges. A
+:class:`StatusWatch` keeps a sliding window of lag samples so consumer statuses are judged
+on a window (see :mod:`metricbus._lag`), as Burrow does.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+from producers import pending_spools, spool_in_use, unsent_bytes
+from schemas import MAX_RECORD_BYTES, Settings, client_options
+
+from ._board import RunBoard
+from ._lag import STATUSES, GroupSample, LagProbe, evaluate
+
+#: Dead letters read for the top reasons (the count covers the whole topic).
+DEAD_LETTERS_READ = 10_000
+
+
+class StatusWatch:
+    """Lag samples of every group over a sliding window; one :meth:`sample` per call."""
+
+    def __init__(self, settings: Settings, window: int = 10, stop_after_s: float = 30.0) -> None:
+        self.settings = settings
+        self.probe = LagProbe(settings)
+        self.stop_after_s = stop_after_s
+        self.window: dict[str, collections.deque[GroupSample]] = {}
+        self.size = window
+
+    def sample(self) -> list[dict[str, Any]]:
+        """Take a sample of every group and return each group's status over the window."""
+        for group, sample in self.probe.sample().items():
+            self.window.setdefault(group, collections.deque(maxlen=self.size)).append(sample)
+        latest = max((d[-1].at for d in self.window.values()), default=0.0)
+        for group in [g for g, d in self.window.items() if latest - d[-1].at > 600]:
+            del self.window[group]  # a group gone for ten minutes (deleted, or a renamed consumer)
+        return [
+            evaluate(list(samples), self.stop_after_s).to_dict()
+            for _, samples in sorted(self.window.items())
+        ]
+
+    def close(self) -> None:
+        self.probe.close()
+
+
+def dead_letters(settings: Settings, timeout_s: float = 5.0) -> dict[str, Any]:
+    """Count of the dead-letter topic, and the top reasons and consumers of its last records."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import KafkaError
+
+    topic = settings.topics.deadletter
+    try:
+        consumer = KafkaConsumer(
+            **client_options(settings),
+            client_id="metricbus-status",
+            enable_auto_commit=False,
+            fetch_max_wait_ms=settings.fetch_max_wait_ms,
+            max_partition_fetch_bytes=MAX_RECORD_BYTES + 64 * 1024,
+            request_timeout_ms=max(6000, int(timeout_s * 1000)),
+        )
+    except (KafkaError, OSError) as exc:
+        return {"count": None, "error": str(exc), "reasons": [], "consumers": {}}
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        if not tps:
+            return {"count": 0, "reasons": [], "consumers": {}}
+        starts = consumer.beginning_offsets(tps)
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, starts[tp])
+        reasons: collections.Counter[str] = collections.Counter()
+        consumers: collections.Counter[str] = collections.Counter()
+        read = 0
+        deadline = time.monotonic() + timeout_s
+        ends: dict[Any, int] = {}
+        while time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=200).values():
+                for r in records:
+                    read += 1
+                    headers = {k: v for k, v in (r.headers or [])}
+                    reason = headers.get("metricbus.reason", b"(no reason given)").decode("utf-8", "replace")
+                    reasons[_reason_kind(reason)] += 1
+                    consumers[headers.get("metricbus.consumer", b"?").decode("utf-8", "replace")[:200]] += 1
+            for tp in tps:
+                high = consumer.highwater(tp)
+                if high is not None:
+                    ends[tp] = high
+            if len(ends) == len(tps) and all(consumer.position(tp) >= ends[tp] for tp in tps):
+                break
+            if read >= DEAD_LETTERS_READ:
+                break
+        count = sum(ends.get(tp, 0) - starts[tp] for tp in tps)
+        return {
+            "count": count,
+            "read": read,
+            "reasons": [{"reason": r, "count": n} for r, n in reasons.most_common(5)],
+            "consumers": dict(consumers.most_common(10)),
+        }
+    except (KafkaError, OSError) as exc:
+        return {"count": None, "error": str(exc), "reasons": [], "consumers": {}}
+    finally:
+        consumer.close()
+
+
+def _reason_kind(reason: str) -> str:
+    """A reason without its specifics (offsets, values), so alike ones count together."""
+    head = reason.split(":", 1)[0] if ":" in reason[:80] else reason
+    return head[:120]
+
+
+def spools(settings: Settings) -> list[dict[str, Any]]:
+    """Spool files on this machine with records not yet published."""
+    out = []
+    for path in pending_spools(settings.spool_dir):
+        out.append(
+            {
+                "run_id": path.parent.name,
+                "path": str(path),
+                "unsent_bytes": unsent_bytes(path),
+                "live": spool_in_use(path),
+            }
+        )
+    return out
+
+
+def snapshot(
+    settings: Settings, board: RunBoard, groups: list[dict[str, Any]], deadletters: dict[str, Any]
+) -> dict[str, Any]:
+    """The whole status as one JSON-ready dict; ``healthy`` is False when a group is STOP or ERR."""
+    worst = max((STATUSES.index(g["status"]) for g in groups), default=0)
+    return {
+        "at": round(time.time(), 3),
+        "kafka": settings.bootstrap_servers,
+        "topic_prefix": settings.topic_prefix,
+        "healthy": worst < STATUSES.index("STOP"),
+        "runs": board.runs_table(),
+        "groups": groups,
+        "dead_letters": deadletters,
+        "spools": spools(settings),
+        "board": {"records": board.records, "skipped": board.skipped, "error": board.error},
+    }
+
+
+def collect(
+    settings: Settings, window_s: float = 3.0, stop_after_s: float = 30.0, since_s: float | None = None
+) -> dict[str, Any]:
+    """One status: two lag samples ``window_s`` apart, the runs, the dead letters, the spools."""
+    watch = StatusWatch(settings, window=2, stop_after_s=stop_after_s)
+    try:
+        watch.sample()
+        started = time.monotonic()
+        board = RunBoard(settings, since_s=since_s).read_once()
+        deadletters = dead_letters(settings)
+        time.sleep(max(0.0, window_s - (time.monotonic() - started)))
+        groups = watch.sample()
+    finally:
+        watch.close()
+    return snapshot(settings, board, groups, deadletters)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def format_status(snap: dict[str, Any]) -> str:
+    """The snapshot for a terminal: runs, groups, dead letters, spools."""
+    lines = [
+        f"metricbus status  kafka {snap['kafka']}  prefix {snap['topic_prefix']}  "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(snap['at']))}",
+        "",
+        "RUNS",
+    ]
+    runs = snap["runs"]
+    if not runs:
+        lines.append("  no runs on the topics")
+    else:
+        lines.append(
+            f"  {'RUN':<28} {'PROJECT':<16} {'NAME':<18} {'STATE':<9} {'RANKS':>5} {'STEP':>8} "
+            f"{'EV/S':>7} {'LAST':>6}  ALERTS"
+        )
+        for r in runs:
+            step = "-" if r["last_step"] is None else str(r["last_step"])
+            lines.append(
+                f"  {_cut(r['run_id'], 28):<28} {_cut(r['project'], 16):<16} {_cut(r['name'], 18):<18} "
+                f"{r['state']:<9} {len(r['ranks']):>5} {step:>8} {r['events_per_s']:>7.1f} "
+                f"{_age(r['since_last_event_s']):>6}  {', '.join(r['firing']) or '-'}"
+            )
+    lines += ["", "CONSUMER GROUPS"]
+    if not snap["groups"]:
+        lines.append("  no consumer groups yet")
+    for g in snap["groups"]:
+        lines.append(
+            f"  {_cut(g['group'], 40):<40} {g['status']:<5} lag {g['lag']:>7} records "
+            f"{_age(g['lag_s'] if g['lag'] else None):>6}  {g['commit_rate']:>8.1f} rec/s  {g['reason']}"
+        )
+    dl = snap["dead_letters"]
+    lines += ["", "DEAD LETTERS"]
+    if dl.get("count") is None:
+        lines.append(f"  cannot read: {dl.get('error')}")
+    else:
+        lines.append(f"  {dl['count']} record(s)")
+        for r in dl["reasons"]:
+            lines.append(f"  {r['count']:>7}  {r['reason']}")
+    lines += ["", "LOCAL SPOOLS"]
+    if not snap["spools"]:
+        lines.append("  nothing waiting to be published")
+    for s in snap["spools"]:
+        owner = "live run, publishing" if s["live"] else "`metricbus sync` publishes it"
+        lines.append(f"  {s['run_id']}: {s['unsent_bytes']} bytes unsent ({owner})")
+    return "\n".join(lines)
+
+
+def _cut(text: str, width: int) -> str:
+    text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return text if len(text) <= width else text[: width - 1] + "…"

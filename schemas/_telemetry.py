@@ -1,0 +1,116 @@
+"""Metrics of the pipeline itself, through prometheus_client: the one home of their names.
+
+Every long-running process (each sink, the stream worker, each alert consumer) counts here.
+Under ``metricbus up`` they share one ``PROMETHEUS_MULTIPROC_DIR`` (set by ``up`` before they
+start), and the dashboard serves them all on one ``/metrics``. Processes started on their own
+(compose, Kubernetes) share one the same way: give them and ``metricbus dashboard`` the same
+``PROMETHEUS_MULTIPROC_DIR`` on a shared volume; without it a process counts only in memory.
+
+Counters are fed from each loop's own statistics after a flush, never per record: the cost
+on a consumer is a few dictionary lookups a flush. Names (all ``metricbus_`` prefixed):
+
+- ``metricbus_consumer_<counter>_total{group}``: records, events, written, duplicates,
+  deadlettered, rejected, flushes, flush_failures, commits (see SinkStats);
+- ``metricbus_consumer_flush_seconds{group}``: histogram of flush durations;
+- ``metricbus_consumer_last_commit_timestamp_seconds{group}``: when the group last committed;
+- ``metricbus_worker_<counter>_total{group}``: the stream worker's records, events, outputs,
+  alerts, dead letters; ``metricbus_worker_processing_seconds{group}`` per record batch;
+  ``metricbus_worker_checkpoint_timestamp_seconds{group}``;
+- ``metricbus_process_restarts_total{process}``: restarts made by ``metricbus up``.
+
+Scrape-time gauges (lag, consumer status, runs, dead letters) come from the dashboard's
+own collector (``metricbus/_metrics.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+#: Counters each consumer loop reports (names of SinkStats fields).
+CONSUMER_COUNTERS = (
+    "records",
+    "events",
+    "written",
+    "duplicates",
+    "deadlettered",
+    "rejected",
+    "flushes",
+    "flush_failures",
+    "commits",
+)
+WORKER_COUNTERS = ("records", "events", "outputs", "alerts", "deadlettered")
+FLUSH_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+_metrics: dict[str, Any] = {}
+
+
+def multiprocess_dir() -> str | None:
+    """The shared directory of every process's samples under ``up`` (None: one process)."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def _metric(kind: str, name: str, doc: str, labels: tuple[str, ...], **kw: Any) -> Any:
+    found = _metrics.get(name)
+    if found is None:
+        import prometheus_client
+
+        found = _metrics[name] = getattr(prometheus_client, kind)(name, doc, labels, **kw)
+    return found
+
+
+class LoopMetrics:
+    """One loop's counters (``kind``: "consumer" or "worker"), fed from its cumulative stats."""
+
+    def __init__(self, kind: str, group: str) -> None:
+        self.kind = kind
+        self.group = group
+        names = CONSUMER_COUNTERS if kind == "consumer" else WORKER_COUNTERS
+        self.names = names
+        self._counters = {
+            n: _metric(
+                "Counter", f"metricbus_{kind}_{n}", f"{n.replace('_', ' ')} of a metricbus {kind}", ("group",)
+            ).labels(group)
+            for n in names
+        }
+        self._seen: dict[str, int] = dict.fromkeys(names, 0)
+        seconds = "flush" if kind == "consumer" else "processing"
+        self._duration = _metric(
+            "Histogram",
+            f"metricbus_{kind}_{seconds}_seconds",
+            f"{seconds} durations of a metricbus {kind}",
+            ("group",),
+            buckets=FLUSH_BUCKETS,
+        ).labels(group)
+        stamp = "last_commit" if kind == "consumer" else "checkpoint"
+        self._stamp = _metric(
+            "Gauge",
+            f"metricbus_{kind}_{stamp}_timestamp_seconds",
+            f"unix time of the last {stamp.replace('_', ' ')} of a metricbus {kind}",
+            ("group",),
+            multiprocess_mode="max",
+        ).labels(group)
+
+    def update(self, stats: Mapping[str, int]) -> None:
+        """Bring the counters up to the loop's cumulative ``stats``."""
+        for name, counter in self._counters.items():
+            value = int(stats.get(name, 0))
+            delta = value - self._seen[name]
+            if delta > 0:
+                counter.inc(delta)
+                self._seen[name] = value
+
+    def observe(self, seconds: float) -> None:
+        self._duration.observe(seconds)
+
+    def stamp(self, at: float | None = None) -> None:
+        self._stamp.set(time.time() if at is None else at)
+
+
+def count_restart(process: str) -> None:
+    """One restart of ``process`` by ``metricbus up``."""
+    _metric(
+        "Counter", "metricbus_process_restarts", "restarts of a process by metricbus up", ("process",)
+    ).labels(process).inc()
