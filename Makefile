@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # A CPU build of torch==2.13.0 lies in /opt/wheels on these machines; elsewhere pip takes PyPI's.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test bench lint clean chromium
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV) || (apt-get update && apt-get install -y python3-venv && python3 -m venv $(VENV))
@@ -21,7 +21,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: lint
+# The dashboard tests drive a real browser: Debian's chromium (Playwright drives it, no download).
+CHROMIUM := $(shell command -v chromium 2>/dev/null)
+
+chromium:
+ifeq ($(CHROMIUM),)
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+endif
+
+test: lint chromium
 	$(VENV)/bin/pytest -q -ra
 
 bench: $(STAMP)

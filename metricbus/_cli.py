@@ -48,10 +48,14 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from ._stack import Stack, available_consumers
+    from ._stack import Stack, available_consumers, dashboard_port
 
     settings = _settings(args)
     consumers = available_consumers()
+    if args.no_dashboard:
+        consumers.pop("dashboard", None)
+    elif "dashboard" in consumers:
+        consumers["dashboard"] = [*consumers["dashboard"], "--port", str(dashboard_port(args.dashboard_port))]
     if "stream-worker" in consumers:
         for flag in ("rules", "config"):
             if getattr(args, flag):  # resolved: a restarted child must find it wherever it runs
@@ -279,6 +283,24 @@ def cmd_status(args: argparse.Namespace) -> int:
             return 0 if snap["healthy"] else 1
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    import os
+
+    from ._web import serve
+
+    settings = _settings(args)
+    token = args.token or os.environ.get("METRICBUS_DASHBOARD_TOKEN") or None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not token:
+        raise MetricbusError(
+            f"--host {args.host} serves the dashboard beyond this machine: give it a --token "
+            "(or METRICBUS_DASHBOARD_TOKEN), which every request must carry"
+        )
+    url = f"http://{args.host}:{args.web_port}/"
+    print(f"metricbus dashboard on {url} (Kafka {settings.bootstrap_servers})", flush=True)
+    serve(settings, host=args.host, port=args.web_port, token=token, since_s=args.since)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from ._demo import run_demo
 
@@ -308,6 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--config", help="StreamConfig YAML for the stream worker (see `metricbus worker --config`)"
     )
+    s.add_argument(
+        "--dashboard-port", type=int, help="dashboard on 127.0.0.1:PORT (default 8765, or a free one)"
+    )
+    s.add_argument("--no-dashboard", action="store_true", help="run no dashboard")
     s.set_defaults(func=cmd_up)
 
     s = sub.add_parser("topics", help="create the metricbus topics if missing (idempotent)")
@@ -396,6 +422,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--since", type=float, metavar="S", help="read runs from the last S seconds only")
     s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser(
+        "dashboard", help="the live web dashboard, /metrics (Prometheus), /healthz and /readyz"
+    )
+    s.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (anything but loopback needs --token)"
+    )
+    s.add_argument("--port", dest="web_port", type=int, default=8765)
+    s.add_argument("--token", help="required on every request (default: $METRICBUS_DASHBOARD_TOKEN)")
+    s.add_argument("--since", type=float, metavar="S", help="read runs from the last S seconds only")
+    s.set_defaults(func=cmd_dashboard)
 
     s = sub.add_parser(
         "demo", help="embedded stack + a short real PPO run on CartPole, read back from the archive"

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from schemas import MetricbusError, Settings, ensure_topics
+from schemas import MetricbusError, Settings, count_restart, ensure_topics
 
 from . import _proc
 from ._broker import EmbeddedBroker
@@ -36,9 +36,29 @@ CONSUMERS: dict[str, list[str]] = {
     "sink-wandb": ["sink", "wandb"],
     "stream-worker": ["worker"],
     "alerts-console": ["alerts", "--console"],
+    "dashboard": ["dashboard"],
 }
 #: Consumer -> the module it needs; without it `up` says how to install it and skips it.
-OPTIONAL = {"sink-tensorboard": "tensorboard", "sink-wandb": "wandb"}
+OPTIONAL = {"sink-tensorboard": "tensorboard", "sink-wandb": "wandb", "dashboard": "starlette"}
+#: Where `up` serves the dashboard unless told otherwise (a busy port: any free one, said).
+DASHBOARD_PORT = 8765
+
+
+def dashboard_port(wanted: int | None) -> int:
+    """``wanted``, or DASHBOARD_PORT if free, else a free port (the URL is printed either way)."""
+    import socket
+
+    if wanted:
+        return wanted
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", DASHBOARD_PORT))
+            return DASHBOARD_PORT
+        except OSError:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+    log.warning("port %d is in use: the dashboard takes %d", DASHBOARD_PORT, port)
+    return port
 
 
 def available_consumers() -> dict[str, list[str]]:
@@ -88,6 +108,12 @@ class Stack:
             else None
         )
         env = {**os.environ, **settings.to_env()}
+        #: one directory where every child's prometheus_client writes its samples; the
+        #: dashboard serves them all on /metrics (cleared at each start: counters begin at 0)
+        self.metrics_dir = Path(
+            os.environ.get("PROMETHEUS_MULTIPROC_DIR") or Path(settings.data_dir) / "prometheus"
+        )
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
         self._env = env
         self.children = [
             _Child(name, [sys.executable, "-m", "metricbus", *args], self.log_dir / f"{name}.log")
@@ -99,6 +125,12 @@ class Stack:
 
     def start(self) -> Stack:
         """Start the broker, create the topics, start every consumer."""
+        import shutil
+
+        if self.metrics_dir.is_dir() and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)  # ours: samples of a previous stack
+        self.metrics_dir.mkdir(parents=True, exist_ok=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)  # our own restart counter
         if self.broker is not None:
             self.broker.start()
         ensure_topics(self.settings)
@@ -129,6 +161,7 @@ class Stack:
                         f"{child.name} cannot start (exit code {code}); the end of {child.log_path}:\n{last}"
                     )
                 child.restarts += 1
+                count_restart(child.name)
                 delay = min(2 ** (child.restarts - 1), 30)
                 child.next_start = now + delay
                 log.error(
@@ -163,6 +196,7 @@ class Stack:
         assert broker.proc is not None
         code = broker.proc.returncode
         self.broker_restarts += 1
+        count_restart("broker")
         last = _proc.tail(broker.log_path) if broker.log_path is not None else ""
         self.report(
             f"metricbus up: the embedded broker exited with code {code} (restart "
@@ -216,7 +250,20 @@ class Stack:
         for child in self.children:
             pid = child.proc.pid if child.proc else "-"
             lines.append(f"{child.name:<12} pid {pid}, log {child.log_path}")
+        url = self.dashboard_url
+        if url:
+            lines.append(f"dashboard    {url}  (also {url}metrics, {url}healthz, {url}readyz)")
         return "\n".join(lines)
+
+    @property
+    def dashboard_url(self) -> str | None:
+        """The dashboard's address, when the stack runs one."""
+        for child in self.children:
+            if child.name == "dashboard":
+                argv = child.argv
+                port = argv[argv.index("--port") + 1] if "--port" in argv else str(DASHBOARD_PORT)
+                return f"http://127.0.0.1:{port}/"
+        return None
 
     def __enter__(self) -> Stack:
         return self.start()

@@ -39,8 +39,7 @@ class StatusWatch:
         for group in [g for g, d in self.window.items() if latest - d[-1].at > 600]:
             del self.window[group]  # a group gone for ten minutes (deleted, or a renamed consumer)
         return [
-            evaluate(list(samples), self.stop_after_s).to_dict()
-            for _, samples in sorted(self.window.items())
+            evaluate(list(samples), self.stop_after_s).to_dict() for _, samples in sorted(self.window.items())
         ]
 
     def close(self) -> None:

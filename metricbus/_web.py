@@ -1,0 +1,278 @@
+"""The live dashboard, Prometheus ``/metrics`` and health checks: one Starlette app.
+
+Pages (one HTML shell; ``static/app.js`` draws each): ``/`` runs, ``/runs/{run_id}`` one run
+(live charts of its logged and derived series, epochs, alerts, config), ``/alerts``,
+``/pipeline`` (lag per group, dead letters, spools). Data: ``/api/...`` as JSON, and
+server-sent events (``/api/stream``, ``/api/runs/{run_id}/stream``) for live updates.
+
+The app only reads snapshots of a :class:`RunBoard` (its own consumer thread) and of a
+:class:`Pipeline` (lag samples on a thread); a slow or closed browser waits on nothing of a
+consumer's. Bound to 127.0.0.1 unless told otherwise; anywhere else it needs a token
+(``Authorization: Bearer T``, or ``?token=T`` once, which sets a cookie).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from schemas import MetricbusError, Settings, check_run_id
+
+from ._board import RunBoard
+from ._status import StatusWatch, dead_letters, spools
+
+log = logging.getLogger("metricbus.dashboard")
+
+WEB = Path(__file__).parent / "web"
+#: Seconds between lag samples (the window holds the last ten: 50 s) and dead-letter reads.
+SAMPLE_EVERY_S = 5.0
+#: How often a stream looks for changes, and the longest silence before a keep-alive.
+STREAM_TICK_S = 0.5
+KEEPALIVE_S = 15.0
+
+
+class Pipeline:
+    """Consumer-group statuses, dead letters and spools, refreshed on a thread of their own."""
+
+    def __init__(self, settings: Settings, every_s: float = SAMPLE_EVERY_S, stop_after_s: float = 30.0):
+        self.settings = settings
+        self.every_s = every_s
+        self.watch = StatusWatch(settings, window=10, stop_after_s=stop_after_s)
+        self.latest: dict[str, Any] = {"groups": [], "dead_letters": {}, "spools": [], "at": None}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Pipeline:
+        self._thread = threading.Thread(target=self._loop, name="metricbus-pipeline", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10.0)
+        self.watch.close()
+
+    def refresh(self) -> None:
+        groups = self.watch.sample()
+        self.latest = {
+            "groups": groups,
+            "dead_letters": dead_letters(self.settings),
+            "spools": spools(self.settings),
+            "at": round(time.time(), 3),
+        }
+        self.samples += 1
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh()
+            except Exception as exc:  # noqa: BLE001 - the page says so; the next sample may work
+                log.warning("pipeline sample failed: %s", exc)
+                self.latest = {**self.latest, "error": f"{type(exc).__name__}: {exc}"}
+            self._stop.wait(self.every_s)
+
+
+def build_app(
+    settings: Settings,
+    board: RunBoard,
+    pipeline: Pipeline,
+    token: str | None = None,
+) -> Any:
+    """The Starlette app; the caller starts (and stops) ``board`` and ``pipeline``."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+    from starlette.routing import Mount, Route
+    from starlette.staticfiles import StaticFiles
+
+    from ._metrics import render_metrics
+
+    shell = (WEB / "app.html").read_text()
+
+    def page(request: Request) -> Response:
+        run_id = request.path_params.get("run_id")
+        if run_id is not None and not _known(board, run_id):
+            return HTMLResponse(_not_found(f"no run {run_id!r} on the topics"), status_code=404)
+        return HTMLResponse(shell)
+
+    def api_status(request: Request) -> Response:
+        return JSONResponse(_overview(settings, board, pipeline))
+
+    def api_run(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        detail = board.run(run_id) if _valid(run_id) else None
+        if detail is None:
+            return JSONResponse({"error": f"no run {run_id[:200]!r}"}, status_code=404)
+        return JSONResponse(detail)
+
+    async def stream(request: Request) -> Response:
+        async def events() -> Any:
+            version, sent = -1, 0.0
+            while not await request.is_disconnected():
+                if board.version != version or time.monotonic() - sent > KEEPALIVE_S:
+                    version = board.version
+                    sent = time.monotonic()
+                    yield _sse("status", _overview(settings, board, pipeline))
+                await asyncio.sleep(1.0)
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers=_NO_CACHE)
+
+    async def run_stream(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        if not _known(board, run_id):
+            return JSONResponse({"error": f"no run {run_id[:200]!r}"}, status_code=404)
+
+        async def events() -> Any:
+            version, sent = -1, 0.0
+            since: dict[str, int] = {}
+            while not await request.is_disconnected():
+                if board.version != version:
+                    version = board.version
+                    detail = board.run(run_id, since)
+                    if detail is not None:
+                        for name, points in detail["series"].items():
+                            if points:
+                                since[name] = points[-1][0]
+                        detail["series"] = {n: p for n, p in detail["series"].items() if p}
+                        sent = time.monotonic()
+                        yield _sse("run", detail)
+                elif time.monotonic() - sent > KEEPALIVE_S:
+                    sent = time.monotonic()
+                    yield ": keep-alive\n\n"
+                await asyncio.sleep(STREAM_TICK_S)
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers=_NO_CACHE)
+
+    def metrics(request: Request) -> Response:
+        body, content_type = render_metrics(board, pipeline)
+        return Response(body, media_type=content_type)
+
+    def healthz(request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    def readyz(request: Request) -> Response:
+        problems = []
+        if not board.caught_up.is_set():
+            problems.append("still reading the topics")
+        if board.error:
+            problems.append(f"topics: {board.error}")
+        if pipeline.samples == 0:
+            problems.append("no consumer-group sample yet")
+        if pipeline.latest.get("error"):
+            problems.append(f"consumer groups: {pipeline.latest['error']}")
+        return JSONResponse(
+            {"ready": not problems, "problems": problems}, status_code=503 if problems else 200
+        )
+
+    routes = [
+        Route("/", page),
+        Route("/alerts", page),
+        Route("/pipeline", page),
+        Route("/runs/{run_id:str}", page),
+        Route("/api/status", api_status),
+        Route("/api/stream", stream),
+        Route("/api/runs/{run_id:str}", api_run),
+        Route("/api/runs/{run_id:str}/stream", run_stream),
+        Route("/metrics", metrics),
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Mount("/static", StaticFiles(directory=WEB / "static"), name="static"),
+    ]
+    app = Starlette(routes=routes)
+
+    if token:
+        inner = app
+
+        async def guarded(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http" and scope["path"] not in ("/healthz", "/readyz"):
+                request = Request(scope)
+                given = request.query_params.get("token") or request.cookies.get("metricbus_token") or ""
+                auth = request.headers.get("authorization", "")
+                if auth.lower().startswith("bearer "):
+                    given = auth[7:]
+                if not hmac.compare_digest(given.encode(), token.encode()):
+                    await PlainTextResponse("a token is needed (?token=...)", status_code=401)(
+                        scope, receive, send
+                    )
+                    return
+                if request.query_params.get("token"):
+
+                    async def with_cookie(message: Any) -> None:
+                        if message["type"] == "http.response.start":
+                            cookie = f"metricbus_token={token}; HttpOnly; SameSite=Strict; Path=/"
+                            message["headers"] = [*message["headers"], (b"set-cookie", cookie.encode())]
+                        await send(message)
+
+                    await inner(scope, receive, with_cookie)
+                    return
+            await inner(scope, receive, send)
+
+        return guarded
+    return app
+
+
+_NO_CACHE = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _sse(event: str, data: Any) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'), allow_nan=False)}\n\n"
+
+
+def _valid(run_id: str) -> bool:
+    try:
+        check_run_id(run_id)
+    except MetricbusError:
+        return False
+    return True
+
+
+def _known(board: RunBoard, run_id: str) -> bool:
+    return _valid(run_id) and board.run(run_id) is not None
+
+
+def _overview(settings: Settings, board: RunBoard, pipeline: Pipeline) -> dict[str, Any]:
+    return {
+        "at": round(time.time(), 3),
+        "kafka": settings.bootstrap_servers,
+        "runs": board.runs_table(),
+        "alerts": board.alerts()[:200],
+        "pipeline": pipeline.latest,
+        "board": {"records": board.records, "skipped": board.skipped, "error": board.error},
+    }
+
+
+def _not_found(what: str) -> str:
+    import html
+
+    return (
+        "<!doctype html><meta charset=utf-8><title>not found</title>"
+        f"<p>{html.escape(what)}. <a href='/'>All runs</a></p>"
+    )
+
+
+def serve(
+    settings: Settings,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    token: str | None = None,
+    since_s: float | None = None,
+) -> None:
+    """Run the dashboard until SIGINT/SIGTERM (uvicorn handles them)."""
+    import uvicorn
+
+    board = RunBoard(settings, since_s=since_s).start()
+    pipeline = Pipeline(settings).start()
+    try:
+        app = build_app(settings, board, pipeline, token=token)
+        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    finally:
+        board.stop()
+        pipeline.stop()

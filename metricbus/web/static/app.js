@@ -1,0 +1,193 @@
+// metricbus dashboard: one shell, four views, live through server-sent events. No framework.
+"use strict";
+
+const main = document.getElementById("main");
+const conn = document.getElementById("conn");
+const path = location.pathname;
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v;
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(c == null ? "" : String(c)));
+  return node;
+}
+
+function age(seconds) {
+  if (seconds == null) return "-";
+  if (seconds < 120) return `${Math.round(seconds)}s`;
+  if (seconds < 7200) return `${Math.round(seconds / 60)}m`;
+  return `${(seconds / 3600).toFixed(1)}h`;
+}
+
+function when(ms) {
+  return ms == null ? "-" : new Date(ms).toLocaleTimeString();
+}
+
+function table(headers, rows, id) {
+  const t = el("table", id ? { id } : {});
+  t.append(el("thead", {}, el("tr", {}, ...headers.map((h) => el("th", {}, h)))));
+  const body = el("tbody");
+  for (const r of rows) body.append(el("tr", {}, ...r.map((c) => (c instanceof Node && c.tagName === "TD" ? c : el("td", {}, c)))));
+  t.append(body);
+  return t;
+}
+
+function badge(text) {
+  return el("span", { class: `state ${text}` }, text);
+}
+
+function follow(url, event, handle) {
+  const source = new EventSource(url);
+  source.addEventListener(event, (e) => {
+    conn.textContent = "live";
+    conn.className = "conn live";
+    handle(JSON.parse(e.data));
+  });
+  source.onerror = () => {
+    conn.textContent = "reconnecting…";
+    conn.className = "conn";
+  };
+  return source;
+}
+
+for (const a of document.querySelectorAll("nav a")) {
+  const view = a.dataset.nav;
+  if ((view === "runs" && path === "/") || path.startsWith(`/${view}`)) a.classList.add("active");
+}
+
+// -- runs, alerts, pipeline: the overview stream ------------------------------------------
+
+function runsView(status) {
+  const rows = status.runs.map((r) => [
+    el("td", {}, el("a", { href: `/runs/${encodeURIComponent(r.run_id)}` }, r.run_id)),
+    r.project,
+    r.name,
+    el("td", {}, badge(r.state)),
+    el("td", { class: "num" }, `${r.ranks.length}/${r.world_size}`),
+    r.host,
+    el("td", { class: "num" }, r.last_step == null ? "-" : r.last_step),
+    el("td", { class: "num" }, r.events_per_s.toFixed(1)),
+    el("td", { class: "num" }, age(r.since_last_event_s)),
+    el("td", {}, ...r.firing.map((f) => el("span", { class: "state firing" }, f))),
+  ]);
+  return [
+    el("h2", {}, `Runs (${status.runs.length})`),
+    table(["run", "project", "name", "state", "ranks", "host", "last step", "events/s", "last event", "firing alerts"], rows, "runs"),
+  ];
+}
+
+function alertsTable(alerts, withRun) {
+  const rows = alerts.map((a) => [
+    ...(withRun ? [el("td", {}, el("a", { href: `/runs/${encodeURIComponent(a.run_id)}` }, a.run_id))] : []),
+    el("td", {}, badge(a.state)),
+    a.severity,
+    a.rule,
+    a.metric,
+    el("td", { class: "num" }, a.step == null ? "-" : a.step),
+    when(a.fired_ms),
+    when(a.resolved_ms),
+    a.message,
+  ]);
+  const heads = ["state", "severity", "rule", "metric", "step", "fired", "resolved", "message"];
+  return table(withRun ? ["run", ...heads] : heads, rows, "alerts");
+}
+
+function pipelineView(status) {
+  const p = status.pipeline || {};
+  const groups = (p.groups || []).map((g) => [
+    g.group,
+    el("td", {}, el("span", { class: `status ${g.status}` }, g.status)),
+    el("td", { class: "num" }, g.lag),
+    el("td", { class: "num" }, g.lag ? age(g.lag_s) : "-"),
+    el("td", { class: "num" }, g.commit_rate.toFixed(1)),
+    g.reason,
+  ]);
+  const dl = p.dead_letters || {};
+  const reasons = (dl.reasons || []).map((r) => [el("td", { class: "num" }, r.count), r.reason]);
+  const spools = (p.spools || []).map((s) => [s.run_id, el("td", { class: "num" }, s.unsent_bytes), s.live ? "live run" : "run `metricbus sync`"]);
+  return [
+    el("h2", {}, "Pipeline"),
+    el("p", { class: "muted" }, `Kafka ${status.kafka}; sampled ${when(p.at ? p.at * 1000 : null)}${p.error ? "; " + p.error : ""}`),
+    el("h3", {}, "Consumer groups"),
+    table(["group", "status", "lag (records)", "lag (age)", "committed/s", "why"], groups, "groups"),
+    el("h3", {}, `Dead letters: ${dl.count == null ? "unknown" : dl.count}`),
+    table(["count", "reason"], reasons, "deadletters"),
+    el("h3", {}, "Local spools with unsent records"),
+    table(["run", "unsent bytes", "published by"], spools, "spools"),
+    el("p", { class: "muted" }, `Runs read: ${status.board.records} records (${status.board.skipped} unreadable)`),
+  ];
+}
+
+function overview(render) {
+  follow("/api/stream", "status", (status) => main.replaceChildren(...render(status)));
+}
+
+// -- one run: live charts ------------------------------------------------------------------
+
+const charts = {}; // series name -> {plot, data, box}
+window.mbCharts = charts;
+let filterText = "";
+
+function chartFor(grid, name) {
+  let c = charts[name];
+  if (c) return c;
+  const box = el("div", { class: "chart", "data-series": name, "data-points": "0" });
+  box.append(el("div", { class: "title" }, name));
+  grid.append(box);
+  const data = [[], []];
+  const opts = {
+    width: 400,
+    height: 180,
+    scales: { x: { time: false } },
+    legend: { show: false },
+    series: [{ label: "step" }, { label: name, stroke: "#2f6fde", width: 1.5, spanGaps: false }],
+    axes: [{}, { size: 60 }],
+  };
+  const plot = new uPlot(opts, data, box);
+  c = charts[name] = { plot, data, box };
+  box.hidden = filterText && !name.toLowerCase().includes(filterText);
+  return c;
+}
+
+function runView(runId) {
+  const head = el("h2", {}, `Run ${runId}`);
+  const facts = el("p", { class: "muted", id: "facts" });
+  const filter = el("input", { class: "filter", placeholder: "filter series (e.g. Train/, Epoch/)" });
+  const grid = el("div", { class: "charts", id: "charts" });
+  const epochs = el("div", { id: "epochs" });
+  const alerts = el("div", { id: "run-alerts" });
+  const config = el("pre", { id: "config" });
+  main.replaceChildren(head, facts, el("h3", {}, "Alerts"), alerts, el("h3", {}, "Series"), filter, grid, el("h3", {}, "Epochs"), epochs, el("h3", {}, "Config"), config);
+  filter.addEventListener("input", () => {
+    filterText = filter.value.toLowerCase();
+    for (const [name, c] of Object.entries(charts)) c.box.hidden = filterText && !name.toLowerCase().includes(filterText);
+  });
+  follow(`/api/runs/${encodeURIComponent(runId)}/stream`, "run", (run) => {
+    facts.replaceChildren(
+      badge(run.state),
+      ` project ${run.project} · name ${run.name} · host ${run.host} · ranks ${run.ranks.length}/${run.world_size} · last step ${run.last_step ?? "-"} · ${run.events_per_s.toFixed(1)} events/s · last event ${age(run.since_last_event_s)} ago`,
+    );
+    for (const [name, points] of Object.entries(run.series)) {
+      const c = chartFor(grid, name);
+      for (const [step, value] of points) {
+        c.data[0].push(step);
+        c.data[1].push(value);
+      }
+      c.plot.setData(c.data);
+      c.box.dataset.points = String(c.data[0].length);
+    }
+    alerts.replaceChildren(run.alerts.length ? alertsTable(run.alerts, false) : el("p", { class: "muted" }, "no alerts"));
+    const cols = [...new Set(run.epochs.flatMap((e) => Object.keys(e).filter((k) => k !== "epoch")))].sort();
+    const fmt = (v) => (v == null ? "-" : Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(3) : v.toFixed(4));
+    epochs.replaceChildren(run.epochs.length ? table(["epoch", ...cols], run.epochs.map((e) => [e.epoch, ...cols.map((k) => el("td", { class: "num" }, fmt(e[k])))]), "epochs-table") : el("p", { class: "muted" }, "no epochs yet"));
+    config.textContent = JSON.stringify(run.config, null, 2);
+  });
+}
+
+if (path.startsWith("/runs/")) runView(decodeURIComponent(path.slice("/runs/".length)));
+else if (path === "/alerts") overview((s) => [el("h2", {}, "Alerts"), alertsTable(s.alerts, true)]);
+else if (path === "/pipeline") overview(pipelineView);
+else overview(runsView);

@@ -1,0 +1,102 @@
+"""`metricbus status` against the real broker, a real sink process and real runs (issue 9)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import time
+
+import pytest
+
+from producers import Run
+from schemas import client_options
+
+from .conftest import cli, read_topic
+
+pytestmark = pytest.mark.integration
+
+
+def status(settings, *flags: str) -> tuple[int, dict]:
+    result = subprocess.run(
+        cli(settings, "status", "--json", "--window", "1", *flags), capture_output=True, text=True, timeout=60
+    )
+    assert result.stdout, result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+def group(snap: dict, name: str) -> dict:
+    (found,) = [g for g in snap["groups"] if g["group"] == name]
+    return found
+
+
+def wait_status(settings, name: str, want: str, timeout: float = 60.0, *flags: str) -> tuple[int, dict]:
+    deadline = time.monotonic() + timeout
+    rc, snap = status(settings, *flags)
+    while time.monotonic() < deadline:
+        if any(g["group"] == name and g["status"] == want for g in snap["groups"]):
+            return rc, snap
+        time.sleep(0.5)
+        rc, snap = status(settings, *flags)
+    raise AssertionError(f"{name} never {want}: {json.dumps(snap['groups'], indent=1)}")
+
+
+def test_a_stopped_sink_is_stop_with_its_lag_then_ok_after_a_restart(settings, sink):
+    from kafka import KafkaProducer
+
+    sink_group = f"{settings.topic_prefix}sink.parquet"
+    proc = sink(flush_interval=0.2)
+    run = Run("ops", name="status-run", settings=settings, system_metrics=False)
+    run.log({"loss": 1.0}, step=0)
+    assert run._publisher.flush(20)
+    rc, snap = wait_status(settings, sink_group, "OK")
+    assert group(snap, sink_group)["lag"] == 0 and rc == 0
+
+    assert proc.stop() == 0  # the sink commits what it took and leaves
+    before = len(read_topic(settings, settings.topics.events, 1))
+    for step in range(1, 6):  # five records: each flush publishes what was logged since
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
+        assert run._publisher.flush(20)
+    producer = KafkaProducer(**client_options(settings), enable_idempotence=False)
+    producer.send(settings.topics.events, key=b"bad", value=b"not avro at all")
+    producer.flush()
+    producer.close()
+    waiting = len(read_topic(settings, settings.topics.events, before + 6)) - before
+    assert waiting == 6
+
+    time.sleep(2.5)  # older than --stop-after: nobody consumes them
+    rc, snap = status(settings, "--stop-after", "2")
+    g = group(snap, sink_group)
+    assert g["status"] == "STOP", g
+    assert g["lag"] == waiting and g["lag_s"] >= 2.0
+    assert rc == 1 and snap["healthy"] is False  # cron, compose and probes can use it
+    (row,) = [r for r in snap["runs"] if r["run_id"] == run.run_id]
+    assert (row["project"], row["name"], row["state"], row["last_step"]) == ("ops", "status-run", "live", 5)
+
+    sink(flush_interval=0.2)  # a new sink process: it consumes the backlog and dead-letters the bad record
+    rc, snap = wait_status(settings, sink_group, "OK", 60.0, "--stop-after", "2")
+    assert group(snap, sink_group)["lag"] == 0 and rc == 0
+    dead = snap["dead_letters"]
+    assert dead["count"] == 1 and dead["reasons"][0]["reason"].startswith("BadMagicError")
+    assert run.finish(timeout=20)
+
+
+def test_status_lists_unsent_spools_and_finished_runs(settings):
+    offline = dataclasses.replace(settings, offline=True)
+    spooled = Run("ops", name="offline", settings=offline, system_metrics=False)
+    spooled.log({"x": 1.0}, step=0)
+    spooled.finish(timeout=5)
+    done = Run("ops", name="done", settings=settings, system_metrics=False)
+    done.log({"x": 2.0}, step=0)
+    assert done.finish(timeout=20)
+
+    result = subprocess.run(
+        cli(settings, "status", "--window", "0.5"), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = result.stdout
+    assert "RUNS" in text and "CONSUMER GROUPS" in text and "DEAD LETTERS" in text
+    (line,) = [ln for ln in text.splitlines() if done.run_id in ln]
+    assert "finished" in line and " done " in line
+    (spool_line,) = [ln for ln in text.splitlines() if spooled.run_id in ln]
+    assert "bytes unsent" in spool_line and "metricbus sync" in spool_line

@@ -1,0 +1,58 @@
+"""Burrow-style consumer status from a window of lag samples (metricbus/_lag.py)."""
+
+from metricbus._lag import GroupSample, PartitionLag, evaluate
+
+
+def sample(at, committed, end, lag_s=None, group="g"):
+    part = PartitionLag("t", 0, committed, end, max(0, end - (committed or 0)), lag_s)
+    return GroupSample(group, at, {("t", 0): part})
+
+
+def test_caught_up_is_ok():
+    s = evaluate([sample(0, 10, 10), sample(5, 10, 10)])
+    assert (s.status, s.lag, s.reason) == ("OK", 0, "caught up")
+
+
+def test_consuming_with_steady_lag_is_ok_and_reports_the_commit_rate():
+    s = evaluate([sample(0, 10, 20, 1.0), sample(5, 20, 30, 1.0)])
+    assert s.status == "OK" and s.lag == 10 and s.commit_rate == 2.0
+
+
+def test_lag_growing_in_every_interval_is_warn():
+    s = evaluate([sample(0, 10, 15, 1), sample(1, 12, 20, 1), sample(2, 14, 30, 1)])
+    assert s.status == "WARN" and "grew" in s.reason
+
+
+def test_lag_growing_then_shrinking_is_ok():
+    s = evaluate([sample(0, 10, 15, 1), sample(1, 12, 20, 1), sample(2, 19, 21, 1)])
+    assert s.status == "OK"
+
+
+def test_offset_not_moving_with_recent_records_is_stall():
+    s = evaluate([sample(0, 10, 12, 2.0), sample(3, 10, 14, 5.0)], stop_after_s=30)
+    assert s.status == "STALL" and s.lag == 4
+
+
+def test_records_waiting_longer_than_stop_after_is_stop():
+    s = evaluate([sample(0, 10, 14, 40.0), sample(3, 10, 14, 43.0)], stop_after_s=30)
+    assert s.status == "STOP" and "nothing consumes" in s.reason
+    # one sample is enough to see a group that has not moved for that long
+    assert evaluate([sample(0, 10, 14, 43.0)], stop_after_s=30).status == "STOP"
+
+
+def test_committed_past_the_end_of_the_log_is_err():
+    s = evaluate([sample(0, 50, 3), sample(3, 50, 3)])
+    assert s.status == "ERR" and "re-created" in s.reason
+
+
+def test_an_unreadable_group_is_err():
+    s = evaluate([GroupSample("g", 0.0, {}, error="cannot read offsets: timeout")])
+    assert s.status == "ERR" and "timeout" in s.reason
+
+
+def test_group_status_is_its_worst_partition():
+    ok = PartitionLag("t", 0, 5, 5, 0, None)
+    stopped = PartitionLag("t", 1, 0, 9, 9, 100.0)
+    s = evaluate([GroupSample("g", 0.0, {("t", 0): ok, ("t", 1): stopped})], stop_after_s=30)
+    assert s.status == "STOP" and s.lag == 9
+    assert [p["status"] for p in s.partitions] == ["OK", "STOP"]
