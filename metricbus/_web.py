@@ -265,14 +265,30 @@ def serve(
     token: str | None = None,
     since_s: float | None = None,
 ) -> None:
-    """Run the dashboard until SIGINT/SIGTERM (uvicorn handles them)."""
+    """Run the dashboard until SIGINT/SIGTERM; then stop cleanly and return (exit code 0)."""
+    import contextlib
+    import signal
+
     import uvicorn
+
+    class Server(uvicorn.Server):
+        # uvicorn re-raises a captured SIGTERM after shutting down (the process then dies by
+        # it, code -15, skipping our clean-up): we take the signals ourselves.
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            yield
 
     board = RunBoard(settings, since_s=since_s).start()
     pipeline = Pipeline(settings).start()
     try:
         app = build_app(settings, board, pipeline, token=token)
-        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+        server = Server(config)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: setattr(server, "should_exit", True))
+        server.run()
+        if not server.started:
+            raise MetricbusError(f"the dashboard cannot listen on {host}:{port} (in use? try another --port)")
     finally:
         board.stop()
         pipeline.stop()

@@ -170,3 +170,61 @@ def test_up_restarts_a_killed_broker_says_so_and_the_archive_loses_nothing(tmp_p
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_up_serves_the_dashboard_status_and_every_process_counters(tmp_path):
+    """Issue 9: `up` runs the dashboard; its /api/status sees the run, /metrics every child's counters."""
+    import json
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from producers import Run
+    from schemas import Settings
+
+    web = free_port()
+    proc, port, lines = start_up(tmp_path, "--dashboard-port", str(web))
+    try:
+        assert any(f"http://127.0.0.1:{web}/" in line for line in lines)
+        settings = Settings(bootstrap=f"127.0.0.1:{port}", data_dir=tmp_path)
+        run = Run("ops", name="under-up", settings=settings, system_metrics=False)
+        for step in range(20):
+            run.log({"Train/Loss": 1.0 / (step + 1)}, step=step)
+        assert run.finish(timeout=30)
+        deadline = time.monotonic() + 60
+        written: dict = {}
+        rows: list = []
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"http://127.0.0.1:{web}/api/status", timeout=5) as r:  # noqa: S310
+                rows = [x for x in json.load(r)["runs"] if x["run_id"] == run.run_id]
+            with urllib.request.urlopen(f"http://127.0.0.1:{web}/metrics", timeout=5) as r:  # noqa: S310
+                families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+            found = families.get("metricbus_consumer_written")
+            written = {
+                s.labels["group"]: s.value
+                for s in (found.samples if found else [])
+                if s.name.endswith("_total")
+            }
+            found = families.get("metricbus_worker_events")
+            derived_from = sum(s.value for s in (found.samples if found else []) if s.name.endswith("_total"))
+            if (
+                rows
+                and rows[0]["state"] == "finished"
+                and written.get("metricbus.sink.parquet", 0) >= 22
+                and derived_from >= 22
+            ):
+                break
+            time.sleep(1)
+        assert rows and rows[0]["last_step"] == 19 and rows[0]["state"] == "finished"
+        # RunStarted + 20 Metrics + RunFinished, written by the Parquet sink process, counted by it
+        assert written.get("metricbus.sink.parquet", 0) >= 22, written
+        assert derived_from >= 22  # the stream worker's counter, from its own process
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    log = (tmp_path / "logs" / "dashboard.log").read_text()
+    assert "Traceback" not in log

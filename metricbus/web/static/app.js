@@ -43,7 +43,7 @@ function follow(url, event, handle) {
   const source = new EventSource(url);
   source.addEventListener(event, (e) => {
     conn.textContent = "live";
-    conn.className = "conn live";
+    conn.className = "conn ok";
     handle(JSON.parse(e.data));
   });
   source.onerror = () => {
@@ -139,7 +139,7 @@ function chartFor(grid, name) {
   grid.append(box);
   const data = [[], []];
   const opts = {
-    width: 400,
+    width: Math.max(300, box.clientWidth - 14),
     height: 180,
     scales: { x: { time: false } },
     legend: { show: false },
@@ -164,6 +164,9 @@ function runView(runId) {
   filter.addEventListener("input", () => {
     filterText = filter.value.toLowerCase();
     for (const [name, c] of Object.entries(charts)) c.box.hidden = filterText && !name.toLowerCase().includes(filterText);
+  });
+  window.addEventListener("resize", () => {
+    for (const c of Object.values(charts)) c.plot.setSize({ width: Math.max(300, c.box.clientWidth - 14), height: 180 });
   });
   follow(`/api/runs/${encodeURIComponent(runId)}/stream`, "run", (run) => {
     facts.replaceChildren(

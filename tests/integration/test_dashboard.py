@@ -1,0 +1,219 @@
+"""The dashboard in a real browser (Debian's chromium through Playwright), its API and /metrics (issue 9)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from producers import Run
+
+from .conftest import cli, free_port
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def get(url: str, timeout: float = 10.0, headers: dict | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - our own server
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@pytest.fixture
+def dashboard(settings, tmp_path):
+    port = free_port()
+    log = open(tmp_path / "dashboard.log", "wb")
+    env = {**os.environ, **settings.to_env(), "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prom")}
+    (tmp_path / "prom").mkdir()
+    proc = subprocess.Popen(
+        cli(settings, "dashboard", "--port", str(port)), stdout=log, stderr=subprocess.STDOUT, env=env
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if get(f"{base}/readyz", 2)[0] == 200:
+                break
+        except OSError:
+            pass
+        assert proc.poll() is None, (tmp_path / "dashboard.log").read_text()
+        time.sleep(0.3)
+    else:
+        raise AssertionError("dashboard never ready: " + (tmp_path / "dashboard.log").read_text())
+    yield base
+    proc.terminate()
+    try:
+        assert proc.wait(20) == 0, (tmp_path / "dashboard.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+        assert "Traceback" not in (tmp_path / "dashboard.log").read_text()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: `make test` installs it")
+def test_a_live_run_in_the_browser_gains_points_and_shows_a_nan_alert(settings, worker, dashboard, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    run = Run("ops", name="browser-run", settings=settings, system_metrics=False, config={"lr": 0.001})
+    for step in range(5):
+        run.log({"Train/Loss": 1.0 / (step + 1), "Train/Reward": 0.1 * step}, step=step)
+    assert run._publisher.flush(20)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 900})
+            page.goto(dashboard + "/")
+            link = page.locator(f"#runs a[href='/runs/{run.run_id}']")
+            expect(link).to_be_visible(timeout=20_000)
+            expect(page.locator("#runs")).to_contain_text("browser-run")
+            link.click()
+            page.wait_for_url(f"**/runs/{run.run_id}")
+            chart = page.locator("[data-series='Train/Loss']")
+            expect(chart).to_have_attribute("data-points", "5", timeout=20_000)
+            expect(chart.locator("canvas")).to_be_visible()
+            expect(page.locator("#config")).to_contain_text('"lr": 0.001')
+
+            for step in range(5, 12):  # logged while the page is open: no reload
+                run.log({"Train/Loss": 1.0 / (step + 1), "Train/Reward": 0.1 * step}, step=step)
+                time.sleep(0.05)
+            assert run._publisher.flush(20)
+            expect(chart).to_have_attribute("data-points", "12", timeout=20_000)
+
+            run.log({"Train/Loss": math.nan, "Train/Reward": 1.2}, step=12)
+            assert run._publisher.flush(20)
+            t0 = time.monotonic()
+            alert = page.locator("#run-alerts tr", has_text="nan_loss")
+            expect(alert).to_contain_text("firing", timeout=20_000)
+            seconds = time.monotonic() - t0
+            assert seconds < 15, seconds
+            page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
+            page.goto(dashboard + "/pipeline")
+            expect(page.locator("#groups")).to_contain_text(f"{settings.topic_prefix}stream", timeout=30_000)
+            page.goto(dashboard + "/alerts")
+            expect(page.locator("#alerts")).to_contain_text(run.run_id, timeout=20_000)
+        finally:
+            browser.close()
+    shot = tmp_path / "run.png"
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    if os.environ.get("METRICBUS_SCREENSHOTS"):
+        shutil.copy(shot, Path(os.environ["METRICBUS_SCREENSHOTS"]) / "dashboard-run.png")
+    run.finish(timeout=20)
+
+
+def test_api_refuses_unknown_runs_and_paths_outside_and_serves_metrics(settings, worker, dashboard):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    run = Run("ops", name="api-run", settings=settings, system_metrics=False)
+    run.log({"Train/Loss": 0.5}, step=0)
+    assert run.finish(timeout=20)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        code, body = get(f"{dashboard}/api/runs/{run.run_id}")
+        if code == 200:
+            break
+        time.sleep(0.3)
+    detail = json.loads(body)
+    assert detail["series"]["Train/Loss"] == [[0, 0.5]] and detail["state"] == "finished"
+
+    assert get(f"{dashboard}/runs/no-such-run")[0] == 404
+    assert get(f"{dashboard}/api/runs/no-such-run")[0] == 404
+    assert get(f"{dashboard}/api/runs/..%2F..%2Fetc")[0] == 404
+    assert get(f"{dashboard}/static/../../../etc/passwd")[0] == 404
+    assert get(f"{dashboard}/static/%2e%2e/%2e%2e/%2e%2e/etc/passwd")[0] == 404
+    assert get(f"{dashboard}/healthz") == (200, b'{"ok":true}')
+
+    families: dict = {}
+    deadline = time.monotonic() + 30
+    stream_group = f"{settings.topic_prefix}stream"
+    while time.monotonic() < deadline:  # the first consumer-group sample lands within seconds
+        code, body = get(f"{dashboard}/metrics")
+        assert code == 200
+        families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+        lag = families.get("metricbus_consumer_lag_records")
+        if lag and any(s.labels["group"] == stream_group for s in lag.samples):
+            break
+        time.sleep(0.5)
+    status = [s for s in families["metricbus_consumer_status"].samples if s.labels["group"] == stream_group]
+    assert sorted(s.labels["status"] for s in status) == ["ERR", "OK", "STALL", "STOP", "WARN"]
+    assert sum(s.value for s in status) == 1.0
+    runs = {s.labels["state"]: s.value for s in families["metricbus_runs"].samples}
+    assert runs.get("finished", 0) >= 1
+
+
+def test_a_browser_that_never_reads_holds_nothing_up(settings, dashboard):
+    host, port = dashboard.removeprefix("http://").split(":")
+    stuck = socket.create_connection((host, int(port)))
+    stuck.sendall(b"GET /api/stream HTTP/1.1\r\nHost: x\r\n\r\n")  # and never read a byte
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    try:
+        run = Run("ops", name="while-stuck", settings=settings, system_metrics=False)
+        for step in range(200):
+            run.log({"x": float(step)}, step=step)
+        assert run.finish(timeout=20)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            code, body = get(f"{dashboard}/api/status", timeout=5)
+            rows = [r for r in json.loads(body)["runs"] if r["run_id"] == run.run_id]
+            if rows and rows[0]["last_step"] == 199:
+                break
+            time.sleep(0.3)
+        assert rows and rows[0]["last_step"] == 199 and rows[0]["state"] == "finished"
+    finally:
+        stuck.close()
+
+
+def test_binding_beyond_loopback_needs_a_token(settings, tmp_path):
+    result = subprocess.run(
+        cli(settings, "dashboard", "--host", "0.0.0.0", "--port", str(free_port())),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2 and "--token" in result.stderr
+
+
+def test_a_token_guards_every_page_but_health(settings, tmp_path):
+    port = free_port()
+    env = {**os.environ, **settings.to_env()}
+    proc = subprocess.Popen(
+        cli(settings, "dashboard", "--port", str(port), "--token", "s3cret"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if get(f"{base}/healthz", 2)[0] == 200:  # health needs no token: probes carry none
+                    break
+            except OSError:
+                time.sleep(0.2)
+        assert get(f"{base}/healthz")[0] == 200
+        assert get(f"{base}/api/status")[0] == 401
+        assert get(f"{base}/")[0] == 401
+        assert get(f"{base}/api/status", headers={"Authorization": "Bearer wrong"})[0] == 401
+        assert get(f"{base}/api/status", headers={"Authorization": "Bearer s3cret"})[0] == 200
+        with urllib.request.urlopen(f"{base}/?token=s3cret", timeout=10) as first:  # noqa: S310
+            cookie = first.headers["set-cookie"].split(";")[0]
+        assert cookie == "metricbus_token=s3cret"
+        assert get(f"{base}/api/status", headers={"Cookie": cookie})[0] == 200  # the cookie carries it on
+    finally:
+        proc.terminate()
+        assert proc.wait(20) == 0
