@@ -48,14 +48,14 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from ._stack import Stack, available_consumers, dashboard_port
+    from ._stack import Stack, available_consumers
 
     settings = _settings(args)
     consumers = available_consumers()
     if args.no_dashboard:
         consumers.pop("dashboard", None)
-    elif "dashboard" in consumers:
-        consumers["dashboard"] = [*consumers["dashboard"], "--port", str(dashboard_port(args.dashboard_port))]
+    elif "dashboard" in consumers and args.dashboard_port:
+        consumers["dashboard"] = [*consumers["dashboard"], "--port", str(args.dashboard_port)]
     if "stream-worker" in consumers:
         for flag in ("rules", "config"):
             if getattr(args, flag):  # resolved: a restarted child must find it wherever it runs

@@ -151,6 +151,16 @@ def _tensorboard(settings: Settings, run_id: str, timeout: float = 30.0) -> None
     )
 
 
+def _print_status(settings: Settings, stack: Stack) -> None:
+    """What ops sees: `metricbus status` of the stack, and where the dashboard was."""
+    from ._status import collect, format_status
+
+    print("\n$ metricbus status")
+    print(format_status(collect(settings, window_s=1.0)))
+    if stack.dashboard_url:
+        print(f"\ndashboard (live while the stack runs: `metricbus up`): {stack.dashboard_url}")
+
+
 def run_demo(settings: Settings, updates: int = 30) -> int:
     """Run the demo; return the exit code."""
     import metricbus
@@ -201,6 +211,7 @@ def run_demo(settings: Settings, updates: int = 30) -> int:
                 f"{r['min']:>12.4g}{r['max']:>12.4g}"
             )
         _tensorboard(settings, run.run_id)
+        _print_status(settings, stack)
     archive = settings.archive_dir
     print(f"\narchive: {archive}")
     # printed for a person to paste, never executed here

@@ -115,9 +115,12 @@ class Stack:
         )
         env["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
         self._env = env
+        consumers = dict(available_consumers() if consumers is None else consumers)
+        if "dashboard" in consumers and "--port" not in consumers["dashboard"]:
+            consumers["dashboard"] = [*consumers["dashboard"], "--port", str(dashboard_port(None))]
         self.children = [
             _Child(name, [sys.executable, "-m", "metricbus", *args], self.log_dir / f"{name}.log")
-            for name, args in (available_consumers() if consumers is None else consumers).items()
+            for name, args in consumers.items()
         ]
         self._stopped = threading.Event()
         self.broker_restarts = 0
