@@ -2,9 +2,11 @@
 
 Every long-running process (each sink, the stream worker, each alert consumer) counts here.
 Under ``metricbus up`` they share one ``PROMETHEUS_MULTIPROC_DIR`` (set by ``up`` before they
-start), and the dashboard serves them all on one ``/metrics``. Processes started on their own
-(compose, Kubernetes) share one the same way: give them and ``metricbus dashboard`` the same
-``PROMETHEUS_MULTIPROC_DIR`` on a shared volume; without it a process counts only in memory.
+start), and the dashboard serves them all on one ``/metrics``. A process in a container of its
+own (compose, Kubernetes: every process is pid 1 there, so a shared directory would mix them
+up) serves its own: ``METRICBUS_METRICS_PORT=9100`` starts prometheus_client's HTTP server on
+``METRICBUS_METRICS_ADDR`` (default 0.0.0.0 in that case: the container's own network) with
+the first counter; the compose file's health checks use it.
 
 Counters are fed from each loop's own statistics after a flush, never per record: the cost
 on a consumer is a few dictionary lookups a flush. Names (all ``metricbus_`` prefixed):
@@ -52,11 +54,21 @@ def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
+def _serve_once() -> None:
+    port = os.environ.get("METRICBUS_METRICS_PORT")
+    if _metrics or not port or multiprocess_dir():
+        return
+    import prometheus_client
+
+    prometheus_client.start_http_server(int(port), addr=os.environ.get("METRICBUS_METRICS_ADDR", "0.0.0.0"))
+
+
 def _metric(kind: str, name: str, doc: str, labels: tuple[str, ...], **kw: Any) -> Any:
     found = _metrics.get(name)
     if found is None:
         import prometheus_client
 
+        _serve_once()
         found = _metrics[name] = getattr(prometheus_client, kind)(name, doc, labels, **kw)
     return found
 

@@ -30,6 +30,53 @@ def test_every_metricbus_service_runs_a_real_cli_command_against_that_kafka():
 
 
 def test_compose_runs_every_consumer_that_metricbus_up_runs():
-    commands = {tuple(s["command"][:2]) for s in load()["services"].values() if "command" in s}
+    commands = [tuple(s["command"]) for s in load()["services"].values() if "command" in s]
     for argv in CONSUMERS.values():
-        assert tuple(argv[:2]) in commands
+        assert any(c[: len(argv[:2])] == tuple(argv[:2]) for c in commands), argv
+
+
+def test_every_long_running_service_has_a_health_check_on_a_metricbus_endpoint():
+    for name, service in load()["services"].items():
+        if name in ("kafka", "topics"):
+            continue
+        probe = " ".join(service["healthcheck"]["test"])
+        port = "8765/readyz" if name == "dashboard" else "9100/"
+        assert f"http://127.0.0.1:{port}" in probe, name
+        if name != "dashboard":
+            assert service["environment"]["METRICBUS_METRICS_PORT"] == "9100", name
+    dashboard = load()["services"]["dashboard"]
+    assert "METRICBUS_DASHBOARD_TOKEN" in dashboard["environment"]  # it binds 0.0.0.0: a token is required
+
+
+def test_a_process_given_a_metrics_port_serves_its_counters(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = (
+        "import time; from schemas import LoopMetrics; m = LoopMetrics('consumer', 'g1');"
+        "m.update({'written': 7}); time.sleep(30)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    env.update(METRICBUS_METRICS_PORT=str(port), METRICBUS_METRICS_ADDR="127.0.0.1")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as r:
+                    body = r.read().decode()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.2)
+        assert 'metricbus_consumer_written_total{group="g1"} 7.0' in body
+    finally:
+        proc.kill()
+        proc.wait()
