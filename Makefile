@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(PY) bench/archive_size.py
 	$(PY) bench/stream_throughput.py
 	$(PY) bench/replay.py
+	$(PY) bench/ops_overhead.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
