@@ -1,0 +1,471 @@
+"""The fault suite (`make chaos`): crashes and hostile records against `metricbus up`, one table.
+
+Every scenario runs against a fresh `metricbus up` (embedded broker, every consumer, the
+dashboard) in a fresh data directory, with real producers, and reads the Parquet archive back:
+
+    scenario | events sent | archived | lost | duplicates | restarts | verdict
+
+- sink / worker / broker kill -9 mid-run: every event archived once;
+- producer kill -9, with and without a reachable broker: every event whose log() returned
+  more than one spool interval (linger) before the kill is archived once, after `metricbus sync`;
+- 10,000 fuzzed records (random bytes, empty, truncated, unknown fingerprint, flipped bytes,
+  trailing garbage, 5-10 MB records, hostile run ids, projects and metric names) interleaved
+  with a real run: the real run archived once, nothing written outside the data directory, no
+  consumer restarted, every consumer group OK at the end;
+- overload: log() in a tight loop for a few seconds: p50, p99 and max per call (target: none
+  over 1 ms), and what was shed by policy.
+
+Exit status 1 when any verdict fails. Faster cousins of these run in `make test`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from schemas import (  # noqa: E402
+    DERIVED_PRODUCER,
+    METRICS,
+    RUN_STARTED,
+    Settings,
+    client_options,
+    default_codec,
+    encode_events,
+    run_started,
+)
+
+LINGER_S = 0.02
+HOSTILE_IDS = ["", ".", "..", "../../etc", "x/y", "a\x00b", "x" * 10_000, "ünï-😀", "run=x", "-rf", "*"]
+HOSTILE_METRICS = ["", "m" * 10_000, "/../../etc", "a\x00b", "a\tb", "a\nb", "😀"]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Up:
+    """`metricbus up` in a fresh data directory; its printed lines are collected."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.web = free_port()
+        env = {**os.environ, "METRICBUS_LOCAL_PORT": str(self.port)}
+        env.pop("METRICBUS_BOOTSTRAP", None)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "metricbus",
+                "--data-dir",
+                str(data_dir),
+                "up",
+                "--dashboard-port",
+                str(self.web),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        self.lines: list[str] = []
+        self._up = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self._up.wait(60):
+            self.stop()
+            raise RuntimeError("metricbus up did not come up:\n" + "".join(self.lines[-20:]))
+        self.settings = Settings(bootstrap=f"127.0.0.1:{self.port}", data_dir=data_dir)
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if "metricbus is up" in line:
+                self._up.set()
+
+    def child(self, needle: str) -> psutil.Process:
+        for c in psutil.Process(self.proc.pid).children(recursive=True):
+            if needle in " ".join(c.cmdline()):
+                return c
+        raise LookupError(needle)
+
+    def restarts(self) -> int:
+        return sum("exited with code" in line for line in self.lines)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(40)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def archived(settings: Settings, run_id: str, derived: bool = False) -> tuple[set[int], int]:
+    """(distinct seqs, rows) of a run's logged (or derived) events in the archive."""
+    from sinks import read_table
+
+    try:
+        table = read_table(settings.archive_dir, run_id, columns=["producer_id", "seq"])
+    except (FileNotFoundError, ValueError, KeyError):
+        return set(), 0
+    seqs = [
+        s
+        for p, s in zip(table["producer_id"].to_pylist(), table["seq"].to_pylist(), strict=True)
+        if (p == DERIVED_PRODUCER) == derived
+    ]
+    return set(seqs), len(seqs)
+
+
+def steps_archived(settings: Settings, run_id: str, name: str = "x") -> list[int]:
+    from sinks import read_table
+
+    try:
+        table = read_table(settings.archive_dir, run_id, columns=["name", "step"])
+    except (FileNotFoundError, ValueError, KeyError):
+        return []
+    return [s for n, s in zip(table["name"].to_pylist(), table["step"].to_pylist(), strict=True) if n == name]
+
+
+def wait_steps(settings: Settings, run_id: str, want: int, timeout: float = 120.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    steps = steps_archived(settings, run_id)
+    while len(set(steps)) < want and time.monotonic() < deadline:
+        time.sleep(1.0)
+        steps = steps_archived(settings, run_id)
+    time.sleep(3.0)  # a late duplicate would land now
+    return steps_archived(settings, run_id)
+
+
+def row(name: str, sent: int, steps: list[int], restarts: int, ok_extra: bool = True, note: str = "") -> dict:
+    held = set(steps)
+    lost = len(set(range(sent)) - held)
+    dups = len(steps) - len(held)
+    ok = lost == 0 and dups == 0 and ok_extra
+    return {
+        "scenario": name,
+        "sent": sent,
+        "archived": len(held),
+        "lost": lost,
+        "duplicates": dups,
+        "restarts": restarts,
+        "verdict": "PASS" if ok else "FAIL",
+        "note": note,
+    }
+
+
+def crash_consumer(tmp: Path, name: str, needle: str, n: int = 20_000) -> dict:
+    from producers import Run
+
+    up = Up(tmp / name / "data")
+    try:
+        run = Run("chaos", name=name, settings=up.settings, system_metrics=False)
+        for step in range(n):
+            run.log({"x": float(step)}, step=step)
+            if step == n // 2:
+                assert run._publisher.flush(30)
+                up.child(needle).kill()  # SIGKILL: no flush, no commit
+            if step % 500 == 0:
+                time.sleep(0.05)
+        assert run.finish(timeout=60)
+        steps = wait_steps(up.settings, run.run_id, n)
+        derived, rows = archived(up.settings, run.run_id, derived=True)
+        note = f"derived: {len(derived)} archived, {rows - len(derived)} duplicate(s)"
+        return row(
+            name, n, steps, up.restarts(), ok_extra=rows == len(derived) and up.restarts() >= 1, note=note
+        )
+    finally:
+        up.stop()
+
+
+PRODUCER = """
+import os, sys, time
+from producers import Run
+from schemas import Settings
+settings = Settings.from_env()
+run = Run("chaos", name="producer", settings=settings, system_metrics=False, linger_s=%r)
+out = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+os.write(out, (run.run_id + "\\n").encode())
+step = 0
+while True:
+    run.log({"x": float(step)}, step=step)
+    os.write(out, b"%%d %%f\\n" %% (step, time.time()))  # log() returned: the event was accepted
+    step += 1
+    if step %% 200 == 0:
+        time.sleep(0.01)
+"""
+
+
+def crash_producer(tmp: Path, with_broker: bool) -> dict:
+    name = "producer kill -9" + ("" if with_broker else " (no broker)")
+    up = Up(tmp / ("p1" if with_broker else "p2") / "data")
+    try:
+        progress = up.data_dir.parent / "progress.txt"
+        env = {**os.environ, **up.settings.to_env()}
+        if not with_broker:
+            env["METRICBUS_BOOTSTRAP"] = f"127.0.0.1:{free_port()}"  # nothing listens there
+        proc = subprocess.Popen([sys.executable, "-c", PRODUCER % LINGER_S, str(progress)], env=env, cwd=ROOT)
+        time.sleep(4.0)
+        proc.send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        proc.wait(10)
+        lines = progress.read_text().splitlines()
+        run_id = lines[0]
+        accepted = [(int(s), float(t)) for s, t in (ln.split() for ln in lines[1:] if ln.count(" ") == 1)]
+        sync = subprocess.run(
+            [sys.executable, "-m", "metricbus", "--data-dir", str(up.data_dir), "sync"],
+            env={**os.environ, **up.settings.to_env()},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        sent = len(accepted)
+        steps = wait_steps(up.settings, run_id, sent, timeout=90)
+        held = set(steps)
+        missing = [(s, t) for s, t in accepted if s not in held]
+        # logged within the last spool interval before the kill: in memory only, by design
+        recent = [s for s, t in missing if t > killed_at - LINGER_S - 0.25]
+        result = row(name, sent, steps, up.restarts(), ok_extra=sync.returncode == 0)
+        if missing and len(recent) == len(missing):
+            result["verdict"] = "PASS" if result["duplicates"] == 0 and sync.returncode == 0 else "FAIL"
+        result["note"] = (
+            f"{len(missing)} not archived, all logged in the last {LINGER_S * 1000:.0f} ms + 250 ms before the kill"
+            if missing and len(recent) == len(missing)
+            else (f"{len(missing)} lost" if missing else "")
+        ) + (f"; sync: {sync.stdout.strip()}" if sync.stdout else "")
+        return result
+    finally:
+        up.stop()
+
+
+def fuzz_records(codec, n: int, rng: random.Random) -> list[bytes]:
+    good = encode_events(codec, "fuzz-template", "p", [(0, 1, METRICS, _metrics({"x": 1.0}, 0))])
+    out: list[bytes] = []
+    kinds = [
+        "random",
+        "empty",
+        "truncated",
+        "fingerprint",
+        "flipped",
+        "trailing",
+        "hostile_id",
+        "hostile_name",
+    ]
+    for i in range(n):
+        kind = kinds[i % len(kinds)]
+        if kind == "random":
+            out.append(rng.randbytes(rng.randint(1, 2000)))
+        elif kind == "empty":
+            out.append(b"")
+        elif kind == "truncated":
+            out.append(good[: rng.randint(1, len(good) - 1)])
+        elif kind == "fingerprint":
+            out.append(good[:2] + rng.randbytes(8) + good[10:])
+        elif kind == "flipped":
+            b = bytearray(good)
+            b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+            out.append(bytes(b))
+        elif kind == "trailing":
+            out.append(good + rng.randbytes(rng.randint(1, 64)))
+        elif kind == "hostile_id":
+            run_id = HOSTILE_IDS[i % len(HOSTILE_IDS)]
+            project = HOSTILE_IDS[(i // 8) % len(HOSTILE_IDS)]
+            out.append(encode_events(codec, run_id, "p", [(i, 1, RUN_STARTED, run_started(project, "n"))]))
+        else:
+            metric = HOSTILE_METRICS[i % len(HOSTILE_METRICS)]
+            out.append(
+                encode_events(
+                    codec, f"fuzz-names-{i % 3}", "p", [(i, 1, METRICS, _metrics({metric: 1.0}, i))]
+                )
+            )
+    for _ in range(3):  # 5-10 MB records: beyond what any consumer fetches by default
+        out.insert(rng.randrange(len(out)), rng.randbytes(rng.randint(5, 10) * 1024 * 1024))
+    return out
+
+
+def _metrics(scalars: dict, step: int) -> dict:
+    return {"step": step, "epoch": None, "rank": 0, "scalars": scalars, "samples": {}}
+
+
+def fuzz(tmp: Path, n: int = 10_000, events: int = 5_000) -> dict:
+    from kafka import KafkaProducer
+
+    from producers import Run
+
+    base = tmp / "fuzz" / "outer"
+    up = Up(base / "data")
+    try:
+        before = {p for p in base.parent.rglob("*") if not str(p).startswith(str(base / "data"))}
+        codec = default_codec()
+        records = fuzz_records(codec, n, random.Random(13))
+        producer = KafkaProducer(
+            **client_options(up.settings), enable_idempotence=False, max_request_size=12 * 1024 * 1024
+        )
+        run = Run("chaos", name="fuzz", settings=up.settings, system_metrics=False)
+        per = max(1, len(records) // events)
+        sent = 0
+        for step in range(events):
+            run.log({"x": float(step)}, step=step)
+            for value in records[step * per : (step + 1) * per]:
+                producer.send(up.settings.topics.events, key=b"fuzz", value=value)
+                sent += 1
+        for value in records[events * per :]:
+            producer.send(up.settings.topics.events, key=b"fuzz", value=value)
+            sent += 1
+        producer.flush(60)
+        producer.close()
+        assert run.finish(timeout=60)
+        steps = wait_steps(up.settings, run.run_id, events)
+        outside = {p for p in base.parent.rglob("*") if not str(p).startswith(str(base / "data"))} - before
+        escaped = [p for p in Path("/").glob("escaped*")] + list(Path(tempfile.gettempdir()).glob("escaped*"))
+        status = _status(up)
+        groups_ok = all(g["status"] == "OK" for g in status["groups"])
+        dead = status["dead_letters"].get("count")
+        ok = not outside and not escaped and groups_ok and up.restarts() == 0
+        note = (
+            f"{sent} fuzzed records; {dead} dead-lettered; files outside the data dir: {len(outside) + len(escaped)}; "
+            f"groups: {', '.join(sorted({g['status'] for g in status['groups']}))}"
+        )
+        return row("10,000 fuzzed records + a real run", events, steps, up.restarts(), ok_extra=ok, note=note)
+    finally:
+        up.stop()
+
+
+def _status(up: Up) -> dict:
+    deadline = time.monotonic() + 60
+    while True:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "metricbus",
+                "--data-dir",
+                str(up.data_dir),
+                "status",
+                "--json",
+                "--window",
+                "2",
+            ],
+            env={**os.environ, **up.settings.to_env()},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        snap = json.loads(result.stdout)
+        if all(g["status"] == "OK" for g in snap["groups"]) or time.monotonic() > deadline:
+            return snap
+        time.sleep(2)
+
+
+def broker_kill(tmp: Path, n: int = 600) -> dict:
+    from producers import Run
+
+    up = Up(tmp / "broker" / "data")
+    try:
+        run = Run("chaos", name="broker", settings=up.settings, system_metrics=False)
+        for step in range(n // 2):
+            run.log({"x": float(step)}, step=step)
+        assert run._publisher.flush(20)
+        up.child("tansu").kill()
+        for step in range(n // 2, n):
+            run.log({"x": float(step)}, step=step)
+            time.sleep(0.005)
+        assert run.finish(timeout=90)
+        steps = wait_steps(up.settings, run.run_id, n, timeout=120)
+        broker_restarts = sum("embedded broker exited" in line for line in up.lines)
+        return row("broker kill -9", n, steps, broker_restarts, ok_extra=broker_restarts == 1)
+    finally:
+        up.stop()
+
+
+def overload(tmp: Path, seconds: float = 5.0) -> dict:
+    from producers import Run
+
+    up = Up(tmp / "overload" / "data")
+    try:
+        run = Run("chaos", name="overload", settings=up.settings, system_metrics=False, max_queue=20_000)
+        scalars = {f"m{i}": float(i) for i in range(20)}
+        times: list[int] = []
+        clock = time.perf_counter_ns
+        end = time.monotonic() + seconds
+        step = 0
+        while time.monotonic() < end:
+            t0 = clock()
+            run.log(scalars, step=step)
+            times.append(clock() - t0)
+            step += 1
+        stats = run.stats()
+        run.finish(timeout=60)
+        times.sort()
+        p50, p99, worst = times[len(times) // 2] / 1e3, times[int(len(times) * 0.99)] / 1e3, times[-1] / 1e3
+        over = sum(t > 1_000_000 for t in times)
+        return {
+            "scenario": "overload (tight loop, 20 scalars)",
+            "sent": len(times),
+            "archived": "-",
+            "lost": "-",
+            "duplicates": "-",
+            "restarts": up.restarts(),
+            "verdict": "PASS" if over == 0 else "FAIL",
+            "note": (
+                f"log() p50 {p50:.1f} us, p99 {p99:.1f} us, max {worst:.0f} us, {over} call(s) over 1 ms; "
+                f"{len(times) / seconds:,.0f} calls/s; shed by policy (counted): {stats['dropped_events']}"
+            ),
+        }
+    finally:
+        up.stop()
+
+
+def main() -> int:
+    results = []
+    with tempfile.TemporaryDirectory(prefix="metricbus-chaos-") as name:
+        tmp = Path(name)
+        scenarios = [
+            lambda: crash_consumer(tmp, "sink kill -9", "sink parquet"),
+            lambda: crash_consumer(tmp, "worker kill -9", "metricbus worker"),
+            lambda: broker_kill(tmp),
+            lambda: crash_producer(tmp, with_broker=True),
+            lambda: crash_producer(tmp, with_broker=False),
+            lambda: fuzz(tmp),
+            lambda: overload(tmp),
+        ]
+        for scenario in scenarios:
+            t0 = time.monotonic()
+            try:
+                result = scenario()
+            except Exception as exc:  # noqa: BLE001 - a scenario that breaks is a failed row
+                result = {
+                    "scenario": getattr(scenario, "__name__", "?"),
+                    "verdict": "FAIL",
+                    "note": repr(exc),
+                }
+            result["seconds"] = round(time.monotonic() - t0, 1)
+            results.append(result)
+            print(json.dumps(result), flush=True)
+    cols = ["scenario", "sent", "archived", "lost", "duplicates", "restarts", "verdict"]
+    print("\n| " + " | ".join(cols) + " | note |")
+    print("|" + " --- |" * (len(cols) + 1))
+    for r in results:
+        print("| " + " | ".join(str(r.get(c, "-")) for c in cols) + f" | {r.get('note', '')} |")
+    return 0 if all(r["verdict"] == "PASS" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
