@@ -8,7 +8,8 @@ consumed (the record at its committed offset), as kafka-lag-exporter reports it.
 Status per partition over the samples of a window (Burrow's rules, adapted to what a
 broker tells every client: commit timestamps are not among it):
 
-- OK: no lag in the last sample, or the group commits and its lag does not grow;
+- OK: no lag in the last sample or in any sample of the window (records just arrived), or
+  the group commits and its lag does not grow;
 - WARN: the group commits, but its lag grew in every interval of the window;
 - STALL: the committed offset did not move while records wait, for less than ``stop_after_s``;
 - STOP: records have waited longer than ``stop_after_s`` behind a committed offset that did
@@ -127,17 +128,19 @@ def _partition_status(history: list[PartitionLag], stop_after_s: float) -> tuple
     if last.lag <= 0:
         return "OK", f"{where}: caught up"
     moved = last.committed != history[0].committed
+    age = last.lag_s or 0.0
+    if not moved and age > stop_after_s:
+        return "STOP", (
+            f"{where}: {last.lag} records wait, the oldest for {age:.0f}s, and the committed "
+            "offset does not move: nothing consumes"
+        )
+    if any(h.lag <= 0 for h in history):  # caught up within the window: records just arrived
+        return "OK", f"{where}: {last.lag} behind, caught up within the window"
     if moved:
         lags = [h.lag for h in history]
         if len(lags) > 1 and all(b > a for a, b in zip(lags, lags[1:], strict=False)):
             return "WARN", f"{where}: consuming, but the lag grew in every sample ({lags[0]} -> {lags[-1]})"
         return "OK", f"{where}: consuming ({last.lag} behind)"
-    age = last.lag_s or 0.0
-    if age > stop_after_s:
-        return "STOP", (
-            f"{where}: {last.lag} records wait, the oldest for {age:.0f}s, and the committed "
-            "offset does not move: nothing consumes"
-        )
     if len(history) < 2:
         return "OK", f"{where}: {last.lag} behind"
     return "STALL", f"{where}: {last.lag} records wait and the committed offset did not move"

@@ -56,3 +56,13 @@ def test_group_status_is_its_worst_partition():
     s = evaluate([GroupSample("g", 0.0, {("t", 0): ok, ("t", 1): stopped})], stop_after_s=30)
     assert s.status == "STOP" and s.lag == 9
     assert [p["status"] for p in s.partitions] == ["OK", "STOP"]
+
+
+def test_records_that_just_arrived_after_a_caught_up_sample_are_ok_not_stall():
+    s = evaluate([sample(0, 10, 10), sample(5, 10, 11, 0.2)])
+    assert s.status == "OK" and s.lag == 1
+
+
+def test_a_consumer_that_stopped_after_catching_up_is_stop_once_records_wait_too_long():
+    s = evaluate([sample(0, 10, 10), sample(5, 10, 11, 40.0)], stop_after_s=30)
+    assert s.status == "STOP"
