@@ -6,10 +6,15 @@
 from ._publisher import Publisher
 from ._run import SDK_VERSION, OfflineTransport, Run
 from ._spool import Spool, SpoolBusyError, pending_spools, spool_in_use, unsent_bytes
+from ._summary_writer import SummaryWriter
 from ._sync import SyncReport, sync_spools
 from ._system import SystemSampler, sample_system
 from ._transport import KafkaTransport, Transport, TransportError
 from ._values import ValueGate
+from ._wandb_api import Histogram as WandbHistogram
+from ._wandb_api import Table as WandbTable
+from ._wandb_api import WandbRun
+from ._wandb_api import init as wandb_init
 
 __all__ = [
     "SDK_VERSION",
@@ -23,7 +28,12 @@ __all__ = [
     "SystemSampler",
     "Transport",
     "TransportError",
+    "SummaryWriter",
     "ValueGate",
+    "WandbHistogram",
+    "WandbRun",
+    "WandbTable",
+    "wandb_init",
     "pending_spools",
     "spool_in_use",
     "unsent_bytes",

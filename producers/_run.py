@@ -239,6 +239,17 @@ class Run:
         except Exception as exc:  # noqa: BLE001
             self._internal_error("log_table", exc)
 
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait up to ``timeout`` s until everything logged so far is acknowledged; True if it was.
+
+        What is not acknowledged by then stays in the spool and is sent later; never raises.
+        """
+        try:
+            return bool(self._publisher.flush(timeout))
+        except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
+            self._internal_error("flush", exc)
+            return False
+
     # -- ending -------------------------------------------------------------------------
 
     def finish(
