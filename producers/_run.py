@@ -135,7 +135,9 @@ class Run:
         self._split = self._gate.split
         self._queue = self._publisher.queue
         self._max_queue = self._publisher.max_queue
-        self._emit(RUN_STARTED, self._started_body(config, tags))
+        #: the config the run started with (RunStarted's), as a dict
+        self.config: dict[str, Any] = _config_dict(config)
+        self._emit(RUN_STARTED, self._started_body(self.config, tags))
         self._sampler: SystemSampler | None = None
         if system_metrics:
             self._sampler = SystemSampler(system_interval_s, self._log_system, self._heartbeat)

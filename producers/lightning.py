@@ -1,0 +1,93 @@
+"""A Lightning ``Logger`` that publishes to metricbus (the ``lightning`` extra).
+
+    from metricbus.lightning import MetricbusLogger
+    trainer = Trainer(logger=MetricbusLogger(project="mnist"))
+
+Metrics arrive at Lightning's ``step`` (its ``epoch`` key becomes the events' epoch), and
+``finalize`` finishes the run with Lightning's status. The hyperparameters from
+``save_hyperparameters()`` arrive as an ``hparams`` table (name, value) at the run's start:
+Lightning creates the experiment before it logs them, and a run's config is fixed when it
+starts until metricbus has a config-update event (pass ``config=`` to have them in the run's
+config too). Only the global-zero process logs, as Lightning's own loggers do.
+"""
+
+from __future__ import annotations
+
+import math
+from argparse import Namespace
+from collections.abc import Mapping
+from typing import Any
+
+from lightning.fabric.utilities.logger import _convert_params, _flatten_dict, _sanitize_callable_params
+from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
+from lightning.pytorch.utilities import rank_zero_only
+
+from ._run import Run
+
+
+class MetricbusLogger(Logger):
+    """Lightning's Logger interface over a :class:`producers.Run` (started at first use)."""
+
+    def __init__(
+        self,
+        project: str = "lightning",
+        name: str | None = None,
+        run_id: str | None = None,
+        **init_options: Any,
+    ) -> None:
+        super().__init__()
+        self._project = project
+        self._name = name
+        self._run_id = run_id
+        self._options = init_options
+        self._config: dict[str, Any] = {}
+        self._run: Run | None = None
+
+    @property
+    def name(self) -> str:
+        """The run's name (else the project)."""
+        return self._name or self._project
+
+    @property
+    def version(self) -> str:
+        """The run id, once the run started."""
+        return self._run.run_id if self._run is not None else (self._run_id or "")
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> Run:
+        """The metricbus run (started on first use, with the hyperparameters known by then)."""
+        if self._run is None:
+            self._run = Run(
+                self._project, name=self._name, config=self._config, run_id=self._run_id, **self._options
+            )
+        return self._run
+
+    @rank_zero_only
+    def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
+        """The run's config when the run has not started yet; else an ``hparams`` table."""
+        flat = _flatten_dict(_sanitize_callable_params(_convert_params(params)))
+        if self._run is None:
+            self._config.update(flat)
+        else:
+            self._run.log_table("hparams", ["name", "value"], [[str(k), str(v)] for k, v in flat.items()])
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Scalars at Lightning's step; its ``epoch`` key becomes the events' epoch."""
+        data = {}
+        epoch = None
+        for key, value in metrics.items():
+            number = float(value.item() if hasattr(value, "item") else value)
+            if key == "epoch" and math.isfinite(number):
+                epoch = int(number)
+            else:
+                data[key] = number
+        if data:
+            self.experiment.log(data, step=step, epoch=epoch)
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        """Finish the run ("success" -> finished; else Lightning's status)."""
+        if self._run is not None:
+            self._run.finish(status="finished" if status == "success" else status)

@@ -1,0 +1,130 @@
+"""Stable-Baselines3 (the ``sb3`` extra): SB3's own logger keys, plus every episode as samples.
+
+    from metricbus.sb3 import MetricbusCallback
+    model.learn(100_000, callback=MetricbusCallback(project="cartpole"))
+
+The callback adds a :class:`MetricbusOutputFormat` to the model's logger at training start, so
+SB3's stdout / csv / tensorboard outputs stay as they were and every key SB3 writes (``rollout/
+ep_rew_mean``, ``train/loss``, ...) arrives at the same ``num_timesteps``. It also publishes each
+finished episode's raw return and length from ``Monitor``'s infos (``rollout/episode_return``,
+``rollout/episode_length``, and ``rollout/episode_success`` when ``is_success`` is there) as
+per-sample arrays at the step the episodes ended, so the stream derives episode statistics
+from every episode, not SB3's 100-episode mean. Config: the algorithm's hyperparameters.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.logger import KVWriter
+
+from ._run import Run
+
+
+class MetricbusOutputFormat(KVWriter):
+    """An SB3 logger output: ``logger.output_formats.append(MetricbusOutputFormat(run))``."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def write(self, key_values: dict[str, Any], key_excluded: dict[str, Any], step: int = 0) -> None:
+        """Every numeric key SB3 records (not those it excludes for every format)."""
+        data = {}
+        for key, value in key_values.items():
+            excluded = key_excluded.get(key) or ()
+            if excluded and "metricbus" in excluded:
+                continue
+            if hasattr(value, "item") and getattr(value, "size", 1) == 1:
+                value = value.item()
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                data[key] = float(value)
+        if data:
+            self.run.log(data, step=int(step))
+
+    def close(self) -> None:
+        """The run is the callback's (or yours) to finish."""
+
+
+def _hyperparameters(model: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"algo": type(model).__name__}
+    for key in (
+        "learning_rate",
+        "n_steps",
+        "batch_size",
+        "n_epochs",
+        "gamma",
+        "gae_lambda",
+        "ent_coef",
+        "vf_coef",
+        "max_grad_norm",
+        "buffer_size",
+        "learning_starts",
+        "tau",
+        "train_freq",
+        "target_update_interval",
+        "seed",
+    ):
+        value = getattr(model, key, None)
+        if value is None:
+            continue
+        if isinstance(value, numbers.Real | str | bool):
+            out[key] = value
+        elif callable(value):
+            out[key] = "schedule"
+        else:
+            out[key] = str(value)
+    clip = getattr(model, "clip_range", None)
+    if clip is not None:
+        out["clip_range"] = clip(1.0) if callable(clip) else clip
+    env = getattr(model, "env", None)
+    if env is not None:
+        out["n_envs"] = getattr(env, "num_envs", 1)
+    return out
+
+
+class MetricbusCallback(BaseCallback):
+    """Publish an SB3 run to metricbus: its logger's keys and every episode (see the module doc)."""
+
+    def __init__(
+        self, project: str = "sb3", name: str | None = None, run: Run | None = None, **init_options: Any
+    ):
+        super().__init__()
+        self._project = project
+        self._name = name
+        self._options = init_options
+        self.run: Run | None = run
+        self._own_run = run is None
+
+    def _on_training_start(self) -> None:
+        if self.run is None:
+            self.run = Run(
+                self._project, name=self._name, config=_hyperparameters(self.model), **self._options
+            )
+        formats = self.model.logger.output_formats
+        if not any(isinstance(f, MetricbusOutputFormat) for f in formats):
+            formats.append(MetricbusOutputFormat(self.run))
+
+    def _on_step(self) -> bool:
+        returns, lengths, successes = [], [], []
+        for info in self.locals.get("infos") or ():
+            episode = info.get("episode")
+            if episode is not None:
+                returns.append(float(episode["r"]))
+                lengths.append(float(episode["l"]))
+                if "is_success" in info:
+                    successes.append(float(bool(info["is_success"])))
+        if returns and self.run is not None:
+            data: dict[str, Any] = {"rollout/episode_return": returns, "rollout/episode_length": lengths}
+            if successes:
+                data["rollout/episode_success"] = successes
+            self.run.log(data, step=int(self.num_timesteps))
+        return True
+
+    def _on_training_end(self) -> None:
+        if self.run is not None and self._own_run:
+            self.run.finish()
+
+
+__all__ = ["MetricbusCallback", "MetricbusOutputFormat"]

@@ -1,0 +1,151 @@
+"""Real frameworks, tiny and on CPU, through the integrations (issue 10): what the framework's
+own logger wrote must be what the archive holds, at the same step."""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+
+import pytest
+
+from sinks import read_table
+
+pytestmark = pytest.mark.integration
+
+
+def archived(settings, run_id: str, ready, timeout: float = 60.0) -> dict:
+    """name -> {step: value or samples} of a run's logged events, once ``ready(result)``."""
+    deadline = time.monotonic() + timeout
+    out: dict = {}
+    while time.monotonic() < deadline:
+        out = {}
+        try:
+            table = read_table(
+                settings.archive_dir,
+                run_id,
+                columns=["name", "step", "value", "samples", "producer_id", "kind"],
+            )
+            for n, s, v, xs, p, k in zip(
+                *(table[c].to_pylist() for c in ("name", "step", "value", "samples", "producer_id", "kind"))
+            ):
+                if p != "metricbus.stream" and k.endswith("Metrics"):
+                    out.setdefault(n, {})[s] = xs if xs is not None else v
+        except (FileNotFoundError, ValueError, KeyError):
+            pass
+        if out and ready(out):
+            return out
+        time.sleep(0.5)
+    return out
+
+
+def test_lightning_logger_gets_every_metric_the_csv_logger_gets(settings, sink, tmp_path):
+    pytest.importorskip("lightning", reason="Lightning is an optional extra; `make test` installs it")
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.loggers import CSVLogger
+
+    from metricbus.lightning import MetricbusLogger
+
+    sink(flush_interval=0.3)
+
+    class Tiny(pl.LightningModule):
+        def __init__(self, lr: float = 0.05, hidden: int = 4) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(3, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)
+            )
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.net(x), y)
+            self.log("train_loss", loss)
+            self.log("train_lr", self.hparams.lr)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 3), torch.randn(32, 1))
+    ours = MetricbusLogger(project="lightning-test", settings=settings, system_metrics=False)
+    theirs = CSVLogger(tmp_path / "csv", name="tiny")
+    trainer = pl.Trainer(
+        max_epochs=3,
+        logger=[ours, theirs],
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8))
+    run = ours.experiment
+    assert run.status == "finished"
+
+    with open(theirs.log_dir + "/metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    expected: dict = {}
+    for row in rows:
+        for key, value in row.items():
+            if key not in ("step", "epoch") and value:
+                expected.setdefault(key, {})[int(row["step"])] = float(value)
+    assert set(expected) == {"train_loss", "train_lr"} and len(expected["train_loss"]) == 12
+    got = archived(settings, run.run_id, lambda out: len(out.get("train_loss", {})) >= 12)
+    assert {k: got[k] for k in expected} == expected
+    tables = read_table(settings.archive_dir, run.run_id, columns=["kind", "name", "payload"])
+    (payload,) = [
+        p for k, n, p in zip(*(tables[c].to_pylist() for c in ("kind", "name", "payload"))) if n == "hparams"
+    ]
+    from schemas import decode_events, default_codec
+
+    (event,) = decode_events(default_codec(), payload)
+    assert sorted(map(tuple, event.body["rows"])) == [("hidden", "4"), ("lr", "0.05")]
+    epochs = read_table(settings.archive_dir, run.run_id, columns=["name", "epoch"])
+    assert sorted(
+        {e for n, e in zip(*(epochs[c].to_pylist() for c in ("name", "epoch"))) if n == "train_loss"}
+    ) == [0, 1, 2]
+
+
+def test_sb3_callback_gets_every_key_sb3_writes_and_every_episode(settings, sink, tmp_path):
+    pytest.importorskip("stable_baselines3", reason="SB3 is an optional extra; `make test` installs it")
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.logger import configure
+
+    from metricbus.sb3 import MetricbusCallback
+
+    sink(flush_interval=0.3)
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=256, batch_size=64, n_epochs=2, seed=0, device="cpu")
+    model.set_logger(configure(str(tmp_path / "sb3"), ["csv"]))
+    callback = MetricbusCallback(project="sb3-test", settings=settings, system_metrics=False)
+    model.learn(total_timesteps=2048, callback=callback)
+    run = callback.run
+    assert run is not None and run.config["algo"] == "PPO" and run.config["n_steps"] == 256
+
+    with open(tmp_path / "sb3" / "progress.csv") as f:
+        rows = list(csv.DictReader(f))
+    expected: dict = {}
+    for row in rows:
+        step = int(row["time/total_timesteps"])
+        for key, value in row.items():
+            if value and not math.isnan(float(value)):
+                expected.setdefault(key, {})[step] = float(value)
+    assert {"rollout/ep_rew_mean", "train/loss", "time/fps"} <= set(expected)
+    episodes = model.ep_info_buffer  # SB3's last 100 episodes
+    got = archived(
+        settings,
+        run.run_id,
+        lambda out: all(len(out.get(k, {})) >= len(v) for k, v in expected.items()),
+    )
+    for key, steps in expected.items():
+        assert got[key] == pytest.approx(steps, rel=1e-6), key  # SB3's csv rounds nothing; float32 sources
+    returns = [
+        r for step in sorted(got["rollout/episode_return"]) for r in got["rollout/episode_return"][step]
+    ]
+    lengths = [
+        x for step in sorted(got["rollout/episode_length"]) for x in got["rollout/episode_length"][step]
+    ]
+    assert sum(lengths) <= 2048 and len(returns) == len(lengths) >= len(episodes) > 0
+    assert [e["r"] for e in episodes] == pytest.approx(returns[-len(episodes) :])
