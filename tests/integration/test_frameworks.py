@@ -149,3 +149,46 @@ def test_sb3_callback_gets_every_key_sb3_writes_and_every_episode(settings, sink
     ]
     assert sum(lengths) <= 2048 and len(returns) == len(lengths) >= len(episodes) > 0
     assert [e["r"] for e in episodes] == pytest.approx(returns[-len(episodes) :])
+
+
+def test_hf_trainer_callback_gets_every_log_hf_records(settings, sink, tmp_path):
+    pytest.importorskip("transformers", reason="transformers is an optional extra; `make test` installs it")
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from metricbus.hf import MetricbusCallback
+
+    sink(flush_interval=0.3)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    ids = torch.randint(0, 32, (24, 16))
+    data = [{"input_ids": row, "labels": row} for row in ids]  # a character-level corpus, no download
+    callback = MetricbusCallback(project="hf-test", settings=settings, system_metrics=False)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=6,
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        learning_rate=1e-3,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
+    trainer.train()
+    run = callback.run
+    assert run is not None and run.status == "finished"
+    assert run.config["learning_rate"] == 1e-3 and run.config["model/n_layer"] == 1
+
+    expected: dict = {}
+    for entry in trainer.state.log_history:  # HF's own record of every on_log
+        for key, value in entry.items():
+            if key not in ("step", "epoch") and isinstance(value, int | float):
+                expected.setdefault(key, {})[entry["step"]] = float(value)
+    assert {"loss", "learning_rate", "grad_norm", "train_loss"} <= set(expected)
+    assert len(expected["loss"]) == 6
+    got = archived(
+        settings, run.run_id, lambda out: all(len(out.get(k, {})) >= len(v) for k, v in expected.items())
+    )
+    assert {k: got[k] for k in expected} == expected
