@@ -270,6 +270,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from ._status import collect, format_status
 
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)  # an unreachable broker is said once, below
     settings = _settings(args)
     stop = _stop_on_signals() if args.watch else threading.Event()
     while True:

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from producers import pending_spools, spool_in_use, unsent_bytes
-from schemas import MAX_RECORD_BYTES, Settings, client_options
+from schemas import MAX_RECORD_BYTES, BrokerError, Settings, client_options
 
 from ._board import RunBoard
 from ._lag import STATUSES, GroupSample, LagProbe, evaluate
@@ -147,12 +147,23 @@ def snapshot(
 def collect(
     settings: Settings, window_s: float = 3.0, stop_after_s: float = 30.0, since_s: float | None = None
 ) -> dict[str, Any]:
-    """One status: two lag samples ``window_s`` apart, the runs, the dead letters, the spools."""
+    """One status: two lag samples ``window_s`` apart, the runs, the dead letters, the spools.
+
+    Raises BrokerError when Kafka cannot be reached (``status`` then exits 2 with the reason).
+    """
+    from kafka.errors import KafkaError
+
     watch = StatusWatch(settings, window=2, stop_after_s=stop_after_s)
     try:
-        watch.sample()
+        first = watch.sample()
+        unreachable = [g["reason"] for g in first if g["group"] == "" and g["status"] == "ERR"]
+        if unreachable:
+            raise BrokerError(f"cannot reach Kafka at {settings.bootstrap_servers}: {unreachable[0]}")
         started = time.monotonic()
-        board = RunBoard(settings, since_s=since_s).read_once()
+        try:
+            board = RunBoard(settings, since_s=since_s).read_once()
+        except KafkaError as exc:
+            raise BrokerError(f"cannot read the topics on {settings.bootstrap_servers}: {exc}") from exc
         deadletters = dead_letters(settings)
         time.sleep(max(0.0, window_s - (time.monotonic() - started)))
         groups = watch.sample()

@@ -100,3 +100,15 @@ def test_status_lists_unsent_spools_and_finished_runs(settings):
     assert "finished" in line and " done " in line
     (spool_line,) = [ln for ln in text.splitlines() if spooled.run_id in ln]
     assert "bytes unsent" in spool_line and "metricbus sync" in spool_line
+
+
+def test_status_against_an_unreachable_broker_says_so_and_exits_2(tmp_path):
+    from schemas import Settings
+
+    from .conftest import free_port
+
+    nowhere = Settings(bootstrap=f"127.0.0.1:{free_port()}", data_dir=tmp_path)
+    result = subprocess.run(cli(nowhere, "status"), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert f"cannot reach Kafka at {nowhere.bootstrap_servers}" in result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
