@@ -12,6 +12,7 @@ produce requests for the topic it no longer has, keeping nothing. Checking the t
 
 from __future__ import annotations
 
+import atexit
 import logging
 from typing import Any, Protocol
 
@@ -84,6 +85,13 @@ class KafkaTransport:
                 max_request_size=MAX_RECORD_BYTES + 64 * 1024,
                 allow_auto_create_topics=False,
             )
+            # kafka-python closes each producer at interpreter exit; atexit runs last-registered
+            # first, so that would close it before a run's own exit-time finish() (registered at
+            # init, earlier) flushed through it: "KafkaProducer already closed", all spooled.
+            # close() here is ours to call.
+            cleanup = getattr(self._producer, "_cleanup", None)
+            if cleanup is not None:
+                atexit.unregister(cleanup)
             self._admin = KafkaAdminClient(
                 **client_options(self.settings),
                 client_id="metricbus-producer-check",

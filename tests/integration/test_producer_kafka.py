@@ -126,3 +126,27 @@ def test_offline_mode_spools_and_says_so_once(tmp_path, caplog):
     assert run.finish(timeout=1.0) is False
     assert run.spool_path.stat().st_size > 0
     assert caplog.text.count("offline mode") >= 1
+
+
+def test_a_script_that_never_calls_finish_delivers_everything_at_exit(settings, tmp_path):
+    """Exit-time finish() must flush through the producer: kafka-python's own atexit used to close
+    it first ("KafkaProducer already closed"), leaving the tail in the spool."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import metricbus\n"
+        "run = metricbus.init(project='exit', system_metrics=False)\n"
+        "for s in range(25): run.log({'x': float(s)}, step=s)\n"
+        "run.flush(10)\n"  # the producer exists (and registered its own atexit) before the exit
+        "for s in range(25, 50): run.log({'x': float(s)}, step=s)\n"
+    )
+    env = {**os.environ, **settings.to_env()}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "already closed" not in result.stderr and "unreachable" not in result.stderr, result.stderr
+    events = read_events(settings, 52)
+    assert sorted(seq for _, seq, _, _ in events) == list(range(52))  # RunStarted, 50 Metrics, RunFinished
