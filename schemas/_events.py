@@ -42,6 +42,9 @@ class Event(NamedTuple):
 #: twenty-scalar events is ~5 ms in one C call, and a training loop's log() waiting for the GIL
 #: meanwhile stalls as long. Cut into chunks, a call is ~0.3 ms and the interpreter can switch
 #: between them. The chunks are Avro array blocks of one record, which every reader takes.
+#: Each call has a fixed cost (measured, 500 ten-scalar events: 5.2 us/event whole, 5.6 in
+#: chunks of 64, 6.0 in chunks of 32: background CPU, not the caller's); 32 because with 64 the
+#: log() calls over 1 ms at 20k events/s (GC off, 0.2 ms switch interval) rose from 2-4 to 15.
 ENCODE_CHUNK = 32
 
 
