@@ -135,6 +135,7 @@ class Run:
         self._split = self._gate.split
         self._queue = self._publisher.queue
         self._max_queue = self._publisher.max_queue
+        self._watchers: list[Any] = []
         #: the config the run started with (RunStarted's), as a dict
         self.config: dict[str, Any] = _config_dict(config)
         self._emit(RUN_STARTED, self._started_body(self.config, tags))
@@ -241,6 +242,31 @@ class Run:
         except Exception as exc:  # noqa: BLE001
             self._internal_error("log_table", exc)
 
+    def watch(
+        self,
+        model: Any,
+        log: str = "gradients",
+        every: int = 100,
+        optimizer: Any = None,
+        step: Any = None,
+    ) -> Any:
+        """Log a PyTorch model's gradient norms (total, per layer), histograms and learning rates.
+
+        ``log``: "gradients" (gradient histograms), "parameters" (parameter histograms) or "all";
+        norms are always logged. Every ``every``-th backward pass; ``step`` (a callable) gives the
+        step, else the run's last one. Returns the watcher (``.remove()`` takes its hooks off);
+        None if it cannot watch (said once). See :mod:`producers._watch`.
+        """
+        try:
+            from ._watch import Watcher
+
+            watcher = Watcher(self, model, log, every=every, optimizer=optimizer, step=step)
+            self._watchers.append(watcher)
+            return watcher
+        except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
+            self._internal_error("watch", exc)
+            return None
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait up to ``timeout`` s until everything logged so far is acknowledged; True if it was.
 
@@ -269,6 +295,8 @@ class Run:
             return self.status is not None and self._publisher.backlog == 0
         if self._sampler is not None:
             self._sampler.stop()
+        for watcher in self._watchers:
+            watcher.remove()
         scalars, _ = self._gate.split(summary or {})
         self._emit(RUN_FINISHED, {"status": status, "summary": scalars})
         self._finished = True
