@@ -310,9 +310,7 @@ class Publisher:
                     return False
             self._failures += 1
             self._next_attempt = time.monotonic() + min(0.25 * 2 ** (self._failures - 1), 5.0)
-            if self._failures == 1 and getattr(self.transport, "offline", False):
-                log.warning("offline mode: events are kept in %s for `metricbus sync`", self.spool.path)
-            elif self._failures == 1:
+            if self._failures == 1 and not getattr(self.transport, "offline", False):  # offline: said at init
                 log.warning(
                     "%s is unreachable (%s); events are kept in %s and sent when it is back",
                     self.describe_target(),

@@ -136,6 +136,13 @@ class Run:
         self._queue = self._publisher.queue
         self._max_queue = self._publisher.max_queue
         self._watchers: list[Any] = []
+        if self.settings.offline:
+            log.warning(
+                "metricbus offline mode (METRICBUS_OFFLINE): run %s is kept in %s; "
+                "publish it with `metricbus sync`",
+                self.run_id,
+                self.spool_path.parent,
+            )
         #: the config the run started with (RunStarted's), as a dict
         self.config: dict[str, Any] = _config_dict(config)
         self._emit(RUN_STARTED, self._started_body(self.config, tags))
