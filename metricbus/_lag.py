@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from schemas import MAX_RECORD_BYTES, Settings, client_options
+from schemas import Settings, client_options
 
 log = logging.getLogger("metricbus.lag")
 
@@ -173,7 +173,11 @@ class LagProbe:
                 enable_auto_commit=False,
                 request_timeout_ms=max(ms, 6000),
                 fetch_max_wait_ms=self.settings.fetch_max_wait_ms,
-                max_partition_fetch_bytes=MAX_RECORD_BYTES + 64 * 1024,
+                # only the first record at each position is needed (its timestamp): brokers
+                # return at least the first batch however small the limit (KIP-74), so a
+                # sample of a group far behind does not pull megabytes of its backlog
+                max_partition_fetch_bytes=64 * 1024,
+                fetch_max_bytes=1024 * 1024,
             )
         return self._admin, self._consumer
 
