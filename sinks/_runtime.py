@@ -166,6 +166,7 @@ class ConsumerLoop:
         self._producer: Any = None
         self._uncommitted: dict[Any, int] = {}
         self._last_flush = time.monotonic()
+        self._flush_lock = asyncio.Lock()
 
     # -- what a subclass says -----------------------------------------------------------
 
@@ -236,6 +237,13 @@ class ConsumerLoop:
         return self.stats
 
     async def _flush_and_commit(self) -> None:
+        # One at a time: a rebalance calls this from the consumer's own task (partitions
+        # revoked) while the loop may be awaiting a flush in its thread. Two flushes at once
+        # wrote the same buffer twice (duplicate rows in the archive after a broker restart).
+        async with self._flush_lock:
+            await self._flush_and_commit_locked()
+
+    async def _flush_and_commit_locked(self) -> None:
         backoff = 0.5
         while True:
             try:
