@@ -7,12 +7,16 @@ At train begin the run starts with the ``TrainingArguments`` and the model's con
 config; every ``on_log`` arrives at ``state.global_step`` (``epoch`` as the events' epoch, a
 float in HF: its integer part); train end finishes the run. Only the global process zero logs,
 unless ``all_ranks=True`` (then every rank logs as its own rank of one run).
+
+Importing this module also registers ``report_to="metricbus"`` with transformers (project from
+``$METRICBUS_PROJECT``, else "huggingface"; the run named after ``run_name``).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import os
 from typing import Any
 
 from transformers import TrainerCallback
@@ -37,12 +41,12 @@ class MetricbusCallback(TrainerCallback):  # type: ignore[misc]
 
     def __init__(
         self,
-        project: str = "huggingface",
+        project: str | None = None,
         name: str | None = None,
         all_ranks: bool = False,
         **init_options: Any,
     ) -> None:
-        self._project = project
+        self._project = project or os.environ.get("METRICBUS_PROJECT") or "huggingface"
         self._name = name
         self._all_ranks = all_ranks
         self._options = init_options
@@ -83,5 +87,16 @@ class MetricbusCallback(TrainerCallback):  # type: ignore[misc]
         if self.run is not None:
             self.run.finish()
 
+
+def _register() -> None:
+    """``report_to="metricbus"``: transformers looks report_to names up in this table."""
+    try:
+        from transformers.integrations import integration_utils
+    except ImportError:  # a transformers without the table: pass the callback instead
+        return
+    integration_utils.INTEGRATION_TO_CALLBACK.setdefault("metricbus", MetricbusCallback)
+
+
+_register()
 
 __all__ = ["MetricbusCallback"]

@@ -192,3 +192,38 @@ def test_hf_trainer_callback_gets_every_log_hf_records(settings, sink, tmp_path)
         settings, run.run_id, lambda out: all(len(out.get(k, {})) >= len(v) for k, v in expected.items())
     )
     assert {k: got[k] for k in expected} == expected
+
+
+def test_hf_report_to_metricbus_is_registered(settings, sink, tmp_path, monkeypatch):
+    pytest.importorskip("transformers", reason="transformers is an optional extra; `make test` installs it")
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    import metricbus.hf  # noqa: F401 - registers report_to="metricbus"
+
+    for key, value in {**settings.to_env(), "METRICBUS_PROJECT": "hf-report-to"}.items():
+        monkeypatch.setenv(key, value)
+    sink(flush_interval=0.3)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    ids = torch.randint(0, 32, (8, 16))
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        report_to=["metricbus"],
+        run_name="via-report-to",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=[{"input_ids": r, "labels": r} for r in ids])
+    (callback,) = [c for c in trainer.callback_handler.callbacks if type(c).__name__ == "MetricbusCallback"]
+    trainer.train()
+    assert (
+        callback.run is not None
+        and callback.run.project == "hf-report-to"
+        and callback.run.name == "via-report-to"
+    )
+    got = archived(settings, callback.run.run_id, lambda out: len(out.get("loss", {})) >= 2)
+    assert sorted(got["loss"]) == [1, 2]
