@@ -28,12 +28,13 @@ from schemas import (
     MetricbusError,
     SchemaError,
     Settings,
-    client_options,
     decode_aggregates,
     decode_events,
     default_codec,
 )
 from schemas import MAX_RECORD_BYTES as _MAX_RECORD
+
+from ._read import topic_reader
 
 log = logging.getLogger("metricbus.board")
 
@@ -329,17 +330,10 @@ class RunBoard:
                 self._stop.wait(2.0)
 
     def _consumer(self) -> Any:
-        from kafka import KafkaConsumer, TopicPartition
+        from kafka import TopicPartition
 
         t = self.settings.topics
-        consumer = KafkaConsumer(
-            **client_options(self.settings),
-            client_id="metricbus-board",
-            enable_auto_commit=False,
-            fetch_max_wait_ms=self.settings.fetch_max_wait_ms,
-            max_partition_fetch_bytes=_MAX_RECORD + 64 * 1024,
-            request_timeout_ms=10000,
-        )
+        consumer = topic_reader(self.settings, "metricbus-board")
         tps = [
             TopicPartition(topic, p)
             for topic in (t.events, t.aggregates, t.alerts)

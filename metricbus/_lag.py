@@ -30,6 +30,8 @@ from typing import Any
 
 from schemas import Settings, client_options
 
+from ._read import topic_reader
+
 log = logging.getLogger("metricbus.lag")
 
 #: Order of badness, for a group's status (its worst partition's).
@@ -156,7 +158,6 @@ class LagProbe:
         self._consumer: Any = None
 
     def _clients(self) -> tuple[Any, Any]:
-        from kafka import KafkaConsumer
         from kafka.admin import KafkaAdminClient
 
         if self._admin is None:
@@ -167,15 +168,13 @@ class LagProbe:
                 bootstrap_timeout_ms=ms,
                 client_id="metricbus-status",
             )
-            self._consumer = KafkaConsumer(
-                **client_options(self.settings),
-                client_id="metricbus-status",
-                enable_auto_commit=False,
+            # only the first record at each position is needed (its timestamp): brokers
+            # return at least the first batch however small the limit (KIP-74), so a
+            # sample of a group far behind does not pull megabytes of its backlog
+            self._consumer = topic_reader(
+                self.settings,
+                "metricbus-status",
                 request_timeout_ms=max(ms, 6000),
-                fetch_max_wait_ms=self.settings.fetch_max_wait_ms,
-                # only the first record at each position is needed (its timestamp): brokers
-                # return at least the first batch however small the limit (KIP-74), so a
-                # sample of a group far behind does not pull megabytes of its backlog
                 max_partition_fetch_bytes=64 * 1024,
                 fetch_max_bytes=1024 * 1024,
             )

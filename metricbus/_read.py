@@ -10,7 +10,27 @@ import asyncio
 import time
 from typing import Any
 
-from schemas import Settings, client_options, fetch_options
+from schemas import MAX_RECORD_BYTES, Settings, client_options, fetch_options
+
+
+def topic_reader(settings: Settings, client_id: str, **overrides: Any) -> Any:
+    """The one kafka-python consumer of the ops tools: no group, no commits, records up to the limit.
+
+    ``status``, the dashboard's run board and the dead-letter count read with it (on threads of
+    their own, so a synchronous client); raises kafka's KafkaError when Kafka is unreachable.
+    """
+    from kafka import KafkaConsumer
+
+    opts: dict[str, Any] = {
+        **client_options(settings),
+        "client_id": client_id,
+        "enable_auto_commit": False,
+        "fetch_max_wait_ms": settings.fetch_max_wait_ms,
+        "max_partition_fetch_bytes": MAX_RECORD_BYTES + 64 * 1024,
+        "request_timeout_ms": 10_000,
+    }
+    opts.update(overrides)
+    return KafkaConsumer(**opts)
 
 
 def read_topic(settings: Settings, topic: str, idle_s: float = 1.0, timeout_s: float = 30.0) -> list[Any]:

@@ -12,10 +12,11 @@ import time
 from typing import Any
 
 from producers import pending_spools, spool_in_use, unsent_bytes
-from schemas import MAX_RECORD_BYTES, BrokerError, Settings, client_options
+from schemas import BrokerError, Settings
 
 from ._board import RunBoard
 from ._lag import STATUSES, GroupSample, LagProbe, evaluate
+from ._read import topic_reader
 
 #: Dead letters read for the top reasons (the count covers the whole topic).
 DEAD_LETTERS_READ = 10_000
@@ -48,18 +49,13 @@ class StatusWatch:
 
 def dead_letters(settings: Settings, timeout_s: float = 5.0) -> dict[str, Any]:
     """Count of the dead-letter topic, and the top reasons and consumers of its last records."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
     from kafka.errors import KafkaError
 
     topic = settings.topics.deadletter
     try:
-        consumer = KafkaConsumer(
-            **client_options(settings),
-            client_id="metricbus-status",
-            enable_auto_commit=False,
-            fetch_max_wait_ms=settings.fetch_max_wait_ms,
-            max_partition_fetch_bytes=MAX_RECORD_BYTES + 64 * 1024,
-            request_timeout_ms=max(6000, int(timeout_s * 1000)),
+        consumer = topic_reader(
+            settings, "metricbus-status", request_timeout_ms=max(6000, int(timeout_s * 1000))
         )
     except (KafkaError, OSError) as exc:
         return {"count": None, "error": str(exc), "reasons": [], "consumers": {}}

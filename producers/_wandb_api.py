@@ -147,7 +147,7 @@ class WandbRun:
             or isinstance(value, list | tuple)
         ):
             self._pending[key] = value
-        elif isinstance(value, Mapping):  # wandb flattens nested dicts with "."? it keeps them: we use "/"
+        elif isinstance(value, Mapping):  # a nested dict: its keys become "<key>/<subkey>" series
             for k, v in value.items():
                 self._take(f"{key}/{k}", v)
         else:
