@@ -89,7 +89,7 @@ def _print_stream_results(settings: Settings, run_id: str) -> None:
         )
     print("\nfinal rolling statistics (last 10 values, EMA):")
     for name in ("Train/AvgReward", "Train/Loss", "Train/Entropy", "Train/ApproxKL"):
-        mean, ema = last.get(f"stats/{name}/recent_mean"), last.get(f"stats/{name}/ema")
+        mean, ema = last.get(f"{name}_recent_mean"), last.get(f"{name}_ema")
         if mean is not None and ema is not None:
             print(f"  {name:<22} recent_mean {mean:>10.4g}   ema {ema:>10.4g}")
     for name in sorted(n for n in last if n.startswith("final/")):
@@ -138,7 +138,9 @@ def _tensorboard(settings: Settings, run_id: str, timeout: float = 30.0) -> None
     while not same() and time.monotonic() < deadline:  # the live sink flushes every 2 s
         time.sleep(0.5)
         live = scalars(live_root)
-    derived = sorted(t for t in live if t.startswith(("stats/", "Epoch/", "final/")))
+    derived = sorted(
+        t for t in live if t.startswith(("Epoch/", "final/")) or t.endswith(("_recent_mean", "_ema"))
+    )
     print(f"\ntensorboard (live sink): {live_root}   ->  tensorboard --logdir {live_root}")
     print(
         f"  {len(live)} tags, {len(derived)} of them derived by the stream worker "

@@ -10,6 +10,13 @@ finished episode's raw return and length from ``Monitor``'s infos (``rollout/epi
 ``rollout/episode_length``, and ``rollout/episode_success`` when ``is_success`` is there) as
 per-sample arrays at the step the episodes ended, so the stream derives episode statistics
 from every episode, not SB3's 100-episode mean. Config: the algorithm's hyperparameters.
+
+Epochs: for on-policy algorithms (PPO, A2C) each rollout is an epoch (rollout k holds timesteps
+((k-1)·N, k·N], N = n_steps × n_envs, so a second ``learn()`` keeps counting), and the stream's
+Epoch/* series and the default reward rules work on SB3 runs: the episode returns are the run's
+reward in the alias catalog, ``train/loss`` its loss. A dump's ``train/*`` keys are those of the
+update after the previous rollout, as in SB3's own outputs. Off-policy algorithms (SAC, DQN, ...)
+log no epoch.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import KVWriter
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 
 from ._run import Run
 
@@ -26,12 +34,14 @@ from ._run import Run
 class MetricbusOutputFormat(KVWriter):
     """An SB3 logger output: ``logger.output_formats.append(MetricbusOutputFormat(run))``."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, rollout_size: int | None = None) -> None:
         self.run = run
+        self.rollout_size = rollout_size  #: n_steps × n_envs of an on-policy model: epochs by rollout
 
     def write(self, key_values: dict[str, Any], key_excluded: dict[str, Any], step: int = 0) -> None:
         """Every numeric key SB3 records (not those it excludes for every format)."""
         data = {}
+        epoch = _rollout(step, self.rollout_size)
         for key, value in key_values.items():
             excluded = key_excluded.get(key) or ()
             if excluded and "metricbus" in excluded:
@@ -41,10 +51,17 @@ class MetricbusOutputFormat(KVWriter):
             if isinstance(value, numbers.Real) and not isinstance(value, bool):
                 data[key] = float(value)
         if data:
-            self.run.log(data, step=int(step))
+            self.run.log(data, step=int(step), epoch=epoch)
 
     def close(self) -> None:
         """The run is the callback's (or yours) to finish."""
+
+
+def _rollout(num_timesteps: int, rollout_size: int | None) -> int | None:
+    """The 1-based rollout that timestep ``num_timesteps`` belongs to (None without a size)."""
+    if not rollout_size:
+        return None
+    return max(1, -(-int(num_timesteps) // rollout_size))
 
 
 def _hyperparameters(model: Any) -> dict[str, Any]:
@@ -96,15 +113,18 @@ class MetricbusCallback(BaseCallback):
         self._options = init_options
         self.run: Run | None = run
         self._own_run = run is None
+        self._rollout_size: int | None = None
 
     def _on_training_start(self) -> None:
         if self.run is None:
             self.run = Run(
                 self._project, name=self._name, config=_hyperparameters(self.model), **self._options
             )
+        if isinstance(self.model, OnPolicyAlgorithm):
+            self._rollout_size = self.model.n_steps * self.model.n_envs
         formats = self.model.logger.output_formats
         if not any(isinstance(f, MetricbusOutputFormat) for f in formats):
-            formats.append(MetricbusOutputFormat(self.run))
+            formats.append(MetricbusOutputFormat(self.run, self._rollout_size))
 
     def _on_step(self) -> bool:
         returns, lengths, successes = [], [], []
@@ -119,7 +139,8 @@ class MetricbusCallback(BaseCallback):
             data: dict[str, Any] = {"rollout/episode_return": returns, "rollout/episode_length": lengths}
             if successes:
                 data["rollout/episode_success"] = successes
-            self.run.log(data, step=int(self.num_timesteps))
+            step = int(self.num_timesteps)
+            self.run.log(data, step=step, epoch=_rollout(step, self._rollout_size))
         return True
 
     def _on_training_end(self) -> None:

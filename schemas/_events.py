@@ -66,8 +66,10 @@ def encode_events(
     # The envelope with no events ends in the empty array's 0 and then sdk_version; a chunk
     # encoded with empty ids is header, two empty strings, one array block, 0, a null union.
     envelope = codec.encode("EventBatch", {**batch, "events": []})
-    tail = 1 + len(codec.encode("EventBatch", {**batch, "run_id": "", "producer_id": "", "events": []})) - (
-        HEADER_SIZE + 3
+    tail = (
+        1
+        + len(codec.encode("EventBatch", {**batch, "run_id": "", "producer_id": "", "events": []}))
+        - (HEADER_SIZE + 3)
     )
     blocks = [
         codec.encode("EventBatch", {"run_id": "", "producer_id": "", "sdk_version": None, "events": chunk})[

@@ -103,6 +103,16 @@ class AlertEngine:
                     out.append(alert)
         return out
 
+    def widen_scope(self, run_id: str, role: str, values: Sequence[float]) -> None:
+        """Widen the run's range of the series that plays ``role`` ("@reward", the alias catalog).
+
+        For the rules scoped ``only_if: {metric: "@reward", ...}``; call it before observing the
+        same values.
+        """
+        ranges = self._ranges.get(role)
+        if ranges is not None:
+            _widen(ranges, run_id, values)
+
     def state(self) -> dict[str, Any]:
         """Per (run, rule, series) state and liveness, for checkpoints (rules are not included)."""
         return {

@@ -28,7 +28,7 @@ from ._processor import StreamProcessor
 log = logging.getLogger("metricbus.stream")
 
 #: Bumped whenever the pickled classes change shape; older checkpoints are then ignored.
-FORMAT = 3  # 3: alert scopes' ranges, alert seqs; an older checkpoint is ignored: rebuilt from the topic
+FORMAT = 4  # 4: each run's role bindings (the alias catalog); an older checkpoint is ignored: rebuilt
 
 
 def checkpoint_path(settings: Settings, group_id: str) -> Path:

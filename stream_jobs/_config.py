@@ -11,6 +11,8 @@ import yaml
 
 from schemas import ConfigError
 
+from ._roles import LOSS_ALIASES, REWARD_ALIASES, THROUGHPUT_ALIASES
+
 #: Seed 004: the batch's per-sample rewards logged as samples under this name become
 #: Train/AvgReward, Train/RewardStd, Train/RewardMin, Train/RewardMax, Train/RewardVariance.
 SEED_004_REWARD_SAMPLES = {
@@ -46,7 +48,7 @@ class StreamConfig:
 
     #: Seed 002's ``_recent_mean``: the mean of the last N values.
     window: int = 10
-    #: TensorBoard's smoothing weight for ``stats/<metric>/ema``.
+    #: TensorBoard's smoothing weight for ``<metric>_ema``.
     ema_weight: float = 0.6
     #: Values in the window that trend slopes and convergence are computed over.
     trend_window: int = 20
@@ -60,6 +62,16 @@ class StreamConfig:
     reward_metric: str = "Train/AvgReward"
     #: The logged scalar behind Epoch/AvgLoss and Epoch/LossTrend.
     loss_metric: str = "Train/Loss"
+    #: The alias catalog (``stream_jobs/_roles.py``): other names that are a run's reward or loss
+    #: (SB3, Hugging Face, TRL, Lightning, CleanRL). A run binds each role to the first of
+    #: ``reward_metric`` + ``reward_aliases`` (``loss_metric`` + ``loss_aliases``) it logs, and its
+    #: Epoch/* series, trends and the rules scoped to ``@reward`` follow that series. Replace
+    #: or extend the lists in the config file; () leaves only ``reward_metric`` / ``loss_metric``.
+    reward_aliases: tuple[str, ...] = REWARD_ALIASES
+    loss_aliases: tuple[str, ...] = LOSS_ALIASES
+    #: Throughput series by exact name (SB3's ``time/fps``, CleanRL's ``charts/SPS``); each gets
+    #: ``<name>_avg`` and ``<name>_p99`` beside it.
+    throughput_aliases: tuple[str, ...] = THROUGHPUT_ALIASES
     #: A scalar the user logs with the number of samples a step processed; summed per epoch
     #: into Epoch/NumSamples. Without it, Epoch/NumSamples is the total size of the per-sample
     #: arrays logged in the step (the largest one per step), and without either it is not emitted.
@@ -91,7 +103,8 @@ class StreamConfig:
     #: (criterion, mean, std, min, max, samples).
     summary_prefix: str = "criteria/"
     summary_table: str = "rubric_criteria_summary"
-    #: What every logged scalar M gets as ``stats/M/<stat>``, once per input record: any of
+    #: What every logged scalar M gets as ``M_<stat>`` (beside M in TensorBoard's and W&B's
+    #: sections, seed 002's suffix pattern), once per input record: any of
     #: recent_mean, ema, std, min, max, median, p99 (over the last ``window`` values), count
     #: (finite values so far), nonfinite (NaN and inf values so far), slope and trend
     #: (+1 improving, 0 stable, -1 declining, with the metric's direction; over the last
@@ -112,8 +125,19 @@ class StreamConfig:
         if not 0 <= self.ema_weight < 1:
             raise ConfigError(f"ema_weight must be in [0, 1) (got {self.ema_weight})")
 
+    def reward_catalog(self) -> tuple[str, ...]:
+        """Names a run's reward may have, best first: reward_metric, samples aliased to it, the catalog."""
+        aliased = [s for s, a in self.sample_aliases.items() if a.get("mean") == self.reward_metric]
+        return tuple(dict.fromkeys([self.reward_metric, *aliased, *self.reward_aliases]))
+
+    def loss_catalog(self) -> tuple[str, ...]:
+        """Names a run's loss may have, best first."""
+        return tuple(dict.fromkeys([self.loss_metric, *self.loss_aliases]))
+
     def higher_is_better(self, name: str) -> bool:
         """Direction of a metric: loss falling is improving, reward rising is improving."""
+        if name in self.throughput_aliases or name.endswith(self.throughput_suffix):
+            return True  # SB3's time/fps: "time" in the name, but more is better
         lowered = name.lower()
         return not any(word in lowered for word in self.lower_is_better)
 

@@ -15,6 +15,7 @@ from schemas import HEARTBEAT, METRICS, RUN_FINISHED, RUN_STARTED, Event
 
 from ._config import StreamConfig
 from ._ranks import RankMerger
+from ._roles import RoleBinding
 from ._stats import EMA, Convergence, Welford, Window, trend_class
 
 
@@ -142,6 +143,13 @@ class RunDeriver:
         self._histograms: list[dict[str, Any]] = []
         self._tables: list[dict[str, Any]] = []
         self.finished = False
+        # the run's reward and loss series (the alias catalog), bound on first sight
+        self._reward = RoleBinding(self.cfg.reward_catalog())
+        self._reward_samples = RoleBinding(self.cfg.reward_catalog())
+        self._loss = RoleBinding(self.cfg.loss_catalog())
+        #: logged or derived series -> the role it plays in this run ("@reward", "@loss"), for
+        #: the rules scoped to a role
+        self.role_of: dict[str, str] = {}
 
     def feed(self, kind: str, body: dict[str, Any], ts_ms: int, producer: str = "") -> list[Point]:
         """Derived points caused by one event (``producer``: who sent it, for multi-rank runs)."""
@@ -305,6 +313,11 @@ class RunDeriver:
                     col[0].append(value)
                     col[1].append(i)  # type: ignore[union-attr]
 
+        if self._reward.name is None and (bound := self._reward.bind(gathered)):
+            self.role_of[bound] = "@reward"
+        if self._loss.name is None and (bound := self._loss.bind(gathered)):
+            self.role_of[bound] = "@loss"
+        throughput = cfg.throughput_aliases
         for name, (values, where) in gathered.items():
             series = self._series.get(name)
             if series is None:
@@ -323,13 +336,13 @@ class RunDeriver:
             else:
                 col_steps, col_stamps = [steps[i] for i in where], [stamps[i] for i in where]
             self._touched[name] = (col_steps[-1], epoch, col_stamps[-1])
-            if name.endswith(cfg.throughput_suffix):
+            if name.endswith(cfg.throughput_suffix) or name in throughput:
                 for value, step, ts in zip(values, col_steps, col_stamps, strict=True):
                     self._throughput_points(name, value, step, epoch, ts, out)
             if ep is not None:
-                if name == cfg.reward_metric:
+                if name == self._reward.name:
                     ep.reward.extend(values)
-                elif name == cfg.loss_metric:
+                elif name == self._loss.name:
                     ep.loss.extend(values)
                 elif name == cfg.sample_count_metric:
                     ep.counted = (ep.counted or 0.0) + math.fsum(v for v in values if math.isfinite(v))
@@ -350,6 +363,8 @@ class RunDeriver:
         def point(name: str, source: str, kind: str, value: float) -> None:
             out.append(Point(name, source, kind, step, epoch, value, ts))
 
+        if self._reward_samples.name is None and (bound := self._reward_samples.bind(body["samples"])):
+            self.role_of[cfg.sample_aliases.get(bound, {}).get("mean", f"{bound}_mean")] = "@reward"
         total_means: list[float] = []
         batch_size = 0  # one batch logs several sample series of the same samples: count it once
         for name, values in body["samples"].items():
@@ -378,7 +393,7 @@ class RunDeriver:
             if name.startswith("rewards/") and batch.count:
                 total_means.append(batch.mean)
             batch_size = max(batch_size, batch.count + batch.nonfinite)
-            if ep is not None and batch.count and aliases.get("mean") == cfg.reward_metric:
+            if ep is not None and batch.count and name == self._reward_samples.name:
                 ep.reward_samples.add(batch.mean)
         if total_means:
             point("rewards/total_mean", "rewards/*", "sum_of_means", math.fsum(total_means))
@@ -429,9 +444,7 @@ class RunDeriver:
                 up = self.cfg.higher_is_better(name)
                 for stat in stats:
                     value = _metric_stat(series, stat, up)
-                    out.append(
-                        Point(f"stats/{name}/{stat}", name, _KINDS.get(stat, stat), step, epoch, value, ts)
-                    )
+                    out.append(Point(f"{name}_{stat}", name, _KINDS.get(stat, stat), step, epoch, value, ts))
         self._touched.clear()
         return out
 
@@ -442,9 +455,13 @@ class RunDeriver:
         avg, recent = self._throughput.setdefault(name, (Welford(), Window(self.cfg.p99_window)))
         avg.add(value)
         recent.add(value)
-        stem = name[: -len(suffix)]
-        out.append(Point(f"{stem}Avg{suffix}", name, "mean", step, epoch, avg.mean, ts))
-        out.append(Point(f"{stem}P99{suffix}", name, "p99", step, epoch, recent.quantile(0.99), ts))
+        if name.endswith(suffix):  # seed 004: Generation_TokensPerSec -> Generation_AvgTokensPerSec
+            stem = name[: -len(suffix)]
+            mean_name, p99_name = f"{stem}Avg{suffix}", f"{stem}P99{suffix}"
+        else:  # a catalog name: seed 002's suffix pattern
+            mean_name, p99_name = f"{name}_avg", f"{name}_p99"
+        out.append(Point(mean_name, name, "mean", step, epoch, avg.mean, ts))
+        out.append(Point(p99_name, name, "p99", step, epoch, recent.quantile(0.99), ts))
 
     # -- epochs and the end ---------------------------------------------------------------
 
@@ -459,22 +476,25 @@ class RunDeriver:
             out.append(Point(name, source, kind, ep.last_step, number, value, ts))
 
         cfg = self.cfg
-        reward = ep.reward_samples if ep.reward_samples.count else ep.reward
+        samples = ep.reward_samples.count > 0
+        reward = ep.reward_samples if samples else ep.reward
         if reward.count:
             avg = reward.mean
-            point("Epoch/AvgReward", cfg.reward_metric, "epoch_mean", avg)
-            point("Epoch/RewardVariance", cfg.reward_metric, "epoch_variance", reward.variance)
+            source = (self._reward_samples.name if samples else self._reward.name) or "?"
+            point("Epoch/AvgReward", source, "epoch_mean", avg)
+            point("Epoch/RewardVariance", source, "epoch_variance", reward.variance)
             if avg != 0:  # scale-free spread, for alert rules that must fit any reward scale
-                point("Epoch/RewardCV", cfg.reward_metric, "epoch_cv", reward.std / abs(avg))
+                point("Epoch/RewardCV", source, "epoch_cv", reward.std / abs(avg))
             if "reward" in self._previous:
-                point("Epoch/RewardTrend", cfg.reward_metric, "epoch_trend", avg - self._previous["reward"])
+                point("Epoch/RewardTrend", source, "epoch_trend", avg - self._previous["reward"])
             self._previous["reward"] = avg
         if ep.loss.count:
             loss = ep.loss.mean
-            point("Epoch/AvgLoss", cfg.loss_metric, "epoch_mean", loss)
+            source = self._loss.name or "?"
+            point("Epoch/AvgLoss", source, "epoch_mean", loss)
             if "loss" in self._previous:
                 # positive = improving, as loss should decrease (seed 004)
-                point("Epoch/LossTrend", cfg.loss_metric, "epoch_trend", self._previous["loss"] - loss)
+                point("Epoch/LossTrend", source, "epoch_trend", self._previous["loss"] - loss)
             self._previous["loss"] = loss
         if ep.counted is not None:  # what the user counted wins over the arrays it logged
             point("Epoch/NumSamples", cfg.sample_count_metric, "count", ep.counted)
@@ -482,18 +502,18 @@ class RunDeriver:
             point("Epoch/NumSamples", "*", "count", float(ep.samples))
         for suffix, total in sorted(ep.sums.items()):
             point(f"Epoch/{suffix}", f"*{suffix}", "epoch_sum", total)
-        for name in (cfg.reward_metric, cfg.loss_metric):
+        for name in filter(None, (self._reward.name, self._loss.name)):
             series = self._series.get(name)
             if series is not None and len(series.trend) >= 2:
                 scale = series.trend.std() or abs(series.trend.mean())
                 point(
-                    f"stats/{name}/trend",
+                    f"{name}_trend",
                     name,
                     "trend",
                     float(trend_class(series.trend.slope(), scale, cfg.higher_is_better(name))),
                 )
                 point(
-                    f"stats/{name}/converged",
+                    f"{name}_converged",
                     name,
                     "converged",
                     float(series.convergence.update(series.trend)),

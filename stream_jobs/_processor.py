@@ -80,12 +80,15 @@ class StreamProcessor:
             if deriver is None:
                 deriver = self._runs[run] = RunDeriver(run, self.cfg)
             points, columns = deriver.feed_many(stretch)
+            roles = deriver.role_of
             for c in columns:
+                if c.name in roles:
+                    self.alerts.widen_scope(run, roles[c.name], c.values)
                 fired = self.alerts.observe_many(run, c.name, c.values, c.steps, c.ts_ms)
                 if fired:
                     out.alerts.extend(fired)
-            self._emit(out, run, points)
-            self._emit(out, run, deriver.rolling_points())
+            self._emit(out, run, points, roles)
+            self._emit(out, run, deriver.rolling_points(), roles)
             histograms, tables = deriver.take_objects()
             if histograms:
                 out.histograms.setdefault(run, []).extend(histograms)
@@ -150,11 +153,13 @@ class StreamProcessor:
                 by_run.setdefault(e.run_id, []).append(e)
         return by_run
 
-    def _emit(self, out: Output, run: str, points: list[Point]) -> None:
+    def _emit(self, out: Output, run: str, points: list[Point], roles: dict[str, str]) -> None:
         """Add derived points to the output; rules watch derived series like logged ones."""
         if not points:
             return
         for p in points:
+            if p.name in roles:  # e.g. the mean of per-sample rewards: the run's reward
+                self.alerts.widen_scope(run, roles[p.name], (p.value,))
             fired = self.alerts.observe(run, p.name, p.value, p.step, p.ts_ms)
             if fired:
                 out.alerts.extend(fired)
@@ -195,7 +200,7 @@ class StreamProcessor:
                 continue
             points = deriver.expire(now_ms)
             if deriver.finished:
-                self._emit(out, run, points)
+                self._emit(out, run, points, deriver.role_of)
                 histograms, tables = deriver.take_objects()
                 if histograms:
                     out.histograms[run] = histograms

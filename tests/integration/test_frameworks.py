@@ -11,6 +11,8 @@ import pytest
 
 from sinks import read_table
 
+from .conftest import aggregates
+
 pytestmark = pytest.mark.integration
 
 
@@ -109,7 +111,7 @@ def test_lightning_logger_gets_every_metric_the_csv_logger_gets(settings, sink, 
     ) == [0, 1, 2]
 
 
-def test_sb3_callback_gets_every_key_sb3_writes_and_every_episode(settings, sink, tmp_path):
+def test_sb3_callback_gets_every_key_sb3_writes_and_every_episode(settings, sink, worker, tmp_path):
     pytest.importorskip("stable_baselines3", reason="SB3 is an optional extra; `make test` installs it")
     from stable_baselines3 import PPO
     from stable_baselines3.common.logger import configure
@@ -150,8 +152,28 @@ def test_sb3_callback_gets_every_key_sb3_writes_and_every_episode(settings, sink
     assert sum(lengths) <= 2048 and len(returns) == len(lengths) >= len(episodes) > 0
     assert [e["r"] for e in episodes] == pytest.approx(returns[-len(episodes) :])
 
+    # each rollout (256 timesteps) is an epoch; the worker derives Epoch/* from SB3's names through
+    # the alias catalog: the episode returns are the reward, train/loss the loss
+    per_step = {s: sum(rs) / len(rs) for s, rs in got["rollout/episode_return"].items()}
+    want_reward, want_loss = {}, {}
+    for s, mean in per_step.items():
+        want_reward.setdefault(-(-s // 256), []).append(mean)
+    for s, loss in got["train/loss"].items():
+        want_loss[-(-s // 256)] = loss
+    derived: dict = {}
+    deadline = time.monotonic() + 60
+    while len(derived.get("Epoch/AvgReward", [])) < len(want_reward) and time.monotonic() < deadline:
+        derived = aggregates(settings, 1, timeout=5)
+    reward = {p["epoch"]: (p["value"], p["source"]) for p in derived["Epoch/AvgReward"]}
+    assert reward == {
+        e: (pytest.approx(sum(v) / len(v)), "rollout/episode_return") for e, v in want_reward.items()
+    }
+    assert len(reward) == 2048 // 256
+    loss = {p["epoch"]: p["value"] for p in derived["Epoch/AvgLoss"]}
+    assert loss == pytest.approx(want_loss) and set(loss) == set(range(2, 9))
 
-def test_hf_trainer_callback_gets_every_log_hf_records(settings, sink, tmp_path):
+
+def test_hf_trainer_callback_gets_every_log_hf_records(settings, sink, worker, tmp_path):
     pytest.importorskip("transformers", reason="transformers is an optional extra; `make test` installs it")
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -192,6 +214,18 @@ def test_hf_trainer_callback_gets_every_log_hf_records(settings, sink, tmp_path)
         settings, run.run_id, lambda out: all(len(out.get(k, {})) >= len(v) for k, v in expected.items())
     )
     assert {k: got[k] for k in expected} == expected
+
+    # HF's "loss" is the run's loss (the alias catalog): Epoch/AvgLoss per whole epoch
+    want: dict = {}
+    for entry in trainer.state.log_history:
+        if "loss" in entry:
+            want.setdefault(int(entry["epoch"]), []).append(entry["loss"])
+    derived: dict = {}
+    deadline = time.monotonic() + 60
+    while len(derived.get("Epoch/AvgLoss", [])) < len(want) and time.monotonic() < deadline:
+        derived = aggregates(settings, 1, timeout=5)
+    loss = {p["epoch"]: (p["value"], p["source"]) for p in derived["Epoch/AvgLoss"]}
+    assert loss == {e: (pytest.approx(sum(v) / len(v)), "loss") for e, v in want.items()}
 
 
 def test_hf_report_to_metricbus_is_registered(settings, sink, tmp_path, monkeypatch):

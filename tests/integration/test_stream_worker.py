@@ -117,7 +117,7 @@ def test_worker_state_survives_kill_9_twice_aggregates_equal_an_uninterrupted_ru
     for name in ("Epoch/AvgLoss", "Epoch/AvgReward", "Epoch/LossTrend", "Epoch/RewardTrend"):
         assert got[name] == pytest.approx(expected[name]), name
     # rolling statistics are emitted once per input record, at its last step: same values there
-    for name in ("stats/Train/Loss/recent_mean", "stats/Train/AvgReward/ema"):
+    for name in ("Train/Loss_recent_mean", "Train/AvgReward_ema"):
         assert got[name] and max(got[name]) == 199
         assert got[name] == pytest.approx({step: expected[name][step] for step in got[name]}), name
     # each restarted worker resumed from w1's checkpoint, not from the topic's start; the third
@@ -170,7 +170,7 @@ def test_derived_series_reach_tensorboard_as_their_own_tags(settings, worker, tm
         out.close()
     expected = [(9 + 10 * e, sum(1 / (s + 1) for s in range(10 * e, 10 * e + 10)) / 10) for e in range(3)]
     assert tags["Epoch/AvgLoss"] == [(s, pytest.approx(v, rel=1e-6)) for s, v in expected]
-    assert "stats/Train/Loss/recent_mean" in tags and len(tags["Train/Loss"]) == 30
+    assert "Train/Loss_recent_mean" in tags and len(tags["Train/Loss"]) == 30
     # seed 002's histogram every 10 steps once 10 scores are held, and the rubric table at the end
     assert [h.step for h in histograms] == [2, 12, 22]
     assert histograms[-1].histogram_value.num == 23 * 4  # every score up to step 22

@@ -92,7 +92,7 @@ def test_seed_004_batch_reward_statistics_and_epochs():
     assert [p.value for p in pts["Epoch/NumSamples"]] == [160.0] * 3  # 10 steps x 16 samples, counted once
     assert [p.value for p in pts["Epoch/APITokens"]] == [1000.0] * 3
     assert [(p.epoch, p.step) for p in pts["Epoch/AvgReward"]] == [(0, 9), (1, 19), (2, 29)]
-    assert pts["stats/Train/Loss/trend"][-1].value == 1.0  # loss falling: improving
+    assert pts["Train/Loss_trend"][-1].value == 1.0  # loss falling: improving
 
 
 def test_epoch_reward_is_the_same_logged_as_samples_or_as_step_averages():
@@ -153,8 +153,8 @@ def test_stats_count_is_finite_values_and_nonfinite_is_separate():
     for i, v in enumerate(values):
         deriver.feed(METRICS, metrics(i, {"m": v})[1], i)
     pts = by_name(deriver.rolling_points())
-    assert pts["stats/m/count"][-1].value == 3.0
-    assert pts["stats/m/nonfinite"][-1].value == 2.0
+    assert pts["m_count"][-1].value == 3.0
+    assert pts["m_nonfinite"][-1].value == 2.0
 
 
 def test_stats_std_is_exact_on_a_large_offset():
@@ -173,9 +173,7 @@ def test_epoch_reward_from_a_logged_scalar_and_rolling_stats():
     events.append((RUN_FINISHED, {"status": "finished", "summary": {}}, 99))
     pts = by_name(derive_all(events))
     assert [p.value for p in pts["Epoch/AvgReward"]] == pytest.approx([0.3, np.mean([0.7, 0.9, 1.1])])
-    assert pts["stats/Train/AvgReward/recent_mean"][-1].value == pytest.approx(
-        np.mean([0.1, 0.5, 0.7, 0.9, 1.1])
-    )
+    assert pts["Train/AvgReward_recent_mean"][-1].value == pytest.approx(np.mean([0.1, 0.5, 0.7, 0.9, 1.1]))
 
 
 def test_throughput_average_and_p99():

@@ -61,12 +61,12 @@ def test_slope_and_trend_of_every_metric_with_its_direction():
     for step in range(30):
         deriver.feed(*metrics(step, scalars={"Train/Loss": 10.0 - 0.5 * step, "Accuracy": 0.5 + 0.01 * step}))
     points = {p.name: p.value for p in deriver.rolling_points()}
-    assert points["stats/Train/Loss/slope"] == pytest.approx(-0.5)
-    assert points["stats/Accuracy/slope"] == pytest.approx(0.01)
-    assert points["stats/Train/Loss/trend"] == 1.0  # loss falling: improving
-    assert points["stats/Accuracy/trend"] == 1.0
+    assert points["Train/Loss_slope"] == pytest.approx(-0.5)
+    assert points["Accuracy_slope"] == pytest.approx(0.01)
+    assert points["Train/Loss_trend"] == 1.0  # loss falling: improving
+    assert points["Accuracy_trend"] == 1.0
     deriver.feed(*metrics(30, scalars={"Train/Loss": 50.0}))
-    assert {p.name: p.value for p in deriver.rolling_points()}["stats/Train/Loss/trend"] == -1.0
+    assert {p.name: p.value for p in deriver.rolling_points()}["Train/Loss_trend"] == -1.0
 
 
 def test_metric_stats_over_the_recent_window_once_per_record():
@@ -77,13 +77,13 @@ def test_metric_stats_over_the_recent_window_once_per_record():
     for step, v in enumerate(values):
         deriver.feed(*metrics(step, scalars={"Train/Loss": v}))
     points = {p.name: p for p in deriver.rolling_points()}
-    assert set(points) == {f"stats/Train/Loss/{s}" for s in cfg.metric_stats}
+    assert set(points) == {f"Train/Loss_{s}" for s in cfg.metric_stats}
     recent = np.array([v for v in values if v == v][-10:])
-    assert points["stats/Train/Loss/std"].value == pytest.approx(recent.std())
-    assert points["stats/Train/Loss/min"].value == recent.min()
-    assert points["stats/Train/Loss/max"].value == recent.max()
-    assert points["stats/Train/Loss/median"].value == pytest.approx(np.median(recent))
-    assert points["stats/Train/Loss/p99"].value == pytest.approx(np.quantile(recent, 0.99))
-    assert points["stats/Train/Loss/count"].value == 36 and points["stats/Train/Loss/count"].step == 36
-    assert points["stats/Train/Loss/nonfinite"].value == 1  # the NaN: counted apart, like everywhere
+    assert points["Train/Loss_std"].value == pytest.approx(recent.std())
+    assert points["Train/Loss_min"].value == recent.min()
+    assert points["Train/Loss_max"].value == recent.max()
+    assert points["Train/Loss_median"].value == pytest.approx(np.median(recent))
+    assert points["Train/Loss_p99"].value == pytest.approx(np.quantile(recent, 0.99))
+    assert points["Train/Loss_count"].value == 36 and points["Train/Loss_count"].step == 36
+    assert points["Train/Loss_nonfinite"].value == 1  # the NaN: counted apart, like everywhere
     assert deriver.rolling_points() == []  # nothing new since
