@@ -1,0 +1,67 @@
+"""The package as a user installs it: a wheel built from this tree, in a fresh venv, outside the repo."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_wheel_installs_in_a_fresh_venv_and_every_integration_imports(tmp_path):
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist, ROOT],
+        check=True,
+        cwd=tmp_path,
+    )
+    (wheel,) = dist.glob("metricbus-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        metadata = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    for data in (
+        "schemas/avro/EventBatch.v2.avsc",
+        "stream_jobs/rules/default.yaml",
+        "metricbus/web/static/vendor/uplot/uPlot.iife.min.js",
+        "metricbus/py.typed",
+    ):
+        assert any(n.endswith(data) for n in names), data
+    assert not any(n.startswith(("tests/", "bench/")) for n in names)
+    extras = {line.split(": ", 1)[1] for line in metadata.splitlines() if line.startswith("Provides-Extra")}
+    assert {"torch", "tensorboard", "wandb", "web", "lightning", "sb3", "hf"} <= extras
+
+    # A fresh venv whose third-party packages come from this venv's site-packages (no network
+    # here), metricbus only from the wheel: the repo is not on its path.
+    env_dir = tmp_path / "fresh"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (Path(purelib) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel], check=True)
+
+    probe = (
+        "import importlib.resources as r, metricbus, metricbus.sb3, metricbus.hf, metricbus.lightning,"
+        " metricbus.tensorboard, metricbus.wandb, stream_jobs, sinks;"
+        "print(metricbus.__file__);"
+        "print(r.files('stream_jobs').joinpath('rules/default.yaml').read_text()[:1])"
+    )
+    out = subprocess.run([python, "-c", probe], check=True, capture_output=True, text=True, cwd=tmp_path)
+    where, first = out.stdout.split()
+    assert Path(where).is_relative_to(env_dir) and first == "#", out.stdout
+    help_text = subprocess.run(
+        [env_dir / "bin" / "metricbus", "--help"], check=True, capture_output=True, text=True, cwd=tmp_path
+    ).stdout
+    assert "status" in help_text and "sink" in help_text
