@@ -97,6 +97,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
         Path(args.logdir) if args.logdir else default,
         include=tuple(args.include or ()),
         exclude=tuple(args.exclude or ()),
+        layout=Path(args.layout) if args.layout else None,
     )
     topics = [settings.topics.events, settings.topics.aggregates]  # derived series reach every sink
     runner = SinkRunner(sink, settings, topics=topics, flush_interval_s=args.flush_interval)
@@ -351,6 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--exclude", action="append", metavar="GLOB", help="wandb: never metrics matching (repeatable)"
+    )
+    s.add_argument(
+        "--layout",
+        metavar="FILE",
+        help="tensorboard: YAML of your own custom-scalars charts (category -> chart -> tag regexes)",
     )
     s.add_argument("--flush-interval", type=float, default=2.0, help="seconds between durable flushes")
     s.set_defaults(func=cmd_sink)

@@ -13,8 +13,17 @@ EXTRAS = {"tensorboard": "tensorboard", "wandb": "wandb"}
 KINDS = ("parquet", "tensorboard", "wandb")
 
 
-def make_sink(kind: str, out: Path, include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Any:
-    """A sink writing under ``out``; a missing extra fails with its pip line."""
+def make_sink(
+    kind: str,
+    out: Path,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    layout: Path | None = None,
+) -> Any:
+    """A sink writing under ``out``; a missing extra fails with its pip line.
+
+    ``layout``: tensorboard only, a YAML file of the user's custom-scalars charts.
+    """
     module = EXTRAS.get(kind)
     if module is not None:
         try:
@@ -28,9 +37,10 @@ def make_sink(kind: str, out: Path, include: Sequence[str] = (), exclude: Sequen
 
         return ParquetArchive(out)
     if kind == "tensorboard":
+        from ._tb_layout import load_layout
         from .tensorboard import TensorBoardSink
 
-        return TensorBoardSink(out)
+        return TensorBoardSink(out, layout=load_layout(layout) if layout is not None else None)
     if kind == "wandb":
         from .wandb import WandbSink
 

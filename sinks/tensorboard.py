@@ -3,8 +3,9 @@
 Per run, ``<root>/<project>/<run name>-<run id>/``: scalars at the event's own step and wall
 time (all scalars of one event in one TensorBoard Event), per-sample arrays and Histogram
 events as histograms, tables and the config as text, the config as HParams, and a custom
-scalars layout grouping seed 004's metric groups. Values are float32 (``simple_value``),
-as TensorBoard itself stores them.
+scalars layout built from the series the run logs (``_tb_layout``: seed 004's groups and every
+framework's names; rewritten when a chart gains a series, and kept across restarts). Values
+are float32 (``simple_value``), as TensorBoard itself stores them.
 
 Durability: records are appended to an event file of our own (TensorBoard's record format)
 and fsynced at ``flush``; the identities written (logged and derived) are then saved beside
@@ -41,32 +42,18 @@ from schemas import (
     Event,
     Interval,
     Ledger,
+    atomic_write,
     check_run_id,
     path_segment,
 )
 
+from ._tb_layout import RunLayout, merged
+
 log = logging.getLogger("metricbus.sink.tensorboard")
 _SAFE = re.compile(r"[^-/\w.]")
 SEQS_FILE = ".metricbus-seqs.json"
+LAYOUT_FILE = ".metricbus-layout.json"  # the names placed in the custom-scalars layout
 UNKNOWN_PROJECT = "_unknown"
-
-#: Seed 004's metric groups, as a custom-scalars layout (category -> chart -> tag regexes).
-LAYOUT = {
-    "Reward": {
-        "Epoch reward": [r"Epoch/AvgReward", r"Epoch/RewardTrend"],
-        "Reward consistency": [r"Epoch/RewardVariance", r"Train/RewardStd", r"Train/RewardVariance"],
-        "Rewards": [r"rewards/.*_mean"],
-    },
-    "Loss": {
-        "Epoch loss": [r"Epoch/AvgLoss", r"Epoch/LossTrend"],
-        "Training loss": [r"Train/Loss", r"Train/PolicyLoss", r"Train/KLPenalty"],
-    },
-    "Performance": {"Generation": [r"Performance/Generation_.*"], "Backprop": [r"Performance/Backprop_.*"]},
-    "System": {
-        "CPU and memory": [r"System/CPU_Percent", r"System/Memory_Percent"],
-        "GPU": [r"System/GPU_Utilization", r"System/GPU_Memory_Percent"],
-    },
-}
 
 
 def tag(name: str) -> str:
@@ -80,13 +67,15 @@ def tag(name: str) -> str:
 class _RunWriter:
     """One run's event file, written synchronously with TensorBoard's record framing."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, charts: Mapping[str, Mapping[str, list[str]]]) -> None:
         from tensorboard.compat.proto import event_pb2
         from tensorboard.summary.writer.record_writer import RecordWriter
 
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(directory / SEQS_FILE).load()
+        self.layout = RunLayout(charts, held=_placed(directory))
+        self.layout_dirty = False
         self._cut_unrecorded()
         name = f"events.out.tfevents.{time.time():010.0f}.{socket.gethostname()}.{os.getpid()}.metricbus"
         self.name = name
@@ -118,6 +107,9 @@ class _RunWriter:
             self.ledger.dirty = True
             self.dirty = False
         self.ledger.save()
+        if self.layout_dirty:  # after the ledger: a name is kept once the layout event is kept
+            atomic_write(self.directory / LAYOUT_FILE, json.dumps(self.layout.held()).encode())
+            self.layout_dirty = False
 
     def close(self) -> None:
         self.flush()
@@ -129,8 +121,10 @@ class TensorBoardSink:
 
     name = "tensorboard"
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, layout: Mapping[str, Mapping[str, list[str]]] | None = None) -> None:
+        """``layout``: the user's own charts (category -> chart -> regexes), beside the template's."""
         self.root = Path(root)
+        self._charts = merged(layout)
         self._writers: dict[str, _RunWriter] = {}
         self._pending = 0
 
@@ -180,10 +174,18 @@ class TensorBoardSink:
         wall = e.ts_ms / 1000
         body = e.body
         if e.kind == METRICS:
+            tags = [tag(k) for k in body["scalars"]]
             values = [
-                summary_pb2.Summary.Value(tag=tag(k), simple_value=v) for k, v in body["scalars"].items()
+                summary_pb2.Summary.Value(tag=t, simple_value=v)
+                for t, v in zip(tags, body["scalars"].values(), strict=True)
             ]
             values += [_histogram_value(k, v) for k, v in body["samples"].items() if v]
+            layout = writer.layout
+            if not layout.seen.issuperset(tags) and any(
+                [layout.add(t) for t in tags if t not in layout.seen]
+            ):
+                values.append(writer.layout.summary_value())  # a chart gained a series
+                writer.layout_dirty = True
             if values:
                 writer.write(
                     event_pb2.Event(
@@ -238,7 +240,7 @@ class TensorBoardSink:
             else:
                 existing = sorted(self.root.glob(f"*/*{e.run_id}"))
                 directory = existing[0] if existing else self.run_dir(UNKNOWN_PROJECT, e.run_id, e.run_id)
-            writer = self._writers[e.run_id] = _RunWriter(directory)
+            writer = self._writers[e.run_id] = _RunWriter(directory, self._charts)
         return writer
 
     def _move(self, writer: _RunWriter, directory: Path) -> _RunWriter:
@@ -246,6 +248,9 @@ class TensorBoardSink:
         writer.close()
         run_id = next(r for r, w in self._writers.items() if w is writer)
         if directory.exists():  # already there from an earlier process: keep both files there
+            placed = sorted({*_placed(directory), *_placed(writer.directory)})
+            atomic_write(directory / LAYOUT_FILE, json.dumps(placed).encode())
+            (writer.directory / LAYOUT_FILE).unlink(missing_ok=True)
             for path in writer.directory.iterdir():
                 if path.name != SEQS_FILE:
                     os.replace(path, directory / path.name)
@@ -259,12 +264,11 @@ class TensorBoardSink:
         else:
             directory.parent.mkdir(parents=True, exist_ok=True)
             os.replace(writer.directory, directory)
-        moved = self._writers[run_id] = _RunWriter(directory)
+        moved = self._writers[run_id] = _RunWriter(directory, self._charts)
         return moved
 
     def _run_started(self, writer: _RunWriter, wall: float, body: dict[str, Any]) -> None:
-        from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
-        from tensorboard.plugins.custom_scalar import layout_pb2
+        from tensorboard.compat.proto import event_pb2
         from tensorboard.plugins.hparams import summary_v2 as hparams
 
         config = json.loads(body["config_json"] or "{}")
@@ -280,33 +284,15 @@ class TensorBoardSink:
             text += f", git {body['git']}"
         text += "\n\n```json\n" + json.dumps(config, indent=2, sort_keys=True) + "\n```"
         writer.write(_text_event(wall, 0, "run/config", text))
-        layout = layout_pb2.Layout(
-            category=[
-                layout_pb2.Category(
-                    title=title,
-                    chart=[
-                        layout_pb2.Chart(title=chart, multiline=layout_pb2.MultilineChartContent(tag=tags))
-                        for chart, tags in charts.items()
-                    ],
-                )
-                for title, charts in LAYOUT.items()
-            ]
-        )
-        # What custom_scalar.summary.pb writes, without the TensorFlow import it needs.
-        layout_value = summary_pb2.Summary.Value(
-            tag="custom_scalars__config__",
-            metadata=summary_pb2.SummaryMetadata(
-                plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="custom_scalars")
-            ),
-            tensor=tensor_pb2.TensorProto(
-                dtype="DT_STRING",
-                string_val=[layout.SerializeToString()],
-                tensor_shape=tensor_shape_pb2.TensorShapeProto(),
-            ),
-        )
-        writer.write(
-            event_pb2.Event(wall_time=wall, step=0, summary=summary_pb2.Summary(value=[layout_value]))
-        )
+
+
+def _placed(directory: Path) -> list[str]:
+    """The names an earlier process placed in this run's layout (none when unreadable)."""
+    try:
+        names = json.loads((directory / LAYOUT_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 
 
 def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
