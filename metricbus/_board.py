@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from schemas import (
+    CONFIG_UPDATE,
     HEARTBEAT,
     METRICS,
     RUN_FINISHED,
@@ -28,9 +29,11 @@ from schemas import (
     MetricbusError,
     SchemaError,
     Settings,
+    config_object,
     decode_aggregates,
     decode_events,
     default_codec,
+    merge_config,
 )
 from schemas import MAX_RECORD_BYTES as _MAX_RECORD
 
@@ -222,13 +225,9 @@ class RunBoard:
             view.world_size = int(body.get("world_size") or 1)
             view.started_ms = ts_ms if view.started_ms is None else min(view.started_ms, ts_ms)
             view.ranks.add(int(body.get("rank") or 0))
-            raw = body.get("config_json") or "{}"
-            if len(raw) <= MAX_CONFIG_BYTES:
-                try:
-                    config = json.loads(raw)
-                    view.config = config if isinstance(config, dict) else {}
-                except ValueError:
-                    view.config = {}
+            self._config(view, body, started=True)
+        elif kind == CONFIG_UPDATE:
+            self._config(view, body, started=False)
         elif kind == RUN_FINISHED and not derived:
             view.finished_by.add(producer_id)  # one producer per rank: finished when all ranks are
             if len(view.finished_by) >= max(1, view.world_size):
@@ -236,6 +235,20 @@ class RunBoard:
                 view.finished_ms = ts_ms
         elif kind == HEARTBEAT:
             pass  # counted above: a heartbeat says the run is alive
+
+    @staticmethod
+    def _config(view: RunView, body: dict[str, Any], started: bool) -> None:
+        """Fold a RunStarted's config (under what is known) or a ConfigUpdate (over it), bounded."""
+        raw = body.get("config_json") or "{}"
+        if len(raw) > MAX_CONFIG_BYTES:
+            return
+        try:
+            config = config_object(raw)
+        except ValueError:
+            return
+        merged = merge_config(config, view.config) if started else merge_config(view.config, config)
+        if len(json.dumps(merged, default=str)) <= MAX_CONFIG_BYTES:
+            view.config = merged
 
     def _point(self, view: RunView, name: str, step: int, value: float) -> None:
         points = view.series.get(name)

@@ -17,11 +17,12 @@ import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from schemas import (
+    CONFIG_UPDATE,
     HEARTBEAT,
     HISTOGRAM,
     METRICS,
@@ -33,7 +34,9 @@ from schemas import (
     MetricValueError,
     Settings,
     check_run_id,
+    config_update,
     default_codec,
+    merge_config,
     run_started,
 )
 
@@ -143,9 +146,10 @@ class Run:
                 self.run_id,
                 self.spool_path.parent,
             )
-        #: the config the run started with (RunStarted's), as a dict
-        self.config: dict[str, Any] = _config_dict(config)
-        self._emit(RUN_STARTED, self._started_body(self.config, tags))
+        #: the run's config: what it started with (RunStarted's), and keys set since with
+        #: ``run.config.update(...)`` / ``run.config[key] = ...`` (each a ConfigUpdate event)
+        self.config = RunConfig(_config_dict(config), self.update_config)
+        self._emit(RUN_STARTED, self._started_body(dict(self.config), tags))
         self._sampler: SystemSampler | None = None
         if system_metrics:
             self._sampler = SystemSampler(system_interval_s, self._log_system, self._heartbeat)
@@ -360,6 +364,24 @@ class Run:
 
     # -- internals ----------------------------------------------------------------------
 
+    def update_config(self, changes: Mapping[str, Any]) -> None:
+        """Set config keys after the start: merged into ``run.config`` and sent as a ConfigUpdate.
+
+        Every sink applies it to the run's config (nested mappings merge key by key); values
+        that are not JSON are sent as their ``str``. Never raises into the loop.
+        """
+        try:
+            if self._closed("config.update"):
+                return
+            changes = {str(k): v for k, v in dict(changes).items()}
+            if not changes:
+                return
+            body = config_update(changes, self._step - 1 if self._step else None)
+            dict.update(self.config, merge_config(dict(self.config), changes))
+            self._emit(CONFIG_UPDATE, body)
+        except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
+            self._internal_error("config.update", exc)
+
     def _emit(self, kind: str, body: dict[str, Any]) -> None:
         self._publisher.submit((next(self._seq), time.time_ns() // 1_000_000, kind, body))
 
@@ -422,6 +444,34 @@ class Run:
             rank=self.rank,
             world_size=self.world_size,
         )
+
+
+class RunConfig(dict):  # type: ignore[type-arg]
+    """``run.config``: a dict whose ``update``, item assignment and ``setdefault`` publish the change.
+
+    Copies (``copy``, ``deepcopy``, pickle) are plain dicts. Removing a key is local only: a
+    config change is a set of keys, as in W&B.
+    """
+
+    def __init__(self, initial: Mapping[str, Any], publish: Callable[[Mapping[str, Any]], None]) -> None:
+        super().__init__(initial)
+        self._publish = publish
+
+    def update(self, other: Any = (), /, **kwargs: Any) -> None:  # type: ignore[override]
+        """Set keys and publish them."""
+        self._publish({**dict(other), **kwargs})
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._publish({key: value})
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        """Set ``key`` (and publish it) only when it is missing."""
+        if key not in self:
+            self._publish({key: default})
+        return self.get(key, default)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (dict(self),))
 
 
 def _new_run_id() -> str:

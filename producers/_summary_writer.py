@@ -149,13 +149,11 @@ class SummaryWriter:
         run_name: str | None = None,
         global_step: int | None = None,
     ) -> None:
-        """Hyperparameters become the run's config when given before anything else; else a table."""
+        """Hyperparameters become the run's config (at its start, or an update); metrics are logged."""
         if self._run is None:
             self._config.update(hparam_dict)
         else:
-            self.run.log_table(
-                "hparams", ["name", "value"], [[str(k), str(v)] for k, v in hparam_dict.items()]
-            )
+            self._run.config.update(hparam_dict)
         try:
             metrics = {k: _float(v) for k, v in metric_dict.items()}
         except (TypeError, ValueError, AttributeError) as exc:

@@ -10,8 +10,8 @@
 Steps follow wandb's rules: each committed ``log`` is one step; ``step=`` sets it (a lower one
 than the current is refused once, as wandb does); ``commit=False`` accumulates keys into the
 current step until a committed ``log`` or a higher ``step``. ``Histogram`` and ``Table`` become
-metricbus histograms and tables. ``config`` changes after ``init`` are kept as a
-``config_update`` table in the run (no config-update event kind yet). What metricbus does not
+metricbus histograms and tables. ``config`` changes after ``init`` are config updates of the
+run (every sink merges them into its config). What metricbus does not
 carry (images, audio, video, artifacts, ``watch``, ``alert``) is said once per kind and counted
 in ``run.unsupported``. Nothing raises into the training loop.
 """
@@ -165,9 +165,7 @@ class WandbRun:
 
     def _config_changed(self, changes: Mapping[str, Any]) -> None:
         if getattr(self, "_ready", False) and changes:
-            self._run.log_table(
-                "config_update", ["key", "value"], [[str(k), str(v)] for k, v in changes.items()]
-            )
+            self._run.update_config(changes)
 
     def define_metric(self, name: str, step_metric: str | None = None, **kwargs: Any) -> None:
         self._say(

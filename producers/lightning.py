@@ -5,10 +5,9 @@
 
 Metrics arrive at Lightning's ``step`` (its ``epoch`` key becomes the events' epoch), and
 ``finalize`` finishes the run with Lightning's status. The hyperparameters from
-``save_hyperparameters()`` arrive as an ``hparams`` table (name, value) at the run's start:
-Lightning creates the experiment before it logs them, and a run's config is fixed when it
-starts until metricbus has a config-update event (pass ``config=`` to have them in the run's
-config too). Only the global-zero process logs, as Lightning's own loggers do.
+``save_hyperparameters()`` become the run's config: Lightning creates the experiment before it
+logs them, so they arrive as a config update right after the run's start (every sink merges it
+into the run's config). Only the global-zero process logs, as Lightning's own loggers do.
 """
 
 from __future__ import annotations
@@ -65,12 +64,12 @@ class MetricbusLogger(Logger):
 
     @rank_zero_only
     def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
-        """The run's config when the run has not started yet; else an ``hparams`` table."""
+        """The run's config: its start config before the run exists, else a config update."""
         flat = _flatten_dict(_sanitize_callable_params(_convert_params(params)))
         if self._run is None:
             self._config.update(flat)
         else:
-            self._run.log_table("hparams", ["name", "value"], [[str(k), str(v)] for k, v in flat.items()])
+            self._run.config.update(flat)
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:

@@ -4,7 +4,7 @@ Public names only; implementation lives in the private modules. Depends on nothi
 ours: producers, stream_jobs, sinks and the metricbus face all build on it.
 """
 
-from ._bodies import run_started
+from ._bodies import config_object, config_update, merge_config, run_config, run_started
 from ._codec import HEADER_SIZE, MAGIC, Codec, default_codec
 from ._deadletter import DeadLetter, dead_letter
 from ._dedupe import Deduper, Interval, SeqSet
@@ -23,6 +23,7 @@ from ._errors import (
     UnsafeRecordError,
 )
 from ._events import (
+    CONFIG_UPDATE,
     DERIVED_PRODUCER,
     HEARTBEAT,
     HISTOGRAM,
@@ -66,6 +67,7 @@ __all__ = [
     "RUN_STARTED",
     "SCHEMA_DIR",
     "TABLE",
+    "CONFIG_UPDATE",
     "DERIVED_PRODUCER",
     "BadMagicError",
     "BrokerError",
@@ -115,5 +117,9 @@ __all__ = [
     "load_versions",
     "path_segment",
     "run_started",
+    "config_update",
+    "merge_config",
+    "config_object",
+    "run_config",
     "ssl_context",
 ]

@@ -6,6 +6,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ._events import CONFIG_UPDATE, RUN_STARTED
+
 
 def run_started(
     project: str,
@@ -31,3 +33,49 @@ def run_started(
         "rank": rank,
         "world_size": world_size,
     }
+
+
+def config_update(changes: Mapping[str, Any], step: int | None = None) -> dict[str, Any]:
+    """A ConfigUpdate body: the keys set after the run started (JSON object, keys sorted)."""
+    return {"config_json": json.dumps(dict(changes), default=str, sort_keys=True), "step": step}
+
+
+def merge_config(config: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with ``changes`` merged in, nested mappings key by key (how readers apply updates)."""
+    out = dict(config)
+    for key, value in changes.items():
+        old = out.get(key)
+        out[key] = merge_config(old, value) if isinstance(old, dict) and isinstance(value, Mapping) else value
+    return out
+
+
+def config_object(raw: str) -> dict[str, Any]:
+    """The JSON object of a ``config_json`` (RunStarted, ConfigUpdate); ValueError if it is not one."""
+    value = json.loads(raw or "{}")
+    if not isinstance(value, dict):
+        raise ValueError(f"config_json must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def run_config(events: Iterable[Any]) -> dict[str, Any]:
+    """A run's config from its events: its first RunStarted's, then each ConfigUpdate merged in.
+
+    Updates apply in time order; an unreadable config is skipped.
+    """
+    config: dict[str, Any] | None = None
+    updates = []
+    for e in events:
+        if e.kind == RUN_STARTED and config is None:
+            try:
+                config = config_object(e.body["config_json"])
+            except ValueError:
+                config = {}
+        elif e.kind == CONFIG_UPDATE:
+            updates.append(e)
+    out = config or {}
+    for e in sorted(updates, key=lambda u: (u.ts_ms, u.producer_id, u.seq)):
+        try:
+            out = merge_config(out, config_object(e.body["config_json"]))
+        except ValueError:
+            continue
+    return out

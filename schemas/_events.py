@@ -20,6 +20,7 @@ RUN_STARTED = "metricbus.RunStarted"
 RUN_FINISHED = "metricbus.RunFinished"
 HEARTBEAT = "metricbus.Heartbeat"
 TABLE = "metricbus.Table"
+CONFIG_UPDATE = "metricbus.ConfigUpdate"
 
 #: producer_id of the events decoded from the aggregates topic (derived series). Their seqs
 #: count per run (not per producer, as logged events' do): deduplicate them by (run, seq).

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from schemas import (
+    CONFIG_UPDATE,
     HISTOGRAM,
     METRICS,
     RUN_FINISHED,
@@ -44,6 +45,7 @@ from schemas import (
     Ledger,
     atomic_write,
     check_run_id,
+    config_object,
     path_segment,
 )
 
@@ -206,6 +208,10 @@ class TensorBoardSink:
             writer.write(_text_event(wall, body["step"], tag(body["name"]), _markdown_table(body)))
         elif e.kind == RUN_STARTED:
             self._run_started(writer, wall, body)
+        elif e.kind == CONFIG_UPDATE:
+            changes = json.dumps(config_object(body["config_json"]), indent=2, sort_keys=True)
+            text = f"config keys set during the run:\n\n```json\n{changes}\n```"
+            writer.write(_text_event(wall, body["step"] or 0, "run/config_update", text))
         elif e.kind == RUN_FINISHED:
             text = f"status: **{body['status']}**\n\n" + "\n".join(
                 f"- `{k}`: {v:.6g}" for k, v in sorted(body["summary"].items())

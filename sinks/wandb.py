@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas import (
+    CONFIG_UPDATE,
     HISTOGRAM,
     METRICS,
     RUN_FINISHED,
@@ -52,6 +53,7 @@ from schemas import (
     Ledger,
     atomic_write,
     check_run_id,
+    config_object,
 )
 
 from ._wandb_file import logged_ids
@@ -179,6 +181,7 @@ class WandbSink:
     def _write(self, e: Event) -> bool:
         """Hand one event to W&B; True when it became a history row (with its identity)."""
         import numpy as np
+
         import wandb
 
         body = e.body
@@ -199,6 +202,9 @@ class WandbSink:
             row = {body["name"]: wandb.Histogram(np_histogram=(body["counts"], body["edges"]))}
         elif e.kind == TABLE and self._wanted(body["name"]):
             row = {body["name"]: wandb.Table(columns=body["columns"], data=body["rows"])}
+        elif e.kind == CONFIG_UPDATE:
+            changes = config_object(body["config_json"])
+            self._run(e.run_id).config.update(changes, allow_val_change=True)
         elif e.kind == RUN_FINISHED:
             run = self._run(e.run_id)
             run.summary.update({k: v for k, v in body["summary"].items() if self._wanted(k)})

@@ -87,6 +87,9 @@ def test_a_live_run_in_the_browser_gains_points_and_shows_a_nan_alert(settings, 
             expect(chart).to_have_attribute("data-points", "5", timeout=20_000)
             expect(chart.locator("canvas")).to_be_visible()
             expect(page.locator("#config")).to_contain_text('"lr": 0.001')
+            run.config.update({"lr": 0.0005, "warmup": 10})  # a config update reaches the page too
+            expect(page.locator("#config")).to_contain_text('"warmup": 10', timeout=20_000)
+            expect(page.locator("#config")).to_contain_text('"lr": 0.0005')
 
             for step in range(5, 12):  # logged while the page is open: no reload
                 run.log({"Train/Loss": 1.0 / (step + 1), "Train/Reward": 0.1 * step}, step=step)

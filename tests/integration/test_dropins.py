@@ -17,7 +17,8 @@ import time
 import numpy as np
 import pytest
 
-from sinks import read_table
+from schemas import run_config
+from sinks import read_events, read_table
 
 pytestmark = pytest.mark.integration
 
@@ -146,6 +147,7 @@ def test_a_summary_writer_script_gives_the_same_scalars_as_torchs_own(settings, 
     kinds = [(k, n, s) for k, n, s in zip(*(table[c].to_pylist() for c in ("kind", "name", "step")))]
     assert sorted(s for k, n, s in kinds if n == "weights" and "Histogram" in k) == [0, 10, 20, 30, 40]
     assert sorted(s for k, n, s in kinds if n == "notes" and "Table" in k) == [0, 10, 20, 30, 40]
+    assert run_config(read_events(settings.archive_dir, run_id)) == {"lr": 0.001, "layers": 2}
 
 
 def test_a_wandb_script_gives_the_same_history_as_wandbs_own(settings, sink, tmp_path):
@@ -186,6 +188,7 @@ def test_a_wandb_script_gives_the_same_history_as_wandbs_own(settings, sink, tmp
         if "Histogram" in k
     ]
     assert names == [("hist", 42)]
-    tables = [n for k, n in zip(*(table[c].to_pylist() for c in ("kind", "name"))) if "Table" in k]
-    assert tables == ["config_update"]  # config changed after init: kept in the run, not lost
+    assert not [n for k, n in zip(*(table[c].to_pylist() for c in ("kind", "name"))) if "Table" in k]
+    config = run_config(read_events(settings.archive_dir, our_id))  # config changed after init: an update
+    assert config == {k: wb["config"][k] for k in ("lr", "batch", "epochs")}
     assert "lower than the current step" in ours.stderr  # said, as wandb says it

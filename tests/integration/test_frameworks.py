@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from sinks import read_table
+from schemas import run_config
+from sinks import read_events, read_table
 
 from .conftest import aggregates
 
@@ -97,14 +98,9 @@ def test_lightning_logger_gets_every_metric_the_csv_logger_gets(settings, sink, 
     assert set(expected) == {"train_loss", "train_lr"} and len(expected["train_loss"]) == 12
     got = archived(settings, run.run_id, lambda out: len(out.get("train_loss", {})) >= 12)
     assert {k: got[k] for k in expected} == expected
-    tables = read_table(settings.archive_dir, run.run_id, columns=["kind", "name", "payload"])
-    (payload,) = [
-        p for k, n, p in zip(*(tables[c].to_pylist() for c in ("kind", "name", "payload"))) if n == "hparams"
-    ]
-    from schemas import decode_events, default_codec
-
-    (event,) = decode_events(default_codec(), payload)
-    assert sorted(map(tuple, event.body["rows"])) == [("hidden", "4"), ("lr", "0.05")]
+    # save_hyperparameters() reaches the logger after Lightning created the run: a config update
+    assert run_config(read_events(settings.archive_dir, run.run_id)) == {"hidden": 4, "lr": 0.05}
+    assert run.config == {"hidden": 4, "lr": 0.05}
     epochs = read_table(settings.archive_dir, run.run_id, columns=["name", "epoch"])
     assert sorted(
         {e for n, e in zip(*(epochs[c].to_pylist() for c in ("name", "epoch"))) if n == "train_loss"}
