@@ -3,9 +3,10 @@
 The training thread only appends event tuples to a deque (:meth:`Publisher.submit`). Two
 threads owned by the Publisher do the rest: the *spooler* wakes every ``linger_s``, encodes
 what is queued into EventBatch records and appends them to the spool (so a crash loses at
-most one linger interval, whatever the network does); the *sender* sends from the spool and
-moves its cursor on acknowledgement, and may block on a dead broker without holding anything
-up. Ordering: every spool append happens under one lock, in seq order.
+most one linger interval, whatever the network does); the *sender* sends from the spool
+(when 256 KB are waiting, 100 ms after its last send, or at once for a flush) and moves its
+cursor on acknowledgement, and may block on a dead broker without holding anything up.
+Ordering: every spool append happens under one lock, in seq order.
 
 When the queue is full (the training loop outruns encoding, millions of events a second),
 ``log()`` waits up to ``max_block_s`` for room (0 by default), then sheds the event: it gets
@@ -33,6 +34,11 @@ log = logging.getLogger("metricbus.producer")
 #: (seq, ts_ms, body kind, body)
 Event = tuple[int, int, str, dict[str, Any]]
 
+#: While sending, the broker is asked at most this often whether it still holds what it
+#: acknowledged (a memory-only broker that restarted does not); always before a flush returns.
+#: Acknowledged records are retained for ``retain_s`` (60 s) to be sent again if it lost them.
+VERIFY_INTERVAL_S = 1.0
+
 
 class Publisher:
     """Owns the publisher thread of one Run; start / flush / stop, stop is idempotent."""
@@ -47,6 +53,8 @@ class Publisher:
         codec: Codec,
         sdk_version: str,
         linger_s: float = 0.02,
+        send_linger_s: float = 0.1,
+        send_batch_bytes: int = 256 * 1024,
         max_batch_events: int = 500,
         max_queue: int = 100_000,
         max_record_bytes: int = MAX_RECORD_BYTES,
@@ -92,6 +100,14 @@ class Publisher:
         self._sender = threading.Thread(target=self._send_loop, name=f"mb-send-{run_id}", daemon=True)
         self._next_attempt = 0.0
         self._failures = 0
+        self._verified_at = 0.0
+        #: the sender sends when this much is spooled, or send_linger_s after its last send, or
+        #: at once for a flush: at a trickle of events (an SB3 episode every few ms) one Kafka
+        #: request per linger interval cost ~1 ms of kafka-python CPU each (measured)
+        self.send_linger_s = send_linger_s
+        self.send_batch_bytes = send_batch_bytes
+        self._last_send = 0.0
+        self._flushing = 0  # flush() calls waiting: verify without waiting for the interval
         self._last_sync = 0.0
         #: Counters, readable at any time.
         self.events_spooled = 0
@@ -152,21 +168,26 @@ class Publisher:
         spool inside it, and between the two both would look empty.
         """
         with self._lock:
-            return len(self._queue) + self.spool.unsent_bytes
+            unchecked = self.transport.unverified or self._resend_retained
+            return len(self._queue) + self.spool.unsent_bytes + int(unchecked)
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything submitted so far is acknowledged; False on timeout."""
         deadline = time.monotonic() + timeout
         self._next_attempt = 0.0
-        while time.monotonic() < deadline:
-            self._wake.set()
-            self._send_wake.set()
-            if self.backlog == 0:
-                return True
-            if not (self._thread.is_alive() and self._sender.is_alive()):
-                return False
-            time.sleep(0.005)
-        return False
+        self._flushing += 1
+        try:
+            while time.monotonic() < deadline:
+                self._wake.set()
+                self._send_wake.set()
+                if self.backlog == 0:
+                    return True
+                if not (self._thread.is_alive() and self._sender.is_alive()):
+                    return False
+                time.sleep(0.005)
+            return False
+        finally:
+            self._flushing -= 1
 
     def stop(self, timeout: float) -> bool:
         """Flush up to ``timeout``, then stop the threads; True when nothing was left unsent.
@@ -287,17 +308,49 @@ class Publisher:
         while time.monotonic() >= self._next_attempt:
             if self._resend_retained and not self._send_retained():
                 return
+            if not self._send_due():
+                return
             with self._lock:
                 pending = self.spool.read_unsent(max_records=64)
             if not pending:
+                self._verify(force=self._flushing > 0)
                 return
             records = [record for record, _ in pending]
             if not self._send(records):
                 return
             with self._lock:
                 self.spool.commit(pending[-1][1])
+            self._last_send = time.monotonic()
             self.records_sent += len(pending)
             self._retain(records)
+            self._verify(force=False)
+
+    def _send_due(self) -> bool:
+        """Whether to send now: a flush waits, enough is spooled, or the send linger passed."""
+        if self._flushing or self._stopping:
+            return True
+        if time.monotonic() - self._last_send >= self.send_linger_s:
+            return True
+        return self.spool.unsent_bytes >= self.send_batch_bytes
+
+    def _verify(self, force: bool) -> None:
+        """Ask whether the broker still holds what it acknowledged; if not, resend the window.
+
+        At most once per VERIFY_INTERVAL_S unless ``force`` (a flush is waiting).
+        """
+        transport = self.transport
+        now = time.monotonic()
+        if not transport.unverified or (not force and now - self._verified_at < VERIFY_INTERVAL_S):
+            return
+        self._verified_at = now
+        try:
+            transport.verify()
+        except TransportError:
+            self._failures += 1  # as a failed send: back off, check again then
+            self._next_attempt = now + min(0.25 * 2 ** (self._failures - 1), 5.0)
+            return
+        if transport.take_lost():
+            self._resend_retained = bool(self._retained)
 
     def _send(self, records: list[bytes]) -> bool:
         """One send; on failure, back off (and note a lost topic); True when acknowledged."""

@@ -66,6 +66,11 @@ class OfflineTransport:
         """Never: nothing was sent."""
         return False
 
+    unverified = False
+
+    def verify(self) -> None:
+        """Nothing to check."""
+
     def close(self) -> None:
         """Nothing to release."""
 

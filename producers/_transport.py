@@ -36,6 +36,16 @@ class Transport(Protocol):
     def take_lost(self) -> bool:
         """True once after the broker was seen to have lost the topic (a memory-only restart)."""
 
+    @property
+    def unverified(self) -> bool:
+        """Records were acknowledged since the last :meth:`verify`."""
+
+    def verify(self) -> None:
+        """Check that what was acknowledged is still there (``take_lost`` then says so).
+
+        May raise TransportError.
+        """
+
     def close(self) -> None:
         """Release connections; idempotent."""
 
@@ -52,6 +62,7 @@ class KafkaTransport:
         self.settings = settings
         self.topic = settings.topics.events
         self.send_timeout_s = send_timeout_s
+        self._unverified = False
         self._producer: Any = None
         self._admin: Any = None
         self._topic_id: str | None = None
@@ -121,14 +132,37 @@ class KafkaTransport:
                     raise TransportError(f"no acknowledgement within {self.send_timeout_s}s")
                 if future.failed():
                     raise TransportError(f"send failed: {future.exception}")
-            if self._current_topic_id() != self._topic_id:
-                self._lost = True
-                raise TransportError(f"topic {self.topic} was lost or re-created (broker restart?)")
+            self._unverified = True
         except (KafkaError, OSError, TransportError) as exc:
             self.close()
             if isinstance(exc, TransportError):
                 raise
             raise TransportError(f"send to {self.settings.bootstrap_servers} failed: {exc}") from exc
+
+    @property
+    def unverified(self) -> bool:
+        """Records were acknowledged since the last :meth:`verify`."""
+        return self._unverified
+
+    def verify(self) -> None:
+        """Ask the broker whether the topic is still the one the acknowledged records went to.
+
+        A memory-only broker that restarted re-creates the topic empty (a new topic id): then
+        ``take_lost`` says so, and the publisher sends its retained window again. One metadata
+        request; the publisher calls it at most once a second while sending, and before a flush
+        returns, not after every send (at a trickle of events that doubled the requests).
+        """
+        from kafka.errors import KafkaError
+
+        if self._admin is None:
+            return
+        try:
+            if self._current_topic_id() != self._topic_id:
+                self._lost = True
+            self._unverified = False
+        except (KafkaError, OSError) as exc:
+            self.close()
+            raise TransportError(f"cannot check topic {self.topic}: {exc}") from exc
 
     def _current_topic_id(self) -> str | None:
         (description,) = self._admin.describe_topics([self.topic])

@@ -29,6 +29,11 @@ class FakeTransport:
     def take_lost(self) -> bool:
         return False
 
+    unverified = False
+
+    def verify(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
