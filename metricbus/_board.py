@@ -219,15 +219,18 @@ class RunBoard:
                     while len(view.epochs) > MAX_POINTS:
                         del view.epochs[min(view.epochs)]
         elif kind == RUN_STARTED:
+            if view.finished and producer_id not in view.finished_by:
+                view.finished = None  # a resumed run: a new attempt of a finished run
+                view.finished_by.clear()
             view.project = str(body.get("project", ""))[:200]
             view.name = str(body.get("name", ""))[:200]
             view.host = str(body.get("host", ""))[:200]
             view.world_size = int(body.get("world_size") or 1)
             view.started_ms = ts_ms if view.started_ms is None else min(view.started_ms, ts_ms)
             view.ranks.add(int(body.get("rank") or 0))
-            self._config(view, body, started=True)
+            self._config(view, body)
         elif kind == CONFIG_UPDATE:
-            self._config(view, body, started=False)
+            self._config(view, body)
         elif kind == RUN_FINISHED and not derived:
             view.finished_by.add(producer_id)  # one producer per rank: finished when all ranks are
             if len(view.finished_by) >= max(1, view.world_size):
@@ -237,8 +240,8 @@ class RunBoard:
             pass  # counted above: a heartbeat says the run is alive
 
     @staticmethod
-    def _config(view: RunView, body: dict[str, Any], started: bool) -> None:
-        """Fold a RunStarted's config (under what is known) or a ConfigUpdate (over it), bounded."""
+    def _config(view: RunView, body: dict[str, Any]) -> None:
+        """Fold a RunStarted's or a ConfigUpdate's config into the run's (bounded)."""
         raw = body.get("config_json") or "{}"
         if len(raw) > MAX_CONFIG_BYTES:
             return
@@ -246,7 +249,7 @@ class RunBoard:
             config = config_object(raw)
         except ValueError:
             return
-        merged = merge_config(config, view.config) if started else merge_config(view.config, config)
+        merged = merge_config(view.config, config)  # in arrival order, as schemas.run_config does
         if len(json.dumps(merged, default=str)) <= MAX_CONFIG_BYTES:
             view.config = merged
 

@@ -58,22 +58,17 @@ def config_object(raw: str) -> dict[str, Any]:
 
 
 def run_config(events: Iterable[Any]) -> dict[str, Any]:
-    """A run's config from its events: its first RunStarted's, then each ConfigUpdate merged in.
+    """A run's config from its events: every RunStarted's and ConfigUpdate's, merged in time order.
 
-    Updates apply in time order; an unreadable config is skipped.
+    One attempt's ranks start with the same config; a resumed run's new attempt (``run_id=``)
+    and ``run.config.update`` change it. An unreadable config is skipped.
     """
-    config: dict[str, Any] | None = None
-    updates = []
-    for e in events:
-        if e.kind == RUN_STARTED and config is None:
-            try:
-                config = config_object(e.body["config_json"])
-            except ValueError:
-                config = {}
-        elif e.kind == CONFIG_UPDATE:
-            updates.append(e)
-    out = config or {}
-    for e in sorted(updates, key=lambda u: (u.ts_ms, u.producer_id, u.seq)):
+    changes = sorted(
+        (e for e in events if e.kind in (RUN_STARTED, CONFIG_UPDATE)),
+        key=lambda e: (e.ts_ms, e.producer_id, e.seq),
+    )
+    out: dict[str, Any] = {}
+    for e in changes:
         try:
             out = merge_config(out, config_object(e.body["config_json"]))
         except ValueError:

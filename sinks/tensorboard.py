@@ -241,10 +241,17 @@ class TensorBoardSink:
         if writer is not None and e.kind == RUN_STARTED and writer.directory.parent.name == UNKNOWN_PROJECT:
             writer = self._move(writer, self.run_dir(e.body["project"], e.body["name"], e.run_id))
         if writer is None:
+            # the run's directory from an earlier attempt (a resumed run: run_id= of an earlier
+            # run) or an earlier process, whatever name the new attempt gave
+            existing = [
+                d
+                for d in sorted(self.root.glob(f"*/*{e.run_id}"))
+                if d.name.endswith(f"-{e.run_id}") or d.name == e.run_id
+            ]
             if e.kind == RUN_STARTED:
-                directory = self.run_dir(e.body["project"], e.body["name"], e.run_id)
+                named = [d for d in existing if d.parent.name != UNKNOWN_PROJECT]
+                directory = named[0] if named else self.run_dir(e.body["project"], e.body["name"], e.run_id)
             else:
-                existing = sorted(self.root.glob(f"*/*{e.run_id}"))
                 directory = existing[0] if existing else self.run_dir(UNKNOWN_PROJECT, e.run_id, e.run_id)
             writer = self._writers[e.run_id] = _RunWriter(directory, self._charts)
         return writer

@@ -181,13 +181,15 @@ class WandbSink:
     def _write(self, e: Event) -> bool:
         """Hand one event to W&B; True when it became a history row (with its identity)."""
         import numpy as np
-
         import wandb
 
         body = e.body
         row: dict[str, Any] = {}
         if e.kind == RUN_STARTED:
-            self._run(e.run_id)
+            self._finished.pop(e.run_id, None)  # a resumed run (a new attempt): open until it ends
+            self._complete.discard(e.run_id)
+            config = config_object(body["config_json"])  # a resumed run's new attempt may change it
+            self._run(e.run_id).config.update(config, allow_val_change=True)
         elif e.kind == METRICS:
             row = {k: v for k, v in body["scalars"].items() if self._wanted(k)}
             for k, values in body["samples"].items():

@@ -131,9 +131,16 @@ class AlertEngine:
             if metric in self._ranges:
                 self._ranges[metric] = ranges
 
-    def seen(self, run_id: str, ts_ms: int, finished: bool = False) -> list[dict[str, Any]]:
-        """Note that the run is alive; resolves its 'absent' alerts. ``finished`` ends watching it."""
+    def seen(
+        self, run_id: str, ts_ms: int, finished: bool = False, started: bool = False
+    ) -> list[dict[str, Any]]:
+        """Note that the run is alive; resolves its 'absent' alerts.
+
+        ``finished`` ends watching it; ``started`` (a RunStarted: a resumed run) watches it again.
+        """
         self._last_seen[run_id] = max(ts_ms, self._last_seen.get(run_id, 0))
+        if started:
+            self._finished.discard(run_id)
         if finished:
             self._finished.add(run_id)
         out = []

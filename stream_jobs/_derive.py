@@ -168,6 +168,8 @@ class RunDeriver:
                 out.extend(self._rank_points(merged, body["epoch"], ts_ms))
             return out
         if kind == RUN_STARTED:
+            if self.finished and producer not in self._finished_producers:
+                self.finished = False  # a resumed run: a new attempt of a finished run goes on
             rank = int(body.get("rank", 0) or 0)
             self._producer_rank[producer] = rank
             self._rank_producer[rank] = producer

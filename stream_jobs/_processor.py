@@ -10,7 +10,7 @@ import operator
 from collections.abc import Iterable
 from typing import Any
 
-from schemas import RUN_FINISHED, Deduper, Event, derived_event_count
+from schemas import RUN_FINISHED, RUN_STARTED, Deduper, Event, derived_event_count
 
 from ._alerts import AlertEngine
 from ._config import StreamConfig
@@ -71,8 +71,9 @@ class StreamProcessor:
         """Feed events (one producer's in seq order); return what they derived and fired."""
         out = Output()
         for run, stretch in self._new_by_run(events).items():
+            kinds = {e.kind for e in stretch}
             fired = self.alerts.seen(
-                run, max([e.ts_ms for e in stretch]), finished=any([e.kind == RUN_FINISHED for e in stretch])
+                run, max([e.ts_ms for e in stretch]), RUN_FINISHED in kinds, RUN_STARTED in kinds
             )
             if fired:
                 out.alerts.extend(fired)

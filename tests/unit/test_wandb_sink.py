@@ -140,3 +140,34 @@ def test_a_restarted_sink_learns_from_the_run_file_what_wandb_wrote_and_logs_onl
     run = read_run(tmp_path, "run-wb1", every_opening=True)
     steps = sorted(r["metricbus/step"] for r in run["history"] if "Train/Loss" in r)
     assert steps == list(range(200))  # every row exactly once across the two openings
+
+
+def test_a_resumed_run_reopens_the_same_wandb_run_with_its_new_config(tmp_path, offline):
+    sink = WandbSink(tmp_path)
+    sink.open()
+    first = [
+        ev(0, RUN_STARTED, run_started("grpo", "gemma", {"lr": 0.1})),
+        metrics(1, 0, {"loss": 1.0}),
+        ev(2, RUN_FINISHED, {"status": "finished", "summary": {}}),
+    ]
+    sink.write(first)
+    sink.derived_complete("run-wb1")  # the worker closed the run: W&B finishes it
+    second = [  # a new attempt (another producer) of the same run id
+        Event("run-wb1", "p2", 0, 1_700_000_100_000, RUN_STARTED, run_started("grpo", "x", {"lr": 0.05}), FP),
+        Event(
+            "run-wb1",
+            "p2",
+            1,
+            1_700_000_100_001,
+            METRICS,
+            {"step": 1, "epoch": None, "rank": 0, "scalars": {"loss": 0.5}, "samples": {}},
+            FP,
+        ),
+    ]
+    assert sink.write(second) == []
+    sink.flush()
+    sink.close()
+    wb = read_run(tmp_path, "run-wb1", every_opening=True)
+    assert wb["files"] == 2 and wb["projects"] == {"grpo"}  # one W&B run, opened twice
+    assert [r["loss"] for r in wb["history"] if "loss" in r] == [1.0, 0.5]
+    assert wb["config"]["lr"] == 0.05
