@@ -10,13 +10,32 @@ unless ``all_ranks=True`` (then every rank logs as its own rank of one run).
 
 Importing this module also registers ``report_to="metricbus"`` with transformers (project from
 ``$METRICBUS_PROJECT``, else "huggingface"; the run named after ``run_name``).
+
+TRL (GRPO and friends): its per-function reward means arrive under seed 002's names
+(``rewards/{func}/mean`` -> ``rewards/{func}_mean``, ``/std`` -> ``_std``). To publish every
+sample's score, so the stream derives ``rewards/{func}_mean/_std/_min/_max``, ``_recent_mean``,
+``_hist``, ``rewards/total_mean`` and ``final/{func}_*`` from all of them, wrap the reward
+functions::
+
+    callback = MetricbusCallback(project="grpo")
+    trainer = GRPOTrainer(..., reward_funcs=callback.rewards([format_reward, answer_reward]),
+                          callbacks=[callback])
+
+A wrapped function returns what it returned; its scores (``None`` -> NaN: kept and counted, as
+seed 002 counts NaN-scored samples) are logged as ``rewards/{func}`` samples, every function's
+in one event after the optimizer step, at the step TRL logs that batch's metrics (TRL's own
+mean and std of that function are then left out: the worker derives them from the samples).
+Reward models (not Python functions) are passed through.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import os
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from transformers import TrainerCallback
@@ -51,6 +70,8 @@ class MetricbusCallback(TrainerCallback):  # type: ignore[misc]
         self._all_ranks = all_ranks
         self._options = init_options
         self.run: Run | None = None
+        self._sampled: set[str] = set()  # reward functions whose every score is published
+        self._scores: dict[str, list[float]] = {}  # scored since the last optimizer step
 
     def _logs_here(self, state: Any) -> bool:
         return self._all_ranks or bool(getattr(state, "is_world_process_zero", True))
@@ -72,20 +93,64 @@ class MetricbusCallback(TrainerCallback):  # type: ignore[misc]
         """Every numeric key of ``logs`` at ``state.global_step``."""
         if self.run is None or not logs:
             return
-        data = {
-            k: float(v)
-            for k, v in logs.items()
-            if isinstance(v, numbers.Real) and not isinstance(v, bool) and k != "epoch"
-        }
+        data = {}
+        for k, v in logs.items():
+            if not isinstance(v, numbers.Real) or isinstance(v, bool) or k == "epoch":
+                continue
+            trl = _TRL_REWARD.fullmatch(k)
+            if trl is not None:  # seed 002's name; left to the worker when every score is sent
+                if trl["func"] in self._sampled:
+                    continue
+                k = f"rewards/{trl['func']}_{trl['stat']}"
+            data[k] = float(v)
         epoch = logs.get("epoch")
         whole = int(float(epoch)) if isinstance(epoch, numbers.Real) and math.isfinite(epoch) else None
         if data:
             self.run.log(data, step=int(state.global_step), epoch=whole)
 
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Publish the scores of this step's batches at the step TRL logs their metrics.
+
+        Every reward function's in one event, so the stream's ``rewards/total_mean`` sums them.
+        """
+        scores, self._scores = self._scores, {}
+        if scores and self.run is not None:
+            self.run.log(
+                {f"rewards/{name}": values for name, values in scores.items()}, step=int(state.global_step)
+            )
+
+    def rewards(self, funcs: Callable[..., Any] | Sequence[Any]) -> Any:
+        """TRL reward functions that also publish every score (see the module doc)."""
+        if callable(funcs) and not isinstance(funcs, Sequence):
+            return self._reward(funcs)
+        return [self._reward(f) for f in funcs]
+
+    def _reward(self, func: Any) -> Any:
+        if not callable(func) or not hasattr(func, "__name__") or hasattr(func, "config"):
+            return func  # a reward model: TRL scores with it, nothing to wrap
+        name = func.__name__
+        self._sampled.add(name)
+
+        @functools.wraps(func)
+        def scored(*args: Any, **kwargs: Any) -> Any:
+            scores = func(*args, **kwargs)
+            try:
+                if scores is not None and self.run is not None:
+                    kept = self._scores.setdefault(name, [])
+                    kept.extend(math.nan if s is None else s for s in scores)
+            except TypeError:  # not a list of numbers: TRL will say so itself
+                pass
+            return scores
+
+        return scored
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Finish the run."""
         if self.run is not None:
             self.run.finish()
+
+
+_TRL_REWARD = re.compile(r"rewards/(?P<func>[^/]+)/(?P<stat>mean|std)")
 
 
 def _register() -> None:

@@ -257,3 +257,89 @@ def test_hf_report_to_metricbus_is_registered(settings, sink, tmp_path, monkeypa
     )
     got = archived(settings, callback.run.run_id, lambda out: len(out.get("loss", {})) >= 2)
     assert sorted(got["loss"]) == [1, 2]
+
+
+def _char_tokenizer():
+    """A character-level tokenizer built here (no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = "abcdefghijklmnopqrstuvwxyz "
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+def test_trl_grpo_gets_seed_002_names_and_every_samples_score(settings, sink, worker, tmp_path):
+    pytest.importorskip("trl", reason="TRL is an optional extra (metricbus[trl]); `make test` installs it")
+    import torch
+    from datasets import Dataset
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from trl import GRPOConfig, GRPOTrainer
+
+    from metricbus.hf import MetricbusCallback
+
+    sink(flush_interval=0.3)
+    torch.manual_seed(0)
+    tokenizer = _char_tokenizer()
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=30, n_positions=64, n_embd=16, n_layer=1, n_head=2, pad_token_id=0, eos_token_id=1
+        )
+    )
+
+    def length_reward(completions, **kwargs):
+        return [len(c) / 8 for c in completions]
+
+    def a_reward(completions, **kwargs):  # seed 002: a function that cannot score a sample says None
+        return [None if i == 0 else c.count("a") / 8 for i, c in enumerate(completions)]
+
+    callback = MetricbusCallback(project="grpo-test", settings=settings, system_metrics=False)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=callback.rewards([length_reward, a_reward]),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["abc", "hello", "xyz", "grpo"] * 4}),
+        processing_class=tokenizer,
+        callbacks=[callback],
+    )
+    trainer.train()
+    run = callback.run
+    assert run is not None and run.status == "finished"
+    history = [e for e in trainer.state.log_history if "reward" in e]
+    assert [e["step"] for e in history] == [1, 2, 3]
+
+    got = archived(settings, run.run_id, lambda out: len(out.get("rewards/a_reward", {})) >= 3)
+    assert sorted(got["rewards/length_reward"]) == [1, 2, 3]  # every score, at the step TRL logs it
+    assert all(len(scores) == 4 for scores in got["rewards/length_reward"].values())
+    assert {s: e["reward"] for s, e in zip([1, 2, 3], history, strict=True)} == pytest.approx(got["reward"])
+    assert "rewards/length_reward_mean" not in got and "rewards/length_reward/mean" not in got
+
+    # the worker derives seed 002's series from the samples: equal to TRL's own means
+    derived: dict = {}
+    deadline = time.monotonic() + 60
+    while len(derived.get("final/a_reward_total_samples", [])) < 1 and time.monotonic() < deadline:
+        derived = aggregates(settings, 1, timeout=5)
+    means = {p["step"]: p["value"] for p in derived["rewards/length_reward_mean"]}
+    assert means == pytest.approx({e["step"]: e["rewards/length_reward/mean"] for e in history}, rel=1e-6)
+    a_means = {p["step"]: p["value"] for p in derived["rewards/a_reward_mean"]}
+    assert a_means == pytest.approx({e["step"]: e["rewards/a_reward/mean"] for e in history}, rel=1e-6)
+    assert derived["final/a_reward_total_samples"][-1]["value"] == 12  # NaN-scored ones counted
+    assert derived["final/a_reward_nonfinite_samples"][-1]["value"] == 3
+    totals = {p["step"]: p["value"] for p in derived["rewards/total_mean"]}  # seed 002: sum of the means
+    assert totals == pytest.approx({s: means[s] + a_means[s] for s in means}, rel=1e-9)
