@@ -7,12 +7,21 @@ import sys
 import threading
 from collections.abc import Callable
 
+from ._nvml import Nvml
+
 log = logging.getLogger("metricbus.producer")
 _GB = 1024**3
 
 
+_NVML = Nvml()
+
+
 def sample_system() -> dict[str, float]:
-    """One sample of CPU, memory and (when torch already uses CUDA) GPU memory and utilisation."""
+    """One sample of CPU, memory, GPU memory and utilisation.
+
+    GPUs through NVML when nvidia-ml-py is installed (any process), else torch's CUDA figures
+    when torch already uses CUDA.
+    """
     import psutil
 
     vm = psutil.virtual_memory()
@@ -23,7 +32,7 @@ def sample_system() -> dict[str, float]:
         "System/Memory_Available_GB": vm.available / _GB,
         "System/Process_Memory_GB": psutil.Process().memory_info().rss / _GB,
     }
-    out.update(_gpu())
+    out.update(_NVML.sample() or _gpu())
     return out
 
 
