@@ -118,21 +118,29 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from stream_jobs import (
         DEFAULT_RULES,
-        StreamProcessor,
+        PartitionedState,
         build_app,
-        checkpoint_path,
+        checkpoint_dir,
         group_id,
         load_config,
         load_rules,
-        rebuild,
+        retire_single_file,
     )
 
     settings = _settings(args)
     rules = load_rules(args.rules or DEFAULT_RULES)
-    processor = StreamProcessor(load_config(args.config) if args.config else None, rules=rules)
-    checkpoint = checkpoint_path(settings, group_id(settings))
-    positions = rebuild(processor, settings, group_id(settings), checkpoint)  # the state before our offsets
-    app = build_app(settings, processor=processor, positions=positions, checkpoint=checkpoint)
+    cfg = load_config(args.config) if args.config else None
+    retire_single_file(settings, group_id(settings))
+    # each partition's state is rebuilt when the group assigns it to this worker
+    state = PartitionedState(settings, cfg, rules, directory=checkpoint_dir(settings, group_id(settings)))
+    app = build_app(settings, state)
+    # Faust's worker logs at WARN (its handlers too); a partition's state moving here is worth a line
+    stream_log = logging.getLogger("metricbus.stream")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s"))
+    stream_log.addHandler(handler)
+    stream_log.setLevel(logging.INFO)
+    stream_log.propagate = False
     log.info("stream worker: %d alert rules from %s", len(rules), args.rules or DEFAULT_RULES)
     worker = faust.Worker(app, loglevel="WARN", quiet=True)
     worker.execute_from_commandline()  # handles SIGINT/SIGTERM itself; exits the process

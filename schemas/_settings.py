@@ -82,6 +82,9 @@ class Settings:
     #: Seconds between checkpoints of the stream worker's state (0: never); a restarted worker
     #: replays the events topic only from its last checkpoint.
     checkpoint_interval_s: float = 60.0
+    #: Where the stream workers keep one checkpoint per partition (default ``<data dir>/stream``).
+    #: Workers of one group on several machines need a directory they all read: a shared volume.
+    checkpoint_dir: Path | None = None
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
     sasl_username: str | None = None

@@ -46,3 +46,7 @@ class Sink(Protocol):
 
     def close(self) -> None:
         """Release resources; called after a final flush."""
+
+    # Optional: ``release()`` — called after a flush when the consumer group moved partitions
+    # away: drop per-run state held in memory (open files, ledgers, open W&B runs); the next
+    # event of a run reopens it from the durable output.

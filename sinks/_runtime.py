@@ -74,7 +74,20 @@ class Feeder:
     @property
     def duplicates(self) -> int:
         """Events dropped because the sink already had them."""
-        return self.logged.duplicates + self.derived.duplicates
+        return self._forgotten + self.logged.duplicates + self.derived.duplicates
+
+    _forgotten = 0  # duplicates counted before the last forget()
+
+    def forget(self) -> None:
+        """Drop what is known of every run; the next sight of a run asks the sink again.
+
+        After a rebalance another instance of the sink may have written a run's events
+        meanwhile; only the sink's durable output (``recover``) knows.
+        """
+        self._forgotten = self.duplicates
+        self.logged, self.derived = Deduper(), Deduper()
+        self._known_runs.clear()
+        self.logged_runs.clear()
 
     def known(self, run_id: str) -> None:
         """Load what the sink holds of ``run_id`` (once per run)."""
@@ -208,6 +221,7 @@ class ConsumerLoop:
         class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
             async def on_partitions_revoked(self, revoked: Any) -> None:
                 await loop._flush_and_commit()
+                loop._released()
 
             async def on_partitions_assigned(self, assigned: Any) -> None:
                 log.info("%s assigned %s", loop.name, sorted(str(tp) for tp in assigned))
@@ -235,6 +249,9 @@ class ConsumerLoop:
             await self._consumer.stop()
             await self._producer.stop()
         return self.stats
+
+    def _released(self) -> None:
+        """Partitions were revoked (after a flush and commit): forget what may have moved."""
 
     async def _flush_and_commit(self) -> None:
         # One at a time: a rebalance calls this from the consumer's own task (partitions
@@ -401,6 +418,19 @@ class SinkRunner(ConsumerLoop):
                 await self._deadletter(self._event_bytes(event), event.run_id.encode(), reason, None)
         for run_id in closing:
             self.sink.derived_complete(run_id)
+
+    def _released(self) -> None:
+        """Another instance may take this one's runs over: keep no view of them in memory.
+
+        What this instance knows of a run (the seqs held, open files or W&B runs) is reloaded
+        from the sink's durable output the next time the run is seen, so two instances of a
+        sink that pass a run between them never write an event twice.
+        """
+        self.feeder.forget()
+        self._held.clear()  # their partitions were not committed past them: delivered again
+        release = getattr(self.sink, "release", None)
+        if release is not None:
+            release()
 
     def _hold_back_commits(self) -> None:
         """Never commit a partition past a derived record still held."""

@@ -228,6 +228,13 @@ class TensorBoardSink:
             writer.flush()
         self._pending = 0
 
+    def release(self) -> None:
+        """A rebalance: close every run's file (flushed already).
+
+        A run's file is reopened, with its ledger, on the run's next event.
+        """
+        self.close()
+
     def close(self) -> None:
         """Flush and close every file."""
         for writer in self._writers.values():

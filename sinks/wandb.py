@@ -169,6 +169,17 @@ class WandbSink:
                 self._finish(run_id)
         self._pending = 0
 
+    def release(self) -> None:
+        """A rebalance: finish the W&B runs this instance has open and drop its ledgers.
+
+        Another instance may resume a run next (W&B resumes by id); this one reloads what it
+        needs on a run's next event.
+        """
+        self.close()
+        self._ledgers.clear()
+        self._finished.clear()
+        self._complete.clear()
+
     def close(self) -> None:
         """Finish the runs still open (their W&B status stays running until RunFinished)."""
         for ledger in self._ledgers.values():

@@ -6,11 +6,12 @@ The statistics and rules are plain Python objects; ``build_app`` wraps them in a
 
 from ._alerts import AlertEngine
 from ._app import build_app, group_id
-from ._checkpoint import checkpoint_path
+from ._checkpoint import checkpoint_dir, retire_single_file
 from ._config import METRIC_STATS, StreamConfig, load_config, parse_config
 from ._derive import Point, RunDeriver, derive_all
+from ._partitions import PartitionedState
 from ._processor import Output, StreamProcessor
-from ._rebuild import committed_offsets, rebuild
+from ._rebuild import committed_offsets
 from ._rules import DEFAULT_RULES, Rule, load_rules, parse_rules
 from ._stats import EMA, Convergence, Welford, Window, trend_class
 
@@ -29,10 +30,11 @@ __all__ = [
     "Welford",
     "Window",
     "build_app",
-    "checkpoint_path",
+    "checkpoint_dir",
+    "retire_single_file",
+    "PartitionedState",
     "committed_offsets",
     "group_id",
-    "rebuild",
     "derive_all",
     "load_config",
     "load_rules",

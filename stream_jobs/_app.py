@@ -25,10 +25,9 @@ from schemas import (
     ssl_context,
 )
 
-from ._checkpoint import snapshot, write
-from ._config import StreamConfig
-from ._processor import StreamProcessor
-from ._rules import Rule
+from ._checkpoint import partition_path, write
+from ._partitions import PartitionedState
+from ._rebuild import committed_offsets
 
 log = logging.getLogger("metricbus.stream")
 
@@ -78,20 +77,14 @@ def group_id(settings: Settings) -> str:
     return f"{settings.topic_prefix}stream"
 
 
-def build_app(
-    settings: Settings,
-    cfg: StreamConfig | None = None,
-    rules: list[Rule] | None = None,
-    processor: StreamProcessor | None = None,
-    positions: dict[int, int] | None = None,
-    checkpoint: Path | None = None,
-) -> Any:
+def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
     """The stream worker's Faust app (consumer group :func:`group_id`).
 
-    Pass a ``processor`` already rebuilt with :func:`stream_jobs.rebuild`, and the positions
-    it returned, to resume after a restart with the state an uninterrupted worker would have.
-    With a ``checkpoint`` path, the state is checkpointed there every
-    ``settings.checkpoint_interval_s`` (see :mod:`stream_jobs._checkpoint`).
+    ``state`` holds one processor per partition of the events topic this worker owns (see
+    :mod:`stream_jobs._partitions`): a partition's state is rebuilt when the partition is
+    assigned, and checkpointed (when ``state.directory`` is set) every
+    ``settings.checkpoint_interval_s`` and when the partition is revoked. Any number of workers
+    may run in the group; their output equals one uninterrupted worker's.
     """
     import faust
 
@@ -99,7 +92,7 @@ def build_app(
     datadir = Path(settings.data_dir) / "stream" / "faust"
     datadir.parent.mkdir(parents=True, exist_ok=True)
     codec = default_codec()
-    processor = processor or StreamProcessor(cfg, rules or [])
+    state = state or PartitionedState(settings)
     app = faust.App(
         group_id(settings),
         broker=[f"kafka://{server}" for server in settings.bootstrap_servers.split(",")],
@@ -119,9 +112,7 @@ def build_app(
         consumer_max_fetch_size=MAX_RECORD_BYTES + 64 * 1024,
         datadir=str(datadir),  # never the user's working directory
     )
-    app.processor = processor  # type: ignore[attr-defined]  # for tests and status
-    #: per partition of the events topic, the offset after the last record the processor holds
-    covered: dict[int, int] = dict(positions or {})
+    app.partition_state = state  # type: ignore[attr-defined]  # for tests and status
     unacked: set[Any] = set()  # outputs not yet acknowledged by the broker
     _patch_fetch_wait()
     app.fetch_max_wait_ms = settings.fetch_max_wait_ms  # type: ignore[attr-defined]
@@ -182,6 +173,8 @@ def build_app(
                 await deadletter.send(key=letter.key, value=letter.value, headers=dict(letter.headers))
                 counts["deadlettered"] += 1
             else:
+                message = event.message
+                processor = await state.ensure(message.partition, message.offset)
                 started = time.perf_counter()
                 output = processor.process(batch)
                 publish(output)
@@ -190,38 +183,72 @@ def build_app(
                 counts["outputs"] += sum(map(len, output.points.values()))
                 counts["alerts"] += len(output.alerts)
             counts["records"] += 1
-            covered[event.message.partition] = event.message.offset + 1  # no await since process()
+            state.advance(event.message.partition, event.message.offset)  # no await since process()
 
     @app.timer(1.0)
     async def stalled_runs() -> None:
-        out = processor.tick(int(time.time() * 1000))
-        if out.alerts or out.points or out.closing:
-            publish(out)
-            counts["alerts"] += len(out.alerts)
+        for out in state.tick(int(time.time() * 1000)):
+            if out.alerts or out.points or out.closing:
+                publish(out)
+                counts["alerts"] += len(out.alerts)
         metrics.update(counts)
 
-    if checkpoint is not None and settings.checkpoint_interval_s > 0:
-        taken = {"events": processor.events}
+    async def checkpoint(partitions: list[int], why: str) -> None:
+        """Write the partitions' checkpoints once every output so far is acknowledged."""
+        if state.directory is None or not partitions:
+            return
+        # no await until every snapshot is taken: the agent is parked between two records
+        taken = {p: state.snapshot(p) for p in partitions}
+        try:
+            results = await asyncio.wait_for(
+                asyncio.gather(*list(unacked), return_exceptions=True),
+                max(settings.checkpoint_interval_s, 5.0),
+            )
+        except asyncio.TimeoutError:  # the builtin TimeoutError only from Python 3.11
+            results = [asyncio.TimeoutError()]
+        if any(isinstance(r, BaseException) for r in results):
+            log.warning("stream checkpoint skipped (%s): outputs not acknowledged by the broker yet", why)
+            return
+        loop = asyncio.get_running_loop()
+        for p, (data, offset, events) in taken.items():
+            await loop.run_in_executor(None, write, state_path(p), data)
+            state.checkpointed(p, events)
+            log.debug("stream checkpoint (%s): partition %d, %d bytes, offset %d", why, p, len(data), offset)
+        metrics.stamp()
+
+    def state_path(partition: int) -> Path:
+        assert state.directory is not None
+        return partition_path(state.directory, partition)
+
+    if settings.checkpoint_interval_s > 0:
 
         @app.timer(settings.checkpoint_interval_s)
         async def take_checkpoint() -> None:
-            if processor.events == taken["events"]:
-                return  # nothing new
-            # The agent is parked at an await, between two records: state and positions agree.
-            data, at = snapshot(processor, covered), dict(covered)
-            events = processor.events
-            try:
-                results = await asyncio.wait_for(
-                    asyncio.gather(*list(unacked), return_exceptions=True), settings.checkpoint_interval_s
-                )
-            except asyncio.TimeoutError:  # the builtin TimeoutError only from Python 3.11
-                results = [asyncio.TimeoutError()]
-            if any(isinstance(r, BaseException) for r in results):
-                log.warning("stream checkpoint skipped: outputs not acknowledged by the broker yet")
-                return
-            await asyncio.get_running_loop().run_in_executor(None, write, checkpoint, data)
-            taken["events"] = events
-            metrics.stamp()
-            log.info("stream checkpoint: %d bytes, offsets %s", len(data), at)
+            await checkpoint(state.changed(), "timer")
+
+    def events_partitions(tps: Any) -> list[int]:
+        return sorted(tp.partition for tp in tps if tp.topic == topics.events)
+
+    @app.on_partitions_revoked.connect
+    async def revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        """Faust flushed our outputs already: checkpoint what leaves us, and forget it."""
+        held = [p for p in events_partitions(args[0]) if p in state.processors]
+        await checkpoint([p for p in held if p in state.changed()], "revoked")
+        for p in held:
+            state.drop(p)
+
+    @app.on_partitions_assigned.connect
+    async def assigned(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        """Rebuild each partition new to us up to the group's committed offset.
+
+        So the time-driven alerts of its runs go on before any new record arrives.
+        """
+        new = [p for p in events_partitions(args[0]) if p not in state.processors]
+        if not new:
+            return
+        loop = asyncio.get_running_loop()
+        committed = await loop.run_in_executor(None, committed_offsets, settings, group_id(settings))
+        for p in new:
+            await state.ensure(p, committed.get(p, 0))
 
     return app

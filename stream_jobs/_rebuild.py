@@ -1,26 +1,24 @@
-"""Rebuild the processor's state after a restart, from the raw events topic (event sourcing).
+"""Rebuild one partition's state from the raw events topic (event sourcing).
 
-Faust resumes from its group's committed offsets, so everything before them must be replayed
-into a fresh processor first, publishing nothing (it was published before the crash). This
-avoids Faust table changelogs, which the embedded broker breaks twice over: its ListOffsets
-LATEST ends recovery early, and it never compacts.
+A worker that takes a partition over (at start, or in a rebalance) loads the partition's last
+checkpoint (``_checkpoint``) and replays the events topic from its offset up to where the group
+stands, publishing nothing (it was published before). This avoids Faust table changelogs, which
+the embedded broker breaks twice over: its ListOffsets LATEST ends recovery early, and it never
+compacts.
 
-Cost: replay reads the topic from the last checkpoint (``_checkpoint``; every
-``checkpoint_interval_s``, 60 s by default), or from its start without one, at the
-processor's rate (bench/stream_throughput.py: ~110k events/s on a 2-core machine).
+Cost: replay reads the partition from its last checkpoint (every ``checkpoint_interval_s``,
+60 s by default, and at each revocation), or from its start without one, at the processor's
+rate (``bench/stream_throughput.py`` reports it).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 from schemas import SchemaError, Settings, client_options, decode_events, default_codec, fetch_options
 
-from ._checkpoint import load
 from ._processor import StreamProcessor
 
 log = logging.getLogger("metricbus.stream")
@@ -42,35 +40,16 @@ def committed_offsets(settings: Settings, group_id: str) -> dict[int, int]:
     }
 
 
-def rebuild(
+async def replay(
     processor: StreamProcessor,
     settings: Settings,
-    group_id: str,
-    checkpoint: Path | None = None,
+    partition: int,
+    first: int,
+    end: int,
     timeout_s: float = 600.0,
-) -> dict[int, int]:
-    """Bring ``processor`` to the state of ``group_id``'s committed offsets.
-
-    Loads ``checkpoint`` (see :mod:`stream_jobs._checkpoint`) if there is a usable one, then
-    replays the events topic from its offsets, or from the start, up to the committed offsets;
-    outputs are discarded (they were published the first time). Without committed offsets (a
-    new group, or a broker that lost its state) nothing is loaded. Returns, per partition, the
-    offset the state now covers up to: where the worker's positions start.
-    """
-    targets = committed_offsets(settings, group_id)
-    if not targets:
-        return {}
-    started = time.monotonic()
-    start = (load(checkpoint, processor) if checkpoint is not None else None) or {}
-    todo = {p: (start.get(p, 0), end) for p, end in targets.items() if start.get(p, 0) < end}
-    replayed = asyncio.run(_replay(processor, settings, todo, timeout_s)) if todo else 0
-    log.info(
-        "rebuilt stream state from %s and %d records after it in %.1fs",
-        f"the checkpoint at offsets {dict(sorted(start.items()))}" if start else "the start of the topic",
-        replayed,
-        time.monotonic() - started,
-    )
-    return {**start, **{p: max(start.get(p, 0), end) for p, end in targets.items()}}
+) -> int:
+    """Feed the records of ``partition`` in ``[first, end)`` to ``processor``; how many there were."""
+    return await _replay(processor, settings, {partition: (first, end)}, timeout_s)
 
 
 async def _replay(

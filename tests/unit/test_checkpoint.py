@@ -33,10 +33,10 @@ def test_a_restored_processor_derives_and_alerts_like_the_one_that_never_stopped
 
     before = StreamProcessor(rules=load_rules(DEFAULT_RULES))
     outputs(before, first)
-    path = tmp_path / "stream" / "g.checkpoint"
-    write(path, snapshot(before, {0: 12, 3: 40}))
+    path = tmp_path / "stream" / "g" / "partition-3.checkpoint"
+    write(path, snapshot(before, 3, 40))
     after = StreamProcessor(rules=load_rules(DEFAULT_RULES))  # the rules are read again at restart
-    assert load(path, after) == {0: 12, 3: 40}
+    assert load(path, after) == 40
     assert after.events == 500 and outputs(after, events[450:500]) == ({}, [])  # redelivered: dropped
     got = outputs(after, second)
     assert got[1] == expected[1]
@@ -50,11 +50,12 @@ def test_a_missing_unreadable_or_foreign_checkpoint_is_ignored(tmp_path, caplog)
     processor = StreamProcessor()
     assert load(tmp_path / "none", processor) is None
     (tmp_path / "bad").write_bytes(b"not a pickle")
-    (tmp_path / "old").write_bytes(pickle.dumps({"format": 0, "positions": {}, "state": {}}))
+    (tmp_path / "old").write_bytes(pickle.dumps({"format": 4, "positions": {0: 7}, "state": {}}))
     with caplog.at_level(logging.WARNING, logger="metricbus.stream"):
         assert load(tmp_path / "bad", processor) is None
         assert load(tmp_path / "old", processor) is None
-    assert "unreadable" in caplog.text and "another format" in caplog.text
+    assert "unreadable" in caplog.text and "of format 4 (this worker reads format 5)" in caplog.text
+    assert "rebuilding the partition from the start of the topic" in caplog.text
     assert processor.events == 0
 
 
@@ -80,7 +81,7 @@ def test_derived_events_are_numbered_the_same_by_a_restored_processor(tmp_path):
     before = StreamProcessor()
     numbered(before, events[:291])
     path = tmp_path / "g.checkpoint"
-    write(path, snapshot(before, {0: 3}))
+    write(path, snapshot(before, 0, 3))
     after = StreamProcessor()
     load(path, after)
     resumed = numbered(after, events[291:])

@@ -1,0 +1,130 @@
+"""The stream job's state split by partition of the events topic, so partitions can move.
+
+Runs are keyed by run id: a run's events are all in one partition, and so is everything derived
+from them. Each partition a worker owns has its own :class:`StreamProcessor`. Before a worker
+processes a record of a partition, its state must be the partition's state just before that
+record; when it is not (a partition newly assigned, or one that another worker processed for a
+while), the state is rebuilt: the partition's checkpoint, then the events topic from the
+checkpoint's offset up to the record. So the output equals a single uninterrupted worker's,
+whatever the rebalances. On revocation the worker checkpoints the partition and drops it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from schemas import Settings
+
+from ._checkpoint import load, partition_path, snapshot
+from ._config import StreamConfig
+from ._processor import Output, StreamProcessor
+from ._rebuild import replay
+from ._rules import Rule
+
+log = logging.getLogger("metricbus.stream")
+
+
+class PartitionedState:
+    """Per-partition processors and the offset each one's state covers up to."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        cfg: StreamConfig | None = None,
+        rules: Iterable[Rule] = (),
+        directory: Path | None = None,
+    ) -> None:
+        self.settings = settings
+        self.cfg = cfg or StreamConfig()
+        self.rules = list(rules)
+        self.directory = directory  #: checkpoints (None: never written nor read)
+        self.processors: dict[int, StreamProcessor] = {}
+        #: per partition, the offset after the last record its state includes
+        self.covered: dict[int, int] = {}
+        self._checkpointed: dict[int, int] = {}  # partition -> processor.events at its last checkpoint
+        self.rebuilds: list[tuple[int, int, int, float]] = []  # (partition, from, records, seconds)
+
+    def new_processor(self) -> StreamProcessor:
+        """An empty processor with this worker's config and rules."""
+        return StreamProcessor(self.cfg, self.rules)
+
+    @property
+    def events(self) -> int:
+        """Events held by every partition's state."""
+        return sum(p.events for p in self.processors.values())
+
+    async def ensure(self, partition: int, offset: int) -> StreamProcessor:
+        """The processor of ``partition``, holding the state just before the record at ``offset``.
+
+        A record before what the state covers is a redelivery: the state drops it as a
+        duplicate. A record after it means other workers processed the records between: the
+        state is rebuilt.
+        """
+        held = self.processors.get(partition)
+        if held is not None and offset <= self.covered.get(partition, 0):
+            return held
+        if held is not None:
+            log.info(
+                "partition %d: this worker's state ends at offset %d but the next record is at %d "
+                "(another worker had the partition): rebuilding it",
+                partition,
+                self.covered[partition],
+                offset,
+            )
+        return await self.rebuild(partition, offset)
+
+    async def rebuild(self, partition: int, offset: int) -> StreamProcessor:
+        """Load the partition's checkpoint and replay the topic up to ``offset``; publishes nothing."""
+        started = time.monotonic()
+        processor = self.new_processor()
+        start = None
+        if self.directory is not None and offset > 0:  # at 0 the group never processed it (or a
+            # memory-only broker lost the topic): a checkpoint would be of records gone
+            start = load(partition_path(self.directory, partition), processor)
+        if start is None:
+            start, processor = 0, self.new_processor()
+        replayed = await replay(processor, self.settings, partition, start, offset) if start < offset else 0
+        seconds = time.monotonic() - started
+        self.processors[partition] = processor
+        self.covered[partition] = max(start, offset)
+        self._checkpointed[partition] = processor.events if start and not replayed else -1
+        self.rebuilds.append((partition, start, replayed, seconds))
+        log.info(
+            "partition %d: state rebuilt from %s and %d records after it in %.1fs",
+            partition,
+            f"the checkpoint at offset {start}" if start else "the start of the topic",
+            replayed,
+            seconds,
+        )
+        return processor
+
+    def advance(self, partition: int, offset: int) -> None:
+        """The record at ``offset`` of ``partition`` was processed."""
+        self.covered[partition] = max(self.covered.get(partition, 0), offset + 1)
+
+    def tick(self, now_ms: int) -> list[Output]:
+        """What time alone decides, for every partition held (see ``StreamProcessor.tick``)."""
+        return [p.tick(now_ms) for p in self.processors.values()]
+
+    def changed(self) -> list[int]:
+        """Partitions whose state moved since their last checkpoint."""
+        return [p for p, proc in self.processors.items() if proc.events != self._checkpointed.get(p)]
+
+    def snapshot(self, partition: int) -> tuple[bytes, int, int]:
+        """(checkpoint bytes, offset, events) of one partition now; take it between two records."""
+        processor = self.processors[partition]
+        offset = self.covered[partition]
+        return snapshot(processor, partition, offset), offset, processor.events
+
+    def checkpointed(self, partition: int, events: int) -> None:
+        """The snapshot holding ``events`` of the partition was written."""
+        self._checkpointed[partition] = events
+
+    def drop(self, partition: int) -> None:
+        """Forget a partition this worker no longer owns."""
+        self.processors.pop(partition, None)
+        self.covered.pop(partition, None)
+        self._checkpointed.pop(partition, None)

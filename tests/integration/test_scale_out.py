@@ -1,0 +1,281 @@
+"""Scale-out on the real embedded broker: several stream workers and several Parquet sink
+instances in one consumer group, partitions moving between them mid-run (issue 11)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+from kafka.partitioner.default import murmur2
+
+from producers import Run
+from schemas import METRICS, RUN_FINISHED, Event, default_codec, ensure_topics
+from sinks import read_events
+from stream_jobs import StreamProcessor, derive_all, load_rules
+from stream_jobs._rules import DEFAULT_RULES
+
+from .conftest import SinkProcess, cli, read_topic
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 4
+RUNS = 8
+STEPS = 90
+
+
+@pytest.fixture
+def wide(settings):
+    """Settings of a topic set with four partitions, every one carrying two of the runs."""
+    s = dataclasses.replace(settings, topic_prefix=f"w{uuid.uuid4().hex[:8]}.", partitions=PARTITIONS)
+    ensure_topics(s)
+    return s
+
+
+def run_ids() -> list[str]:
+    """Run ids that the producer's key partitioner spreads two to each partition."""
+    ids: dict[int, list[str]] = {p: [] for p in range(PARTITIONS)}
+    n = 0
+    while any(len(v) < RUNS // PARTITIONS for v in ids.values()):
+        candidate = f"scale-{uuid.uuid4().hex[:8]}-{n}"
+        n += 1
+        p = (murmur2(candidate.encode()) & 0x7FFFFFFF) % PARTITIONS
+        if len(ids[p]) < RUNS // PARTITIONS:
+            ids[p].append(candidate)
+    return [r for p in range(PARTITIONS) for r in ids[p]]
+
+
+def values(run: int, step: int) -> dict[str, float]:
+    loss = math.nan if (run % 3 == 0 and step == 40) else 1.0 / (step + 1) + run
+    return {"Train/Loss": loss, "Train/AvgReward": ((step * (run + 1)) % 10) / 10}
+
+
+def start_worker(settings, tmp_path, name):
+    env = {**os.environ, **dataclasses.replace(settings, checkpoint_interval_s=1.0).to_env()}
+    out = open(tmp_path / f"{name}.log", "wb")
+    return subprocess.Popen(cli(settings, "worker"), stdout=out, stderr=subprocess.STDOUT, env=env), out
+
+
+def stop(proc, out, kill=False):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        proc.wait(20)
+    out.close()
+
+
+def test_workers_killed_and_added_mid_run_derive_what_one_uninterrupted_worker_does(wide, tmp_path):
+    ids = run_ids()
+    workers = {name: start_worker(wide, tmp_path, name) for name in ("w1", "w2")}
+    runs = [Run("scale", run_id=r, settings=wide, system_metrics=False) for r in ids]
+    try:
+        assigned(tmp_path, ["w1", "w2"])  # both joined: the partitions are split between them
+        for step in range(STEPS):
+            for i, run in enumerate(runs):
+                run.log(values(i, step), step=step, epoch=step // 10)
+            if step % 10 == 9:
+                for run in runs:
+                    assert run._publisher.flush(10)
+                time.sleep(1.0)  # several records per partition, spread over time; checkpoints every 1 s
+            if step == 30:
+                stop(*workers.pop("w1"), kill=True)  # its partitions move to w2 after the session timeout
+            if step == 60:
+                assigned(tmp_path, ["w2"], "from the checkpoint")  # w2 took w1's partitions over
+                workers["w3"] = start_worker(wide, tmp_path, "w3")  # a rebalance spreads them again
+                assigned(tmp_path, ["w3"])
+        for run in runs:
+            assert run.finish(timeout=20)
+
+        expected: dict = {}
+        alerts_expected = set()
+        for i, r in enumerate(ids):
+            events = [
+                (METRICS, {"step": s, "epoch": s // 10, "rank": 0, "scalars": values(i, s), "samples": {}}, s)
+                for s in range(STEPS)
+            ]
+            events.append((RUN_FINISHED, {"status": "finished", "summary": {}}, STEPS))
+            for p in derive_all(events):
+                if p.name.startswith("Epoch/"):
+                    expected.setdefault(r, {}).setdefault(p.name, {})[p.epoch] = p.value
+            processor = StreamProcessor(rules=load_rules(DEFAULT_RULES))
+            batch = [Event(r, "p", n, 1000 + n, kind, body, b"") for n, (kind, body, _) in enumerate(events)]
+            for a in processor.process(batch).alerts:
+                if a["seq"] >= 0:
+                    alerts_expected.add((r, a["rule"], a["metric"], a["state"], a["step"]))
+        want = sum(len(epochs) for per_run in expected.values() for epochs in per_run.values())
+
+        got: dict = {}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            got = _epochs_by_run(wide)
+            if sum(len(e) for per_run in got.values() for e in per_run.values()) >= want:
+                break
+            time.sleep(1)
+        assert got.keys() == expected.keys()
+        for r in ids:
+            for name, epochs in expected[r].items():
+                assert got[r][name] == pytest.approx(epochs, nan_ok=True), (r, name)
+
+        codec = default_codec()
+        seen: dict = {}
+        for record in read_topic(wide, wide.topics.alerts, 1, timeout=5):
+            _, a = codec.decode(record.value)
+            if a["seq"] >= 0:  # an alert re-sent after a crash keeps its identity (run, seq)
+                seen.setdefault(
+                    (a["run_id"], a["seq"]), (a["run_id"], a["rule"], a["metric"], a["state"], a["step"])
+                )
+        assert set(seen.values()) == alerts_expected
+        assert len(seen) == len(alerts_expected)  # no alert fired twice under two identities
+        assert any(rule == "nan_loss" for _, rule, *_ in alerts_expected)
+
+        logs = {name: (tmp_path / f"{name}.log").read_text() for name in ("w1", "w2", "w3")}
+        # partitions moved with their state: w1's to w2 (from w1's checkpoints, killed -9), and
+        # some of w2's to w3 (checkpointed by w2 when the rebalance revoked them)
+        assert "state rebuilt from the checkpoint at offset" in logs["w2"], logs["w2"][-3000:]
+        assert "state rebuilt from the checkpoint at offset" in logs["w3"], logs["w3"][-3000:]
+    finally:
+        for proc, out in workers.values():
+            stop(proc, out)
+
+
+def assigned(tmp_path, names, how="", timeout=60.0) -> None:
+    """Wait until each named worker has taken partitions over (its log says so)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(f"state rebuilt {how}" in (tmp_path / f"{n}.log").read_text() for n in names):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"workers {names} never got partitions")
+
+
+def _epochs_by_run(settings) -> dict:
+    """run -> Epoch/* name -> epoch -> value, from the aggregates topic (re-sent points agree)."""
+    codec = default_codec()
+    out: dict = {}
+    for record in read_topic(settings, settings.topics.aggregates, 1, timeout=5):
+        _, batch = codec.decode(record.value)
+        for p in batch["points"]:
+            if p["name"].startswith("Epoch/"):
+                by_epoch = out.setdefault(batch["run_id"], {}).setdefault(p["name"], {})
+                assert by_epoch.setdefault(p["epoch"], p["value"]) == pytest.approx(p["value"], nan_ok=True)
+    return out
+
+
+def test_two_parquet_sinks_one_killed_mid_run_archive_every_event_once(wide, tmp_path):
+    ids = run_ids()
+    first, second = SinkProcess(wide, flush_interval=0.3), SinkProcess(wide, flush_interval=0.3)
+    first.log, second.log = tmp_path / "s1.log", tmp_path / "s2.log"
+    first.start()
+    second.start()
+    runs = [Run("scale", run_id=r, settings=wide, system_metrics=False) for r in ids]
+
+    def assignments(sink) -> int:  # "assigned" lines that name a partition of the events topic
+        return sum(
+            "assigned" in line and f"'{wide.topics.events}'" in line
+            for line in sink.log.read_text().splitlines()
+        )
+
+    try:
+        deadline = time.monotonic() + 60
+        while not (assignments(first) and assignments(second)) and time.monotonic() < deadline:
+            time.sleep(0.5)  # both joined: the partitions are split between them
+        taken = assignments(second)
+        for step in range(STEPS):
+            for i, run in enumerate(runs):
+                run.log(values(i, step), step=step)
+            if step % 10 == 9:
+                for run in runs:
+                    assert run._publisher.flush(10)
+                time.sleep(1.0)
+            if step == 40:
+                first.kill9()  # mid-run, mid-flush perhaps: its partitions move to the other
+        for run in runs:
+            assert run.finish(timeout=20)
+        deadline = time.monotonic() + 120
+        complete = set()
+        while time.monotonic() < deadline and len(complete) < RUNS:
+            for r in ids:
+                try:
+                    events = read_events(wide.archive_dir, r)
+                except (FileNotFoundError, ValueError):
+                    continue
+                if any(e.kind == RUN_FINISHED for e in events):
+                    complete.add(r)
+            time.sleep(1)
+        assert complete == set(ids)
+        assert assignments(second) > taken  # the killed sink's partitions moved to the other
+        for r, run in zip(ids, runs, strict=True):
+            events = read_events(wide.archive_dir, r)
+            seqs = [e.seq for e in events]
+            assert seqs == list(range(STEPS + 2)), r  # RunStarted, every step, RunFinished: each once
+            assert {e.producer_id for e in events} == {run.producer_id}
+    finally:
+        for sink in (first, second):
+            if sink.proc is not None and sink.proc.poll() is None:
+                sink.stop()
+
+
+def test_two_tensorboard_sinks_one_killed_mid_run_show_every_step_once(wide, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ids = run_ids()
+    logdir = tmp_path / "tb"
+    env = {**os.environ, **wide.to_env()}
+    args = ["sink", "tensorboard", "--logdir", str(logdir), "--flush-interval", "0.3"]
+    logs = {n: open(tmp_path / f"{n}.log", "wb") for n in ("t1", "t2")}
+    sinks = {
+        n: subprocess.Popen(cli(wide, *args), stdout=out, stderr=subprocess.STDOUT, env=env)
+        for n, out in logs.items()
+    }
+    runs = [Run("scale", run_id=r, settings=wide, system_metrics=False) for r in ids]
+
+    def assignments(name) -> int:
+        text = (tmp_path / f"{name}.log").read_text()
+        return sum("assigned" in line and f"'{wide.topics.events}'" in line for line in text.splitlines())
+
+    try:
+        deadline = time.monotonic() + 60
+        while not (assignments("t1") and assignments("t2")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        taken = assignments("t2")
+        for step in range(STEPS):
+            for i, run in enumerate(runs):
+                run.log(values(i, step), step=step)
+            if step % 10 == 9:
+                for run in runs:
+                    assert run._publisher.flush(10)
+                time.sleep(1.0)
+            if step == 40:
+                sinks["t1"].send_signal(signal.SIGKILL)
+                sinks["t1"].wait(10)
+        for run in runs:
+            assert run.finish(timeout=20)
+        steps: dict = {}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            steps = {}
+            for r in ids:
+                (run_dir,) = logdir.glob(f"scale/*{r}") or [None]
+                if run_dir is None:
+                    continue
+                acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+                acc.Reload()
+                if "Train/AvgReward" in acc.Tags()["scalars"]:
+                    steps[r] = [s.step for s in acc.Scalars("Train/AvgReward")]
+            if len(steps) == RUNS and all(len(v) >= STEPS for v in steps.values()):
+                break
+            time.sleep(1)
+        assert assignments("t2") > taken  # the killed sink's runs moved to the other
+        for r in ids:
+            assert sorted(steps[r]) == list(range(STEPS)), r  # every step once, in one directory
+    finally:
+        for proc in sinks.values():
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(20)
+        for out in logs.values():
+            out.close()
