@@ -67,6 +67,20 @@ def finish(status: str = "finished", timeout: float = 10.0) -> bool:
     return run.finish(status=status, timeout=timeout)
 
 
+def history(run: str, metrics: Any = None, derived: bool = True, wide: bool = True, **kw: Any) -> Any:
+    """One run's scalars from the archive as a pandas DataFrame (see ``metricbus._history``)."""
+    from ._history import history as read
+
+    return read(run, metrics=metrics, derived=derived, wide=wide, **kw)
+
+
+def runs(project: str | None = None, **kw: Any) -> Any:
+    """Every run in the archive as a pandas DataFrame (see ``metricbus._history``)."""
+    from ._history import runs as read
+
+    return read(project=project, **kw)
+
+
 __all__ = [
     "BrokerError",
     "ConfigError",
@@ -80,6 +94,8 @@ __all__ = [
     "Settings",
     "__version__",
     "finish",
+    "history",
     "init",
     "log",
+    "runs",
 ]

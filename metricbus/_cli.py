@@ -61,6 +61,15 @@ def cmd_up(args: argparse.Namespace) -> int:
             if getattr(args, flag):  # resolved: a restarted child must find it wherever it runs
                 path = str(Path(getattr(args, flag)).resolve())
                 consumers["stream-worker"] = [*consumers["stream-worker"], f"--{flag}", path]
+    for count, names in (
+        (args.workers, ["stream-worker"]),
+        (args.sink_instances, [n for n in consumers if n.startswith("sink-")]),
+    ):
+        if count < 1:
+            raise MetricbusError("--workers and --sink-instances must be at least 1")
+        for name in names:  # more members of the same consumer group: the partitions are shared
+            for i in range(2, count + 1):
+                consumers[f"{name}-{i}"] = consumers[name]
     stop = _stop_on_signals()
     stack = Stack(settings, consumers)
     try:
@@ -241,6 +250,34 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 1 if report.spools_failed else 0
 
 
+def cmd_health(args: argparse.Namespace) -> int:
+    import json
+
+    from schemas import check_run_id
+    from sinks import read_events
+
+    from ._health import assess, dead_letters_of
+
+    settings = _settings(args)
+    run_id = check_run_id(args.run)
+    try:
+        events = read_events(settings.archive_dir, run_id)
+    except (FileNotFoundError, ValueError):
+        events = []
+    if not events:
+        raise MetricbusError(f"run {run_id!r} is not in the archive at {settings.archive_dir}")
+    health = assess(run_id, events, dead_letters_of(settings, run_id))
+    if args.json:
+        print(json.dumps(health.as_dict(), indent=2))
+        return 0
+    print(f"run {run_id}: health {health.score:.0f}/100")
+    for part in health.parts:
+        print(f"  {part.name:<13} -{part.deducted:>4.1f} of {part.weight}")
+        for line in part.evidence:
+            print(f"      {line}")
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
@@ -344,6 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--dashboard-port", type=int, help="dashboard on 127.0.0.1:PORT (default 8765, or a free one)"
     )
     s.add_argument("--no-dashboard", action="store_true", help="run no dashboard")
+    s.add_argument(
+        "--workers", type=int, default=1, help="stream workers in the group (they share the partitions)"
+    )
+    s.add_argument(
+        "--sink-instances", type=int, default=1, help="instances of each sink in its group (share partitions)"
+    )
     s.set_defaults(func=cmd_up)
 
     s = sub.add_parser("topics", help="create the metricbus topics if missing (idempotent)")
@@ -413,6 +456,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("sync", help="publish what runs left in their local spools")
     s.set_defaults(func=cmd_sync)
+
+    s = sub.add_parser("health", help="a run's health 0-100 from the archive, each part with its evidence")
+    s.add_argument("run")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_health)
 
     s = sub.add_parser("export", help="one run's scalars as tidy rows (run, step, name, value, wall_time)")
     s.add_argument("--run", required=True)

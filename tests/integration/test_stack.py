@@ -228,3 +228,55 @@ def test_up_serves_the_dashboard_status_and_every_process_counters(tmp_path):
                 proc.kill()
     log = (tmp_path / "logs" / "dashboard.log").read_text()
     assert "Traceback" not in log
+
+
+def test_up_with_two_workers_and_two_instances_of_each_sink_shares_the_partitions(tmp_path):
+    """Issue 11: `up --workers 2 --sink-instances 2`: every child in its group gets partitions, and
+    every event of several runs reaches the archive once, with what the workers derived."""
+    from producers import Run
+    from schemas import METRICS, Settings
+    from sinks import read_events
+
+    proc, port, lines = start_up(tmp_path, "--workers", "2", "--sink-instances", "2", "--no-dashboard")
+    try:
+        assert any("stream-worker-2" in line for line in lines) and any(
+            "sink-parquet-2" in line for line in lines
+        )
+        settings = Settings(bootstrap=f"127.0.0.1:{port}", data_dir=tmp_path)
+        runs = [Run("scale", name=f"r{i}", settings=settings, system_metrics=False) for i in range(8)]
+        for step in range(30):
+            for run in runs:
+                run.log({"Train/Loss": 1.0 / (step + 1)}, step=step, epoch=step // 10)
+        for run in runs:
+            assert run.finish(timeout=30)
+        logs = tmp_path / "logs"
+        deadline = time.monotonic() + 90
+        done: dict = {}
+        while time.monotonic() < deadline and len(done) < len(runs):
+            for run in runs:
+                try:
+                    events = read_events(settings.archive_dir, run.run_id, derived=True)
+                except (FileNotFoundError, ValueError):
+                    continue
+                derived = [e for e in events if e.producer_id == "metricbus.stream"]
+                if any(
+                    "Epoch/AvgLoss" in e.body.get("scalars", {}) and e.body["epoch"] == 2 for e in derived
+                ):
+                    done[run.run_id] = events
+            time.sleep(1)
+        assert len(done) == len(runs)
+        for run in runs:
+            logged = [e for e in done[run.run_id] if e.producer_id == run.producer_id]
+            assert [e.seq for e in logged] == list(range(32))  # RunStarted, 30 steps, RunFinished; once
+            assert sorted(e.body["step"] for e in logged if e.kind == METRICS) == list(range(30))
+        for name in ("stream-worker", "stream-worker-2"):
+            assert "state rebuilt" in (logs / f"{name}.log").read_text(), name  # each got partitions
+        for name in ("sink-parquet", "sink-parquet-2", "sink-tensorboard", "sink-tensorboard-2"):
+            assert "assigned [\"TopicPartition" in (logs / f"{name}.log").read_text(), name
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()

@@ -80,3 +80,11 @@ def test_a_process_given_a_metrics_port_serves_its_counters(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_worker_and_the_archive_sink_run_replicas_that_share_the_data_volume():
+    services = load()["services"]
+    for name in ("stream-worker", "sink-parquet", "sink-tensorboard"):
+        assert services[name]["deploy"]["replicas"] >= 2, name
+        assert "metricbus-data:/data" in services[name]["volumes"], name  # checkpoints, one archive
+    assert int(services["stream-worker"]["environment"]["METRICBUS_PARTITIONS"]) >= 2 * 2

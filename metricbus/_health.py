@@ -1,0 +1,236 @@
+"""Run health, 0-100, from a run's archived events: documented parts, each with its evidence.
+
+- completeness (30): seqs missing from a producer's sequence (lost events), an event archived
+  twice, no RunFinished, a rank that stopped reporting before the others;
+- validity (20): NaN or infinite values, per metric (the first step given);
+- progress (15): the run's loss (alias catalog) not lower at the end than at the start, its
+  reward not higher (medians of the first and last tenth);
+- stability (15): loss spikes, values more than 6 robust standard deviations (MAD) from the
+  median of the 21 values around them (the first and last 10 values are not judged);
+- timing (10): a metric logged at half the rate late in the run that it was early (a
+  collection-frequency regression); a stall (no event for 10x the usual interval, over 30 s);
+- pipeline (10): records of the run in the dead-letter topic (when the broker is reachable).
+
+Each part deducts at most its weight; the score is 100 minus the deductions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, Settings
+from stream_jobs import LOSS_ALIASES, REWARD_ALIASES
+
+WEIGHTS = {"completeness": 30, "validity": 20, "progress": 15, "stability": 15, "timing": 10, "pipeline": 10}
+
+
+@dataclasses.dataclass
+class Part:
+    """One part of the score: what it deducted and why."""
+
+    name: str
+    weight: int
+    deducted: float = 0.0
+    evidence: list[str] = dataclasses.field(default_factory=list)
+
+    def deduct(self, points: float, why: str) -> None:
+        self.deducted = min(self.weight, self.deducted + points)
+        self.evidence.append(why)
+
+
+@dataclasses.dataclass
+class Health:
+    """A run's score and its parts."""
+
+    run_id: str
+    parts: list[Part]
+
+    @property
+    def score(self) -> float:
+        return round(100 - sum(p.deducted for p in self.parts), 1)
+
+    def part(self, name: str) -> Part:
+        return next(p for p in self.parts if p.name == name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "score": self.score,
+            "parts": [dataclasses.asdict(p) for p in self.parts],
+        }
+
+
+def assess(run_id: str, events: Iterable[Event], dead_letters: int | None = None) -> Health:
+    """The health of one run from its logged events (as the archive returns them)."""
+    events = list(events)
+    parts = {name: Part(name, weight) for name, weight in WEIGHTS.items()}
+    series = _series(events)
+    _completeness(parts["completeness"], events)
+    _validity(parts["validity"], series)
+    _progress(parts["progress"], series)
+    _stability(parts["stability"], series)
+    _timing(parts["timing"], series, events)
+    pipeline = parts["pipeline"]
+    if dead_letters is None:
+        pipeline.evidence.append("dead letters not checked (no broker reachable)")
+    elif dead_letters:
+        pipeline.deduct(2 * dead_letters, f"{dead_letters} record(s) of this run in the dead-letter topic")
+    return Health(run_id, list(parts.values()))
+
+
+#: name -> [(step, value, ts_ms)] in event order
+Series = dict[str, list[tuple[int, float, int]]]
+
+
+def _series(events: Sequence[Event]) -> Series:
+    out: Series = {}
+    for e in events:
+        if e.kind == METRICS:
+            for name, value in e.body["scalars"].items():
+                out.setdefault(name, []).append((e.body["step"], value, e.ts_ms))
+    return out
+
+
+def _completeness(part: Part, events: Sequence[Event]) -> None:
+    by_producer: dict[str, list[int]] = {}
+    for e in events:
+        by_producer.setdefault(e.producer_id, []).append(e.seq)
+    for producer, seqs in sorted(by_producer.items()):
+        held = set(seqs)
+        missing = sorted(set(range(max(held) + 1)) - held)
+        if missing:
+            share = len(missing) / (max(held) + 1)
+            part.deduct(
+                10 + 10 * share,
+                f"producer {producer[:12]}: {len(missing)} event(s) missing from its sequence "
+                f"(seqs {_ranges(missing)}): lost between the training job and the archive",
+            )
+        twice = len(seqs) - len(held)
+        if twice:
+            part.deduct(10, f"producer {producer[:12]}: {twice} event(s) archived twice")
+    if not any(e.kind == RUN_FINISHED for e in events):
+        part.deduct(5, "no RunFinished: the run is still going, or its process was killed")
+    world = max([int(e.body.get("world_size") or 1) for e in events if e.kind == RUN_STARTED] or [1])
+    if world > 1:
+        last: dict[int, int] = {}
+        for e in events:
+            if e.kind == METRICS:
+                rank = int(e.body.get("rank") or 0)
+                last[rank] = max(last.get(rank, e.body["step"]), e.body["step"])
+        top = max(last.values(), default=0)
+        for rank in range(world):
+            if rank not in last:
+                part.deduct(10, f"rank {rank} of {world} never reported a metric")
+            elif top and last[rank] < 0.9 * top:
+                part.deduct(10, f"rank {rank} stopped reporting at step {last[rank]}; others reached {top}")
+
+
+def _validity(part: Part, series: Series) -> None:
+    for name, points in sorted(series.items()):
+        bad = [(s, v) for s, v, _ in points if not math.isfinite(v)]
+        if bad:
+            part.deduct(
+                5 + 10 * len(bad) / len(points),
+                f"{name}: {len(bad)} of {len(points)} values NaN or infinite, first at step {bad[0][0]}",
+            )
+
+
+def _role(series: Series, catalog: Sequence[str]) -> str | None:
+    return next((n for n in catalog if n in series), None)
+
+
+def _finite(points: list[tuple[int, float, int]]) -> list[float]:
+    return [v for _, v, _ in points if math.isfinite(v)]
+
+
+def _progress(part: Part, series: Series) -> None:
+    for role, catalog, better in (("loss", LOSS_ALIASES, -1), ("reward", REWARD_ALIASES, 1)):
+        name = _role(series, catalog)
+        values = _finite(series[name]) if name else []
+        if len(values) < 10:
+            part.evidence.append(f"no {role} series with 10 values to judge progress by")
+            continue
+        k = max(1, len(values) // 10)
+        start, end = statistics.median(values[:k]), statistics.median(values[-k:])
+        if (end - start) * better <= 0:
+            part.deduct(
+                8 if role == "loss" else 7,
+                f"{role} {name} did not improve: median {start:.4g} over the first tenth, "
+                f"{end:.4g} over the last",
+            )
+        else:
+            part.evidence.append(f"{role} {name}: {start:.4g} -> {end:.4g}")
+
+
+def _stability(part: Part, series: Series) -> None:
+    name = _role(series, LOSS_ALIASES)
+    if name is None:
+        return
+    points = [(s, v) for s, v, _ in series[name] if math.isfinite(v)]
+    spikes = []
+    for i, (step, value) in enumerate(points):
+        if i < 10 or i + 10 >= len(points):
+            continue  # no full window: the steep start of a loss curve is no spike
+        window = [v for _, v in points[i - 10 : i + 11]]
+        median = statistics.median(window)
+        mad = statistics.median(abs(v - median) for v in window) * 1.4826
+        if mad > 0 and abs(value - median) / mad > 6:
+            spikes.append(step)
+    if spikes:
+        part.deduct(
+            5 + 2 * len(spikes), f"{name}: {len(spikes)} spike(s) (robust z > 6) at steps {_ranges(spikes)}"
+        )
+
+
+def _timing(part: Part, series: Series, events: Sequence[Event]) -> None:
+    for name, points in sorted(series.items()):
+        stamps = [ts for _, _, ts in points]
+        gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+        if len(gaps) < 30:
+            continue
+        third = len(gaps) // 3
+        early, late = statistics.median(gaps[:third]), statistics.median(gaps[-third:])
+        if early > 0 and late > 2 * early:
+            part.deduct(
+                5,
+                f"{name}: logged every {late / 1000:.2f} s late in the run, every {early / 1000:.2f} s early "
+                "(a collection-frequency regression)",
+            )
+    stamps = sorted(e.ts_ms for e in events)
+    between = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    if len(between) >= 10:
+        usual = statistics.median(between)
+        stalls = [g for g in between if g > max(10 * usual, 30_000)]
+        for gap in stalls[:3]:
+            part.deduct(
+                5, f"no event for {gap / 1000:.0f} s (the run's usual interval is {usual / 1000:.2f} s)"
+            )
+
+
+def _ranges(values: Sequence[int]) -> str:
+    """1,2,3,7 -> '1-3, 7' (at most 5 ranges shown)."""
+    out: list[str] = []
+    start = prev = values[0]
+    for v in list(values[1:]) + [None]:  # type: ignore[list-item]
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ", ".join(out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else "")
+
+
+def dead_letters_of(settings: Settings, run_id: str, timeout_s: float = 5.0) -> int | None:
+    """Records of ``run_id`` in the dead-letter topic (keyed by run id); None without a broker."""
+    from ._read import read_topic
+
+    try:
+        records = read_topic(settings, settings.topics.deadletter, idle_s=0.5, timeout_s=timeout_s)
+    except Exception:  # noqa: BLE001 - no broker: the part says it was not checked
+        return None
+    return sum(r.key == run_id.encode() for r in records)

@@ -1,0 +1,115 @@
+"""The archive as pandas DataFrames, for data work: ``metricbus.history`` and ``metricbus.runs``.
+
+Reads the Parquet archive only (no broker): every run ever logged, logged and derived series.
+pandas is the ``analysis`` extra; a missing pandas fails with its pip line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from schemas import (
+    RUN_FINISHED,
+    RUN_STARTED,
+    MetricbusError,
+    Settings,
+    check_run_id,
+    run_config,
+)
+
+
+def _pandas() -> Any:
+    try:
+        import pandas
+    except ImportError:
+        raise MetricbusError("metricbus.history() needs pandas: pip install 'metricbus[analysis]'") from None
+    return pandas
+
+
+def _archive(settings: Settings | None) -> Path:
+    return (settings or Settings.from_env()).archive_dir
+
+
+def history(
+    run: str,
+    metrics: Sequence[str] | None = None,
+    derived: bool = True,
+    wide: bool = True,
+    settings: Settings | None = None,
+) -> Any:
+    """One run's scalars as a DataFrame.
+
+    ``wide``: one row per step (the index), a column per metric (the last value logged at a
+    step wins, as in TensorBoard's and W&B's charts). Else tidy rows: run, step, name, value,
+    wall_time. ``metrics`` keeps only those names; ``derived=False`` leaves the stream worker's
+    series out.
+    """
+    from sinks import tidy
+
+    pandas = _pandas()
+    table = tidy(_archive(settings), check_run_id(run), derived=derived)
+    frame = table.to_pandas()
+    if metrics is not None:
+        frame = frame[frame["name"].isin(list(metrics))]
+    if not wide:
+        return frame.reset_index(drop=True)
+    if frame.empty:
+        return pandas.DataFrame(index=pandas.Index([], name="step"))
+    out = frame.pivot_table(index="step", columns="name", values="value", aggfunc="last", dropna=False)
+    out.columns.name = None
+    return out
+
+
+def runs(project: str | None = None, settings: Settings | None = None) -> Any:
+    """Every run in the archive (or one project's): id, project, name, state, steps, times, config.
+
+    ``config`` is the run's config (its starts and updates merged); the ``summary`` column holds
+    what ``finish(summary=...)`` recorded.
+    """
+    from sinks import read_events
+
+    pandas = _pandas()
+    archive = _archive(settings)
+    rows = []
+    for run_dir in sorted(archive.glob("project=*/run=*")):
+        run_id = run_dir.name.split("=", 1)[1]
+        run_project = run_dir.parent.name.split("=", 1)[1]
+        if project is not None and run_project != project:
+            continue
+        try:
+            events = read_events(archive, run_id)
+        except (OSError, ValueError):
+            continue  # a run directory being written right now
+        rows.append(_row(run_id, run_project, events))
+    columns = ["run_id", "project", "name", "state", "first_step", "last_step", "events", "started", "ended"]
+    return pandas.DataFrame(rows, columns=[*columns, "config", "summary"])
+
+
+def _row(run_id: str, project: str, events: Iterable[Any]) -> dict[str, Any]:
+    events = list(events)
+    started = [e for e in events if e.kind == RUN_STARTED]
+    finished = [e for e in events if e.kind == RUN_FINISHED]
+    steps = [e.body["step"] for e in events if "step" in e.body and e.body.get("step") is not None]
+    stamps = [e.ts_ms for e in events]
+    summary: dict[str, Any] = {}
+    for e in finished:
+        summary.update(e.body.get("summary") or {})
+    return {
+        "run_id": run_id,
+        "project": project,
+        "name": started[0].body["name"] if started else run_id,
+        "state": finished[-1].body["status"] if finished else "running or crashed",
+        "first_step": min(steps) if steps else None,
+        "last_step": max(steps) if steps else None,
+        "events": len(events),
+        "started": _when(min(stamps)) if stamps else None,
+        "ended": _when(max(stamps)) if finished else None,
+        "config": run_config(events),
+        "summary": summary,
+    }
+
+
+def _when(ts_ms: int) -> Any:
+    return _pandas().Timestamp(ts_ms, unit="ms", tz="UTC")

@@ -1,0 +1,109 @@
+"""Run health: each injected defect lowers its part and is named in the evidence; a clean run scores high."""
+
+import math
+
+import pytest
+
+from metricbus._health import assess
+from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, run_started
+
+T0 = 1_700_000_000_000
+
+
+def run(n=200, loss=None, interval_ms=None, world=1, silent_rank_after=None, **_):
+    """A clean run: loss falling, reward rising, one event every 100 ms."""
+    loss = loss or (lambda s: 1.0 / (s + 1) + 0.001 * (s % 3))
+    interval_ms = interval_ms or (lambda s: 100)
+    out, ts = [], T0
+    producers = [f"p{r}" for r in range(world)]
+    seqs = dict.fromkeys(producers, 0)
+
+    def add(producer, kind, body, ts):
+        out.append(Event("r", producer, seqs[producer], ts, kind, body, b""))
+        seqs[producer] += 1
+
+    for r, p in enumerate(producers):
+        add(p, RUN_STARTED, run_started("proj", "n", {}, rank=r, world_size=world), ts)
+    for s in range(n):
+        ts += interval_ms(s)
+        for r, p in enumerate(producers):
+            if silent_rank_after is not None and r == 1 and s >= silent_rank_after:
+                continue
+            body = {"step": s, "epoch": s // 20, "rank": r, "samples": {}}
+            body["scalars"] = {"Train/Loss": loss(s), "Train/AvgReward": s / n}
+            add(p, METRICS, body, ts)
+    for p in producers:
+        add(p, RUN_FINISHED, {"status": "finished", "summary": {}}, ts + 100)
+    return out
+
+
+def evidence(health, part):
+    return " | ".join(health.part(part).evidence)
+
+
+def test_a_clean_run_scores_high():
+    health = assess("r", run(), dead_letters=0)
+    assert health.score == 100
+    assert "Train/Loss" in evidence(health, "progress")
+
+
+def test_lost_events_lower_completeness_with_the_missing_seqs():
+    events = [e for e in run() if not 50 <= e.seq < 60]
+    health = assess("r", events, dead_letters=0)
+    assert health.part("completeness").deducted > 10 and health.score < 90
+    assert "10 event(s) missing" in evidence(health, "completeness") and "50-59" in evidence(
+        health, "completeness"
+    )
+
+
+def test_a_batch_archived_twice_is_found():
+    events = run()
+    events += events[100:110]
+    health = assess("r", events, dead_letters=0)
+    assert "10 event(s) archived twice" in evidence(health, "completeness")
+
+
+def test_a_run_that_never_finished_says_so():
+    events = [e for e in run() if e.kind != RUN_FINISHED]
+    assert "no RunFinished" in evidence(assess("r", events, 0), "completeness")
+
+
+def test_a_nan_burst_lowers_validity_from_its_first_step():
+    health = assess("r", run(loss=lambda s: math.nan if 120 <= s < 130 else 1 / (s + 1)), 0)
+    assert health.part("validity").deducted >= 5
+    assert "Train/Loss: 10 of 200 values NaN or infinite, first at step 120" in evidence(health, "validity")
+
+
+def test_a_loss_spike_lowers_stability_at_its_step():
+    health = assess("r", run(loss=lambda s: 50.0 if s == 80 else 1 / (s + 1)), 0)
+    assert "spike(s)" in evidence(health, "stability") and "80" in evidence(health, "stability")
+    assert health.part("validity").deducted == 0
+
+
+def test_a_stall_and_a_collection_frequency_regression_lower_timing():
+    stalled = assess("r", run(interval_ms=lambda s: 120_000 if s == 150 else 100), 0)
+    assert "no event for 120 s" in evidence(stalled, "timing")
+    slower = assess("r", run(interval_ms=lambda s: 100 if s < 100 else 500), 0)
+    assert "collection-frequency regression" in evidence(slower, "timing")
+    assert "logged every 0.50 s late in the run, every 0.10 s early" in evidence(slower, "timing")
+
+
+def test_a_rank_that_goes_silent_lowers_completeness():
+    health = assess("r", run(world=2, silent_rank_after=50), 0)
+    assert "rank 1 stopped reporting at step 49; others reached 199" in evidence(health, "completeness")
+    assert assess("r", run(world=2), 0).score == 100
+
+
+def test_no_progress_and_dead_letters():
+    health = assess("r", run(loss=lambda s: 1.0 + s / 100), dead_letters=3)
+    assert "did not improve" in evidence(health, "progress")
+    assert health.part("pipeline").deducted == 6 and "3 record(s)" in evidence(health, "pipeline")
+    assert "not checked" in evidence(assess("r", run(), dead_letters=None), "pipeline")
+
+
+@pytest.mark.parametrize("part", ["completeness", "validity", "progress", "stability", "timing", "pipeline"])
+def test_no_part_deducts_more_than_its_weight(part):
+    events = [e for e in run(loss=lambda s: math.nan if s % 2 else 50.0 * (s % 7)) if e.seq % 3]
+    health = assess("r", events, dead_letters=100)
+    assert 0 <= health.part(part).deducted <= health.part(part).weight
+    assert health.score >= 0

@@ -1,0 +1,71 @@
+"""metricbus.history() and metricbus.runs(): the archive as pandas DataFrames."""
+
+import math
+
+import pytest
+
+import metricbus
+from schemas import (
+    CONFIG_UPDATE,
+    METRICS,
+    RUN_FINISHED,
+    RUN_STARTED,
+    Event,
+    Settings,
+    config_update,
+    default_codec,
+    run_started,
+)
+from sinks import ParquetArchive
+
+FP = default_codec().newest("EventBatch").fingerprint
+
+
+def ev(run, seq, kind, body, producer="p1"):
+    return Event(run, producer, seq, 1_700_000_000_000 + seq * 1000, kind, body, FP)
+
+
+@pytest.fixture
+def settings(tmp_path):
+    archive = ParquetArchive(tmp_path / "archive")
+    archive.open()
+    for run, project, lr in (("run-a", "ppo", 0.1), ("run-b", "ppo", 0.2), ("run-c", "sft", 0.3)):
+        events = [ev(run, 0, RUN_STARTED, run_started(project, f"name-{run}", {"lr": lr}))]
+        for step in range(5):
+            body = {"step": step, "epoch": None, "rank": 0, "samples": {}}
+            body["scalars"] = {
+                "Train/Loss": 1.0 / (step + 1),
+                "Train/AvgReward": math.nan if step == 2 else step,
+            }
+            events.append(ev(run, step + 1, METRICS, body))
+        events.append(ev(run, 6, CONFIG_UPDATE, config_update({"warmup": 5}, 4)))
+        if run != "run-b":
+            events.append(ev(run, 7, RUN_FINISHED, {"status": "finished", "summary": {"best": 4.0}}))
+        derived = {"step": 4, "epoch": None, "rank": 0, "scalars": {"Train/Loss_ema": 0.5}, "samples": {}}
+        events.append(Event(run, "metricbus.stream", 0, 1_700_000_009_000, METRICS, derived, FP))
+        archive.write(events)
+    archive.flush()
+    return Settings(data_dir=tmp_path)
+
+
+def test_history_is_a_wide_frame_by_step_or_tidy_rows(settings):
+    wide = metricbus.history("run-a", settings=settings)
+    assert list(wide.index) == [0, 1, 2, 3, 4] and wide.index.name == "step"
+    assert wide.loc[3, "Train/Loss"] == 0.25 and math.isnan(wide.loc[2, "Train/AvgReward"])
+    assert wide.loc[4, "Train/Loss_ema"] == 0.5  # derived beside logged
+    logged = metricbus.history("run-a", derived=False, settings=settings)
+    assert "Train/Loss_ema" not in logged.columns
+    only = metricbus.history("run-a", metrics=["Train/Loss"], settings=settings)
+    assert list(only.columns) == ["Train/Loss"]
+    tidy = metricbus.history("run-a", wide=False, settings=settings)
+    assert list(tidy.columns) == ["run", "step", "name", "value", "wall_time"] and len(tidy) == 11
+
+
+def test_runs_lists_every_run_with_its_config_and_state(settings):
+    frame = metricbus.runs(settings=settings)
+    assert list(frame["run_id"]) == ["run-a", "run-b", "run-c"]
+    row = frame.set_index("run_id").loc["run-b"]
+    assert row["state"] == "running or crashed" and row["last_step"] == 4 and row["name"] == "name-run-b"
+    assert row["config"] == {"lr": 0.2, "warmup": 5}  # the start's config with its update
+    assert frame.set_index("run_id").loc["run-a", "summary"] == {"best": 4.0}
+    assert list(metricbus.runs(project="sft", settings=settings)["run_id"]) == ["run-c"]
