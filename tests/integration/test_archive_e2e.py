@@ -196,3 +196,29 @@ def test_export_cli_writes_tidy_rows(settings, sink):
     assert [(int(r[1]), r[2], float(r[3])) for r in rows] == [(s, '"Train/Loss"', s / 10) for s in range(5)]
     missing = subprocess.run(cli(settings, "export", "--run", "nope"), capture_output=True, text=True)
     assert missing.returncode == 2 and "no scalars" in missing.stderr
+
+
+def test_health_cli_scores_an_archived_run_and_names_a_nan_burst(settings, sink):
+    import json
+
+    sink()
+    run = Run("p", settings=settings, system_metrics=False)
+    for step in range(100):
+        loss = float("nan") if 60 <= step < 65 else 1.0 / (step + 1)
+        run.log({"Train/Loss": loss, "Train/AvgReward": step / 100}, step=step)
+    assert run.finish(timeout=20)
+    wait_for_rows(settings.archive_dir, run.run_id, lambda t: len(held_seqs(t)) >= 102)
+    out = subprocess.run(
+        cli(settings, "health", run.run_id, "--json"), capture_output=True, text=True, check=True
+    ).stdout
+    health = json.loads(out)
+    parts = {p["name"]: p for p in health["parts"]}
+    assert parts["completeness"]["deducted"] == 0 and parts["pipeline"]["deducted"] == 0  # broker read
+    assert "first at step 60" in " ".join(parts["validity"]["evidence"])
+    assert 70 < health["score"] < 100
+    text = subprocess.run(
+        cli(settings, "health", run.run_id), capture_output=True, text=True, check=True
+    ).stdout
+    assert text.startswith(f"run {run.run_id}: health ") and "validity" in text
+    missing = subprocess.run(cli(settings, "health", "nope"), capture_output=True, text=True)
+    assert missing.returncode == 2 and "not in the archive" in missing.stderr
