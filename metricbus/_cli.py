@@ -278,6 +278,68 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+
+    from schemas import METRICS, check_run_id, run_config
+    from sinks import read_events
+
+    from ._compare import compare_metric, config_diff
+
+    settings = _settings(args)
+    runs = [check_run_id(r) for r in args.runs]
+    baseline = check_run_id(args.baseline) if args.baseline else runs[0]
+    if baseline not in runs:
+        runs.insert(0, baseline)
+    if len(runs) < 2:
+        raise MetricbusError("compare needs at least two runs")
+    configs, series = {}, {}
+    for run in runs:
+        try:
+            events = read_events(settings.archive_dir, run)
+        except (FileNotFoundError, ValueError):
+            events = []
+        if not events:
+            raise MetricbusError(f"run {run!r} is not in the archive at {settings.archive_dir}")
+        configs[run] = run_config(events)
+        values: dict[str, list[float]] = {}
+        for e in events:
+            if e.kind == METRICS:
+                for name, value in e.body["scalars"].items():
+                    values.setdefault(name, []).append(value)
+        series[run] = values
+    common = set.intersection(*(set(v) for v in series.values()))
+    metrics = args.metric or sorted(m for m in common if not m.startswith("System/"))
+    results = []
+    for metric in metrics:
+        for run in runs:
+            if run == baseline or metric not in series[run] or metric not in series[baseline]:
+                continue
+            found = compare_metric(
+                metric, (baseline, series[baseline][metric]), (run, series[run][metric]), args.window
+            )
+            if found is not None:
+                results.append(found)
+    diff = config_diff(configs)
+    worse = [r for r in results if r.verdict == "worse"]
+    if args.json:
+        out = {"baseline": baseline, "config_diff": diff, "metrics": [dataclasses.asdict(r) for r in results]}
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print(f"baseline {baseline}; final windows compared with Welch's t-test (effect size: Hedges' g)")
+        print("config keys that differ:" if diff else "configs are identical")
+        for key, values in diff.items():
+            print(f"  {key}: " + ", ".join(f"{run}={value!r}" for run, value in values.items()))
+        for r in results:
+            flag = "REGRESSION" if r.verdict == "worse" else r.verdict
+            print(
+                f"  {r.metric:<32} {r.run}: {r.mean:.4g} vs {r.baseline_mean:.4g}  p={r.p_value:.3g}  "
+                f"g={r.effect_size:+.2f}  {flag}"
+            )
+    return 1 if worse else 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
@@ -461,6 +523,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("run")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_health)
+
+    s = sub.add_parser(
+        "compare",
+        help="runs side by side: config diff, final-window statistics, Welch's t-test (exit 1: regression)",
+    )
+    s.add_argument("runs", nargs="+")
+    s.add_argument("--baseline", help="the run the others are compared with (default: the first)")
+    s.add_argument("--metric", action="append", help="only these metrics (repeatable; default: all shared)")
+    s.add_argument("--window", type=int, help="values in the final window (default: the last tenth, >= 5)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_compare)
 
     s = sub.add_parser("export", help="one run's scalars as tidy rows (run, step, name, value, wall_time)")
     s.add_argument("--run", required=True)

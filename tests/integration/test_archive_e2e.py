@@ -222,3 +222,36 @@ def test_health_cli_scores_an_archived_run_and_names_a_nan_burst(settings, sink)
     assert text.startswith(f"run {run.run_id}: health ") and "validity" in text
     missing = subprocess.run(cli(settings, "health", "nope"), capture_output=True, text=True)
     assert missing.returncode == 2 and "not in the archive" in missing.stderr
+
+
+def test_compare_cli_shows_the_config_difference_and_flags_a_regression(settings, sink):
+    import json
+    import random
+
+    sink()
+    rng = random.Random(3)
+    runs = {}
+    for name, lr, level in (("base", 0.1, 1.0), ("slower", 0.01, 1.3)):
+        run = Run("p", name=name, settings=settings, system_metrics=False, config={"lr": lr, "seed": 1})
+        for step in range(100):
+            run.log({"Train/Loss": level + 0.02 * rng.gauss(0, 1), "Train/AvgReward": 0.5}, step=step)
+        assert run.finish(timeout=20)
+        runs[name] = run.run_id
+    for run_id in runs.values():
+        wait_for_rows(settings.archive_dir, run_id, lambda t: len(held_seqs(t)) >= 102)
+    done = subprocess.run(
+        cli(settings, "compare", runs["base"], runs["slower"], "--metric", "Train/Loss", "--json"),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1, done.stderr  # a regression
+    out = json.loads(done.stdout)
+    assert out["config_diff"] == {"lr": {runs["base"]: 0.1, runs["slower"]: 0.01}}  # seed is the same
+    (loss,) = out["metrics"]
+    assert loss["verdict"] == "worse" and loss["p_value"] < 1e-6 and loss["effect_size"] > 5
+    same = subprocess.run(
+        cli(settings, "compare", runs["base"], runs["slower"], "--metric", "Train/AvgReward"),
+        capture_output=True,
+        text=True,
+    )
+    assert same.returncode == 0 and "lr:" in same.stdout
