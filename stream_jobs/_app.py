@@ -193,10 +193,16 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
                 counts["alerts"] += len(out.alerts)
         metrics.update(counts)
 
+    writing = asyncio.Lock()  # the timer and a revocation may both checkpoint: one at a time
+
     async def checkpoint(partitions: list[int], why: str) -> None:
         """Write the partitions' checkpoints once every output so far is acknowledged."""
         if state.directory is None or not partitions:
             return
+        async with writing:
+            await _checkpoint([p for p in partitions if p in state.processors], why)
+
+    async def _checkpoint(partitions: list[int], why: str) -> None:
         # no await until every snapshot is taken: the agent is parked between two records
         taken = {p: state.snapshot(p) for p in partitions}
         try:

@@ -86,3 +86,19 @@ def test_derived_events_are_numbered_the_same_by_a_restored_processor(tmp_path):
     load(path, after)
     resumed = numbered(after, events[291:])
     assert resumed and all(expected[seq] == body for seq, body in resumed.items())
+
+
+def test_the_one_file_checkpoint_of_older_workers_is_removed_saying_so(tmp_path, caplog):
+    from schemas import Settings
+    from stream_jobs import checkpoint_dir, retire_single_file
+
+    settings = Settings(data_dir=tmp_path)
+    old = tmp_path / "stream" / "g.checkpoint"
+    old.parent.mkdir(parents=True)
+    old.write_bytes(pickle.dumps({"format": 4, "positions": {0: 9}, "state": {}}))
+    with caplog.at_level(logging.WARNING, logger="metricbus.stream"):
+        retire_single_file(settings, "g")
+    assert not old.exists() and "rebuilt from the topic once" in caplog.text
+    assert checkpoint_dir(settings, "g") == tmp_path / "stream" / "g"
+    shared = Settings(data_dir=tmp_path, checkpoint_dir=tmp_path / "shared")
+    assert checkpoint_dir(shared, "g") == tmp_path / "shared" / "g"  # METRICBUS_CHECKPOINT_DIR

@@ -171,3 +171,26 @@ def test_a_resumed_run_reopens_the_same_wandb_run_with_its_new_config(tmp_path, 
     assert wb["files"] == 2 and wb["projects"] == {"grpo"}  # one W&B run, opened twice
     assert [r["loss"] for r in wb["history"] if "loss" in r] == [1.0, 0.5]
     assert wb["config"]["lr"] == 0.05
+
+
+def test_a_rebalance_releases_the_runs_and_the_next_event_reopens_them_once(tmp_path, offline):
+    """Two instances pass a run between them: this one finishes its W&B run and reloads what
+    the run file holds when the run comes back, so nothing is logged twice."""
+    from sinks import Feeder
+
+    sink = WandbSink(tmp_path)
+    sink.open()
+    feeder = Feeder(sink)
+    first = [ev(0, RUN_STARTED, run_started("grpo", "gemma", {})), metrics(1, 1, {"loss": 1.0})]
+    feeder.write(feeder.fresh(first))
+    sink.flush()
+    sink.release()  # what the runtime does after the flush of a revocation
+    feeder.forget()
+    again = first + [metrics(2, 2, {"loss": 0.5})]  # redelivered from the last commit, plus one
+    fresh = feeder.fresh(again)
+    assert [e.seq for e in fresh] == [2]  # what the W&B run file already held is recognised
+    feeder.write(fresh)
+    sink.flush()
+    sink.close()
+    wb = read_run(tmp_path, "run-wb1", every_opening=True)
+    assert [r["loss"] for r in wb["history"] if "loss" in r] == [1.0, 0.5]
