@@ -340,6 +340,29 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 1 if worse else 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from schemas import check_run_id
+    from sinks import read_events
+
+    from ._report import build
+
+    settings = _settings(args)
+
+    def events_of(run: str) -> list[Any]:
+        try:
+            events = read_events(settings.archive_dir, check_run_id(run), derived=True)
+        except (FileNotFoundError, ValueError):
+            events = []
+        if not events:
+            raise MetricbusError(f"run {run!r} is not in the archive at {settings.archive_dir}")
+        return events
+
+    page = build(args.run, events_of(args.run), {r: events_of(r) for r in args.compare or ()})
+    Path(args.out).write_text(page)
+    print(f"wrote {args.out} ({len(page) // 1024} kB); open it in a browser, no network needed")
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
@@ -534,6 +557,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--window", type=int, help="values in the final window (default: the last tenth, >= 5)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_compare)
+
+    s = sub.add_parser("report", help="one self-contained HTML report of a run (charts, health, epochs)")
+    s.add_argument("run")
+    s.add_argument(
+        "--compare", action="append", metavar="RUN", help="overlay and test another run (repeatable)"
+    )
+    s.add_argument("--out", required=True, help="the HTML file to write")
+    s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("export", help="one run's scalars as tidy rows (run, step, name, value, wall_time)")
     s.add_argument("--run", required=True)

@@ -76,7 +76,7 @@ def assess(run_id: str, events: Iterable[Event], dead_letters: int | None = None
     _timing(parts["timing"], series, events)
     pipeline = parts["pipeline"]
     if dead_letters is None:
-        pipeline.evidence.append("dead letters not checked (no broker reachable)")
+        pipeline.evidence.append("dead letters not checked (no broker reachable, or not asked)")
     elif dead_letters:
         pipeline.deduct(2 * dead_letters, f"{dead_letters} record(s) of this run in the dead-letter topic")
     return Health(run_id, list(parts.values()))

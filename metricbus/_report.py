@@ -1,0 +1,263 @@
+"""``metricbus report``: one self-contained HTML file about a run, from the archive.
+
+No network is needed to open it: the charts are drawn by uPlot, the dashboard's own chart
+library, inlined with its MIT licence note; the data is inlined as JSON. Sections: the run
+(config), health (``_health``) with its evidence, learning curves (each logged series with its
+derived ``_recent_mean``/``_ema`` on the same axes; a compared run's as a dashed line), loss
+parts (policy, value, entropy, KL), the learning-rate schedule, gradient norms early / middle /
+late, the reward distribution per epoch, the Epoch/* table, and the comparison with Welch's
+t-test when runs are given to compare with.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, run_config
+from stream_jobs import LOSS_ALIASES, REWARD_ALIASES
+
+from ._compare import compare_metric, config_diff
+from ._health import assess
+
+DERIVED_PRODUCER = "metricbus.stream"
+_LOSS_PARTS = ("policy", "value", "entropy", "kl", "clip")
+_MAX_CHARTS = 24
+
+
+Points = list[tuple[int, float | None]]  # (step, value; None for NaN/inf: a gap in the chart)
+
+
+def _series(events: Sequence[Event], derived: bool) -> dict[str, Points]:
+    out: dict[str, Points] = {}
+    for e in events:
+        if e.kind == METRICS and (e.producer_id == DERIVED_PRODUCER) == derived:
+            for name, value in e.body["scalars"].items():
+                out.setdefault(name, []).append((e.body["step"], value if math.isfinite(value) else None))
+    return out
+
+
+def _samples(events: Sequence[Event]) -> dict[str, dict[int, list[float]]]:
+    """Per samples name and epoch, the epoch's finite samples."""
+    out: dict[str, dict[int, list[float]]] = {}
+    for e in events:
+        if e.kind == METRICS and e.producer_id != DERIVED_PRODUCER:
+            epoch = e.body["epoch"] if e.body["epoch"] is not None else 0
+            for name, values in e.body["samples"].items():
+                out.setdefault(name, {}).setdefault(epoch, []).extend(v for v in values if math.isfinite(v))
+    return out
+
+
+def _quantiles(values: list[float]) -> list[float]:
+    ordered = sorted(values)
+    return [ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.0, 0.25, 0.5, 0.75, 1.0)]
+
+
+def build(run_id: str, events: Sequence[Event], others: dict[str, Sequence[Event]] | None = None) -> str:
+    """The report's HTML (a string, self-contained)."""
+    others = others or {}
+    logged, derived = _series(events, False), _series(events, True)
+    started = next((e.body for e in events if e.kind == RUN_STARTED), {})
+    finished = [e.body["status"] for e in events if e.kind == RUN_FINISHED]
+    title = f"{started.get('name', run_id)} ({run_id})"
+    health = assess(run_id, [e for e in events if e.producer_id != DERIVED_PRODUCER])
+
+    charts: list[dict[str, Any]] = []
+
+    def chart(section: str, name: str, lines: dict[str, Points]) -> None:
+        if lines and len(charts) < _MAX_CHARTS * 3:
+            charts.append({"section": section, "title": name, "lines": lines})
+
+    loss = next((n for n in LOSS_ALIASES if n in logged), None)
+    reward = next((n for n in REWARD_ALIASES if n in logged), None)
+    main = [n for n in (loss, reward) if n] + sorted(
+        n for n in logged if n not in (loss, reward) and not n.startswith(("System/", "grad/", "lr/"))
+    )
+    for name in main[:_MAX_CHARTS]:
+        lines = {name: logged[name]}
+        for stat in ("_recent_mean", "_ema"):
+            if name + stat in derived:
+                lines[name + stat] = derived[name + stat]
+        for other, other_events in others.items():
+            overlay = _series(other_events, False).get(name)
+            if overlay:
+                lines[f"{name} ({other})"] = overlay
+        chart("Learning curves", name, lines)
+    parts = {n: logged[n] for n in logged if any(w in n.lower() for w in _LOSS_PARTS) and n != loss}
+    chart("Loss parts", "policy, value, entropy, KL", parts)
+    lr = {n: v for n, v in logged.items() if n.startswith("lr/") or "learning_rate" in n}
+    chart("Learning-rate schedule", "learning rate", lr)
+    epochs: dict[int, dict[str, float]] = {}
+    for e in events:
+        if e.kind == METRICS and e.producer_id == DERIVED_PRODUCER and e.body["epoch"] is not None:
+            for n, v in e.body["scalars"].items():
+                if n.startswith("Epoch/"):
+                    epochs.setdefault(e.body["epoch"], {})[n[len("Epoch/") :]] = v
+
+    grad = [v for _, v in logged.get("grad/total_norm", []) if v is not None]
+    grad_rows = []
+    if len(grad) >= 3:
+        third = len(grad) // 3
+        for label, part in (("early", grad[:third]), ("middle", grad[third:-third]), ("late", grad[-third:])):
+            grad_rows.append([label, len(part), *_quantiles(part)])
+    reward_rows = []
+    samples = _samples(events)
+    reward_samples = next((n for n in REWARD_ALIASES if n in samples), None) or next(
+        iter(sorted(samples)), None
+    )
+    if reward_samples is not None:
+        for epoch, values in sorted(samples[reward_samples].items()):
+            if values:
+                reward_rows.append([epoch, len(values), *_quantiles(values)])
+
+    comparison_rows = []
+    diff: dict[str, dict[str, Any]] = {}
+    if others:
+        diff = config_diff({run_id: run_config(events), **{r: run_config(ev) for r, ev in others.items()}})
+        for other, other_events in others.items():
+            theirs = _series(other_events, False)
+            for name in main:
+                if name in theirs:
+                    found = compare_metric(
+                        name,
+                        (run_id, [v for _, v in logged[name] if v is not None]),
+                        (other, [v for _, v in theirs[name] if v is not None]),
+                    )
+                    if found is not None:
+                        comparison_rows.append(
+                            [
+                                name,
+                                other,
+                                found.baseline_mean,
+                                found.mean,
+                                found.p_value,
+                                found.effect_size,
+                                found.verdict,
+                            ]
+                        )
+
+    data = {"charts": charts}
+    page = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>metricbus report: {html.escape(title)}</title>",
+        f"<style>{_CSS}\n{_asset('uPlot.min.css')}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p class='muted'>project {html.escape(str(started.get('project', '?')))} · "
+        f"{html.escape(finished[-1] if finished else 'not finished')} · "
+        f"{sum(len(v) for v in logged.values())} logged values</p>",
+        "<h2>Health</h2>",
+        f"<p id='score' class='score'>{health.score:.0f}/100</p>",
+        _table(
+            ["part", "deducted", "of", "evidence"],
+            [[p.name, f"{p.deducted:.1f}", p.weight, "; ".join(p.evidence) or "-"] for p in health.parts],
+            "health",
+        ),
+        "<div id='charts'></div>",
+        "<h2>Epochs</h2>",
+        _epoch_table(epochs) if epochs else "<p class='muted'>no Epoch/* series (log with epoch=)</p>",
+        "<h2>Gradient norm, early / middle / late</h2>",
+        _table(["phase", "n", "min", "p25", "median", "p75", "max"], grad_rows, "grad")
+        if grad_rows
+        else "<p class='muted'>no grad/total_norm (run.watch(model))</p>",
+        "<h2>Reward distribution per epoch"
+        + (f" ({html.escape(reward_samples)})" if reward_samples else "")
+        + "</h2>",
+        _table(["epoch", "n", "min", "p25", "median", "p75", "max"], reward_rows, "rewards")
+        if reward_rows
+        else "<p class='muted'>no per-sample values</p>",
+    ]
+    if others:
+        page += [
+            "<h2>Comparison</h2>",
+            "<p class='muted'>final windows (last tenth), Welch's t-test, Hedges' g; baseline: this run</p>",
+            _table(
+                ["config key", *[run_id, *others]],
+                [[k, *[json.dumps(v.get(r)) for r in (run_id, *others)]] for k, v in diff.items()],
+                "config-diff",
+            )
+            if diff
+            else "<p class='muted'>configs are identical</p>",
+            _table(
+                ["metric", "run", "baseline", "run mean", "p", "g", "verdict"], comparison_rows, "comparison"
+            ),
+        ]
+    page += [
+        "<h2>Config</h2>",
+        "<pre id='config'>"
+        + html.escape(json.dumps(run_config(events), indent=2, sort_keys=True, default=str)),
+        "</pre>",
+        "<p class='muted'>charts: uPlot (MIT licence, © Leon Sorokin), inlined</p>",
+        f"<script>{_asset('uPlot.iife.min.js')}</script>",
+        # metric names are untrusted: no "<" survives in the inlined JSON, so none closes the script
+        "<script>const DATA = " + json.dumps(data, allow_nan=False).replace("<", "\\u003c") + ";",
+        f"{_JS}</script>",
+        "</body></html>",
+    ]
+    return "\n".join(page)
+
+
+def _asset(name: str) -> str:
+    return resources.files("metricbus").joinpath(f"web/static/vendor/uplot/{name}").read_text()
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return "-" if not math.isfinite(value) else f"{value:.4g}"
+    return html.escape(str(value))
+
+
+def _table(columns: list[str], rows: list[list[Any]], ident: str) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table id='{ident}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _epoch_table(epochs: dict[int, dict[str, float]]) -> str:
+    columns = sorted({k for row in epochs.values() for k in row})
+    rows = [[epoch, *[epochs[epoch].get(c, math.nan) for c in columns]] for epoch in sorted(epochs)]
+    return _table(["epoch", *columns], rows, "epochs")
+
+
+_CSS = """
+body { font: 14px system-ui, sans-serif; margin: 24px; color: #1d2430; max-width: 1200px; }
+h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; }
+.muted { color: #68707d; } .score { font-size: 34px; font-weight: 600; margin: 4px 0; }
+table { border-collapse: collapse; margin: 6px 0; } td, th { border: 1px solid #d8dce3; padding: 3px 8px; }
+th { background: #f2f4f7; text-align: left; } td { font-variant-numeric: tabular-nums; }
+.charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 12px; }
+.chart { border: 1px solid #d8dce3; border-radius: 6px; padding: 6px; }
+.chart h3 { font-size: 13px; margin: 2px 4px 6px; }
+"""
+
+_JS = """
+const COLORS = ["#2f6fde", "#e0732c", "#2a9d5b", "#b53fb1", "#8a6d1f", "#555"];
+const root = document.getElementById("charts");
+let section = null, grid = null;
+for (const c of DATA.charts) {
+  if (c.section !== section) {
+    section = c.section;
+    const h = document.createElement("h2"); h.textContent = section; root.appendChild(h);
+    grid = document.createElement("div"); grid.className = "charts"; root.appendChild(grid);
+  }
+  const box = document.createElement("div"); box.className = "chart"; box.dataset.series = c.title;
+  const h = document.createElement("h3"); h.textContent = c.title; box.appendChild(h); grid.appendChild(box);
+  const names = Object.keys(c.lines);
+  const xs = [...new Set(names.flatMap((n) => c.lines[n].map((p) => p[0])))].sort((a, b) => a - b);
+  const columns = names.map((n) => {
+    const m = new Map(c.lines[n]);
+    return xs.map((x) => (m.has(x) ? m.get(x) : null));
+  });
+  const series = [{ label: "step" }, ...names.map((n, i) => ({
+    label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
+    dash: n.endsWith(")") ? [6, 4] : undefined,
+  }))];
+  const opts = { width: 380, height: 200, scales: { x: { time: false } }, series, axes: [{}, { size: 56 }] };
+  new uPlot(opts, [xs, ...columns], box);
+  box.dataset.points = String(xs.length);
+}
+document.body.dataset.ready = "1";
+"""
