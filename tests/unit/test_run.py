@@ -272,3 +272,35 @@ def test_with_no_broker_the_run_says_so_once_and_kafka_pythons_own_errors_stay_q
     kafka_lines = [r for r in caplog.records if r.name.startswith("kafka") and r.levelno >= logging.WARNING]
     ours = [r for r in caplog.records if "unreachable" in r.getMessage()]
     assert kafka_lines == [] and len(ours) == 1
+
+
+def test_a_trickle_of_events_is_sent_in_few_requests_and_checked_at_most_once_a_second(settings):
+    """Each Kafka request costs the producer ~1 ms of CPU: a trickle (an SB3 episode every few ms)
+    goes out at most every send linger (100 ms), and the broker is asked whether it lost the topic
+    at most once a second, and once more before finish() returns."""
+
+    class Counting(FakeTransport):
+        def __init__(self):
+            super().__init__()
+            self.unverified = False
+            self.verifies = 0
+
+        def send(self, key, records):
+            super().send(key, records)
+            self.unverified = True
+
+        def verify(self):
+            self.verifies += 1
+            self.unverified = False
+
+    fake = Counting()
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    started = time.monotonic()
+    for i in range(60):
+        run.log({"rollout/episode_return": [float(i)]}, step=i)
+        time.sleep(0.005)
+    elapsed = time.monotonic() - started
+    assert run.finish(timeout=10)
+    assert fake.calls <= elapsed / 0.1 + 3  # not one request per 20 ms linger (that was ~elapsed / 0.02)
+    assert 1 <= fake.verifies <= elapsed / 1.0 + 2 and not fake.unverified  # verified before finish returned
+    assert len(metrics(fake.events())) == 60
