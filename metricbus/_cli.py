@@ -250,22 +250,28 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 1 if report.spools_failed else 0
 
 
-def cmd_health(args: argparse.Namespace) -> int:
-    import json
-
+def _archived(settings: Settings, run: str, derived: bool = False) -> list[Any]:
+    """A run's events from the archive; a clear error when it has none."""
     from schemas import check_run_id
     from sinks import read_events
+
+    try:
+        events = read_events(settings.archive_dir, check_run_id(run), derived=derived)
+    except (FileNotFoundError, ValueError):
+        events = []
+    if not events:
+        raise MetricbusError(f"run {run!r} is not in the archive at {settings.archive_dir}")
+    return events
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    import json
 
     from ._health import assess, dead_letters_of
 
     settings = _settings(args)
-    run_id = check_run_id(args.run)
-    try:
-        events = read_events(settings.archive_dir, run_id)
-    except (FileNotFoundError, ValueError):
-        events = []
-    if not events:
-        raise MetricbusError(f"run {run_id!r} is not in the archive at {settings.archive_dir}")
+    run_id = args.run
+    events = _archived(settings, run_id)
     health = assess(run_id, events, dead_letters_of(settings, run_id))
     if args.json:
         print(json.dumps(health.as_dict(), indent=2))
@@ -283,7 +289,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     import json
 
     from schemas import METRICS, check_run_id, run_config
-    from sinks import read_events
 
     from ._compare import compare_metric, config_diff
 
@@ -296,12 +301,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise MetricbusError("compare needs at least two runs")
     configs, series = {}, {}
     for run in runs:
-        try:
-            events = read_events(settings.archive_dir, run)
-        except (FileNotFoundError, ValueError):
-            events = []
-        if not events:
-            raise MetricbusError(f"run {run!r} is not in the archive at {settings.archive_dir}")
+        events = _archived(settings, run)
         configs[run] = run_config(events)
         values: dict[str, list[float]] = {}
         for e in events:
@@ -341,23 +341,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from schemas import check_run_id
-    from sinks import read_events
-
     from ._report import build
 
     settings = _settings(args)
-
-    def events_of(run: str) -> list[Any]:
-        try:
-            events = read_events(settings.archive_dir, check_run_id(run), derived=True)
-        except (FileNotFoundError, ValueError):
-            events = []
-        if not events:
-            raise MetricbusError(f"run {run!r} is not in the archive at {settings.archive_dir}")
-        return events
-
-    page = build(args.run, events_of(args.run), {r: events_of(r) for r in args.compare or ()})
+    others = {r: _archived(settings, r, derived=True) for r in args.compare or ()}
+    page = build(args.run, _archived(settings, args.run, derived=True), others)
     Path(args.out).write_text(page)
     print(f"wrote {args.out} ({len(page) // 1024} kB); open it in a browser, no network needed")
     return 0

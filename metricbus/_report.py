@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -57,7 +57,7 @@ def _quantiles(values: list[float]) -> list[float]:
     return [ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.0, 0.25, 0.5, 0.75, 1.0)]
 
 
-def build(run_id: str, events: Sequence[Event], others: dict[str, Sequence[Event]] | None = None) -> str:
+def build(run_id: str, events: Sequence[Event], others: Mapping[str, Sequence[Event]] | None = None) -> str:
     """The report's HTML (a string, self-contained)."""
     others = others or {}
     logged, derived = _series(events, False), _series(events, True)

@@ -157,8 +157,10 @@ class KafkaTransport:
         if self._admin is None:
             return
         try:
-            if self._current_topic_id() != self._topic_id:
-                self._lost = True
+            current = self._current_topic_id()
+            if current != self._topic_id:
+                self._lost = True  # said once: what was acknowledged before is resent once
+                self._topic_id = current
             self._unverified = False
         except (KafkaError, OSError) as exc:
             self.close()

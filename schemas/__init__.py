@@ -40,7 +40,7 @@ from ._events import (
     encode_event,
     encode_events,
 )
-from ._files import Ledger, atomic_write, fsync_dir
+from ._files import Ledger, atomic_write, fsync_dir, read_yaml
 from ._kafka import (
     MAX_RECORD_BYTES,
     client_options,
@@ -101,6 +101,7 @@ __all__ = [
     "consumer_group_options",
     "fetch_options",
     "atomic_write",
+    "read_yaml",
     "crc64_avro",
     "dead_letter",
     "make_consumer",

@@ -2,7 +2,8 @@
 
 The one home of atomic writes: every file metricbus replaces in place goes through
 :func:`atomic_write` (temporary name, fsync, rename, fsync of the directory), so a crash
-leaves the old file or the new one, never a torn one.
+leaves the old file or the new one, never a torn one. Also the one reader of the YAML files
+users hand to metricbus (:func:`read_yaml`), with the file named in every error.
 """
 
 from __future__ import annotations
@@ -14,6 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from ._dedupe import Interval, SeqSet
+from ._errors import ConfigError
+
+
+def read_yaml(path: Path | str, what: str) -> Any:
+    """A user's YAML file (stream config, layout, ...); ConfigError naming the file on failure."""
+    import yaml
+
+    path = Path(path)
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
 
 
 def fsync_dir(directory: Path) -> None:

@@ -15,9 +15,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from schemas import ConfigError
+from schemas import ConfigError, read_yaml
 
 _SMOOTHED = r"(?:_recent_mean|_ema)?"  # the stream's rolling statistics sit beside their series
 
@@ -89,13 +87,7 @@ TEMPLATE: dict[str, dict[str, list[str]]] = {
 
 def load_layout(path: Path | str) -> dict[str, dict[str, list[str]]]:
     """A user's charts from YAML (category -> chart -> list of regexes); ConfigError on anything else."""
-    path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read layout {path}: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    doc = read_yaml(path, "layout")
     usage = f"{path}: expected category -> chart -> list of regexes, e.g. {{Mine: {{Accuracy: ['acc.*']}}}}"
     if not isinstance(doc, dict):
         raise ConfigError(usage)

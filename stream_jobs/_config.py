@@ -7,9 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from schemas import ConfigError
+from schemas import ConfigError, read_yaml
 
 from ._roles import LOSS_ALIASES, REWARD_ALIASES, THROUGHPUT_ALIASES
 
@@ -144,13 +142,7 @@ class StreamConfig:
 
 def load_config(path: Path | str) -> StreamConfig:
     """A StreamConfig from a YAML mapping of its fields; ConfigError naming the file and the fix."""
-    path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read stream config {path}: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    doc = read_yaml(path, "stream config")
     return parse_config(doc or {}, source=str(path))
 
 
