@@ -22,8 +22,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, Settings
-from stream_jobs import LOSS_ALIASES, REWARD_ALIASES
+from schemas import LOSS_ALIASES, METRICS, REWARD_ALIASES, RUN_FINISHED, RUN_STARTED, Event, Settings
 
 WEIGHTS = {"completeness": 30, "validity": 20, "progress": 15, "stability": 15, "timing": 10, "pipeline": 10}
 

@@ -18,8 +18,7 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
-from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, run_config
-from stream_jobs import LOSS_ALIASES, REWARD_ALIASES
+from schemas import LOSS_ALIASES, METRICS, REWARD_ALIASES, RUN_FINISHED, RUN_STARTED, Event, run_config
 
 from ._compare import compare_metric, config_diff
 from ._health import assess

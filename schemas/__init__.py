@@ -5,6 +5,7 @@ ours: producers, stream_jobs, sinks and the metricbus face all build on it.
 """
 
 from ._bodies import config_object, config_update, merge_config, run_config, run_started
+from ._catalog import LOSS_ALIASES, REWARD_ALIASES, THROUGHPUT_ALIASES
 from ._codec import HEADER_SIZE, MAGIC, Codec, default_codec
 from ._deadletter import DeadLetter, dead_letter
 from ._dedupe import Deduper, Interval, SeqSet
@@ -57,6 +58,9 @@ from ._settings import Settings, Topics
 from ._telemetry import LoopMetrics, count_restart, multiprocess_dir
 
 __all__ = [
+    "LOSS_ALIASES",
+    "REWARD_ALIASES",
+    "THROUGHPUT_ALIASES",
     "HEADER_SIZE",
     "HEARTBEAT",
     "HISTOGRAM",

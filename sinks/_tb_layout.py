@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from schemas import ConfigError, read_yaml
+from schemas import LOSS_ALIASES, REWARD_ALIASES, THROUGHPUT_ALIASES, ConfigError, read_yaml
 
 _SMOOTHED = r"(?:_recent_mean|_ema)?"  # the stream's rolling statistics sit beside their series
 
@@ -28,14 +28,7 @@ def _with_smoothed(*names: str) -> list[str]:
 TEMPLATE: dict[str, dict[str, list[str]]] = {
     "Reward": {
         "Epoch reward": [r"Epoch/AvgReward", r"Epoch/RewardTrend"],
-        "Reward": _with_smoothed(
-            "Train/AvgReward",
-            "rollout/ep_rew_mean",
-            "reward",
-            "train/reward",
-            "charts/episodic_return",
-            "env/reward_mean",
-        ),
+        "Reward": _with_smoothed(*REWARD_ALIASES),  # the alias catalog (samples: their rolling mean)
         "Episode return (per episode)": [
             r"rollout/episode_return_(?:mean|min|max|recent_mean)",
             r"episode/reward_(?:mean|min|max|recent_mean)",
@@ -49,10 +42,7 @@ TEMPLATE: dict[str, dict[str, list[str]]] = {
     },
     "Loss": {
         "Epoch loss": [r"Epoch/AvgLoss", r"Epoch/LossTrend"],
-        "Training loss": [
-            *_with_smoothed("Train/Loss", "train/loss", "loss", "train_loss", "train_loss_step"),
-            *_with_smoothed("losses/td_loss", "losses/loss"),
-        ],
+        "Training loss": _with_smoothed(*LOSS_ALIASES),
         "Loss parts": [
             r"Train/PolicyLoss",
             r"Train/ValueLoss",
@@ -74,8 +64,8 @@ TEMPLATE: dict[str, dict[str, list[str]]] = {
         "Generation": [r"Performance/Generation_.*"],
         "Backprop": [r"Performance/Backprop_.*"],
         "Throughput": [
-            *_with_smoothed("time/fps", "charts/SPS", "train_samples_per_second", "train_steps_per_second"),
-            r"(?:time/fps|charts/SPS|train_samples_per_second|train_steps_per_second)_(?:avg|p99)",
+            *_with_smoothed(*THROUGHPUT_ALIASES),
+            "(?:" + "|".join(map(re.escape, THROUGHPUT_ALIASES)) + ")_(?:avg|p99)",
         ],
     },
     "System": {

@@ -12,15 +12,11 @@ from ._derive import Point, RunDeriver, derive_all
 from ._partitions import PartitionedState
 from ._processor import Output, StreamProcessor
 from ._rebuild import committed_offsets
-from ._roles import LOSS_ALIASES, REWARD_ALIASES, THROUGHPUT_ALIASES
 from ._rules import DEFAULT_RULES, Rule, load_rules, parse_rules
 from ._stats import EMA, Convergence, Welford, Window, trend_class
 
 __all__ = [
     "DEFAULT_RULES",
-    "LOSS_ALIASES",
-    "REWARD_ALIASES",
-    "THROUGHPUT_ALIASES",
     "METRIC_STATS",
     "EMA",
     "AlertEngine",

@@ -272,7 +272,7 @@ def test_up_with_two_workers_and_two_instances_of_each_sink_shares_the_partition
         for name in ("stream-worker", "stream-worker-2"):
             assert "state rebuilt" in (logs / f"{name}.log").read_text(), name  # each got partitions
         for name in ("sink-parquet", "sink-parquet-2", "sink-tensorboard", "sink-tensorboard-2"):
-            assert "assigned [\"TopicPartition" in (logs / f"{name}.log").read_text(), name
+            assert 'assigned ["TopicPartition' in (logs / f"{name}.log").read_text(), name
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
