@@ -58,7 +58,7 @@ class StreamConfig:
     reward_metric: str = "Train/AvgReward"
     #: The logged scalar behind Epoch/AvgLoss and Epoch/LossTrend.
     loss_metric: str = "Train/Loss"
-    #: The alias catalog (``stream_jobs/_roles.py``): other names that are a run's reward or loss
+    #: The alias catalog (``schemas/_catalog.py``): other names that are a run's reward or loss
     #: (SB3, Hugging Face, TRL, Lightning, CleanRL). A run binds each role to the first of
     #: ``reward_metric`` + ``reward_aliases`` (``loss_metric`` + ``loss_aliases``) it logs, and its
     #: Epoch/* series, trends and the rules scoped to ``@reward`` follow that series. Replace
