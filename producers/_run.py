@@ -165,9 +165,17 @@ class Run:
 
     # -- logging ------------------------------------------------------------------------
 
-    def log(self, data: Mapping[str, Any], step: int | None = None, epoch: int | None = None) -> None:
+    def log(
+        self,
+        data: Mapping[str, Any],
+        step: int | None = None,
+        epoch: int | None = None,
+        labels: Mapping[str, Any] | None = None,
+    ) -> None:
         """Queue scalars (and per-sample arrays) at ``step`` (default: the last step + 1).
 
+        ``labels`` say what the values measure (``{"task": "logo_a"}``): the stream derives
+        ``by_<key>/<value>/<metric>_recent_mean`` from them (see :meth:`log_episode`).
         Non-blocking: this only enqueues; a background thread encodes and publishes.
         """
         try:
@@ -196,6 +204,7 @@ class Run:
                     "rank": self.rank,
                     "scalars": scalars,
                     "samples": samples,
+                    "labels": self._gate.labels(labels) if labels else {},
                 },
             )
             self._queue.append(event)
@@ -203,6 +212,43 @@ class Run:
             raise
         except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
             self._internal_error("log", exc)
+
+    def log_episode(
+        self,
+        reward: float,
+        *,
+        length: int | None = None,
+        success: bool | None = None,
+        reason: str | None = None,
+        labels: Mapping[str, Any] | None = None,
+        step: int | None = None,
+        **values: Any,
+    ) -> None:
+        """One finished episode: its reward, and what the diagnostics break results down by.
+
+        Logs ``episode/reward``, ``episode/length``, ``episode/success`` (1 or 0) and each of
+        ``values`` as ``episode/<name>``, labelled with ``labels`` (the episode's task,
+        environment, difficulty: seed 001's "logo type") and ``termination=reason``. The stream
+        derives ``by_<key>/<value>/episode/reward_recent_mean``, the success rate per label
+        (``.../episode/success_recent_mean``) and each value's share (``by_<key>/<value>/share``).
+        ``step`` defaults to the run's current step (an episode does not advance it).
+        """
+        try:
+            data: dict[str, Any] = {"episode/reward": reward}
+            if length is not None:
+                data["episode/length"] = length
+            if success is not None:
+                data["episode/success"] = 1.0 if success else 0.0
+            for name, value in values.items():
+                data[f"episode/{name}"] = value
+            tags = dict(labels or {})
+            if reason is not None:
+                tags["termination"] = reason
+            self.log(data, step=max(self._step - 1, 0) if step is None else step, labels=tags)
+        except MetricValueError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
+            self._internal_error("log_episode", exc)
 
     def log_histogram(
         self,

@@ -18,6 +18,9 @@ log = logging.getLogger("metricbus.producer")
 
 #: Largest sample array accepted for one metric in one log() call.
 MAX_SAMPLES = 65_536
+#: Most labels on one log() call, and the longest key or value.
+MAX_LABELS = 16
+MAX_LABEL_LENGTH = 128
 _NUMBER = (float, int, bool)
 
 
@@ -52,6 +55,24 @@ class ValueGate:
             else:
                 self._slow(key, value, scalars, samples)
         return scalars, samples
+
+    def labels(self, labels: Mapping[Any, Any]) -> dict[str, str]:
+        """``labels`` as Avro's map of strings: keys and values as ``str``, within the limits.
+
+        At most :data:`MAX_LABELS` labels of :data:`MAX_LABEL_LENGTH` characters each; past
+        that (or for a value that cannot be a string) the labels are dropped, counted and
+        said once: the values are still logged.
+        """
+        try:
+            if len(labels) > MAX_LABELS:
+                raise ValueError(f"{len(labels)} labels, more than {MAX_LABELS}")
+            out = {str(k): v if type(v) is str else str(v) for k, v in labels.items()}
+            if any(len(k) > MAX_LABEL_LENGTH or len(v) > MAX_LABEL_LENGTH for k, v in out.items()):
+                raise ValueError(f"a label longer than {MAX_LABEL_LENGTH} characters")
+            return out
+        except Exception as exc:  # noqa: BLE001 - whatever a user's object raises, log() must not
+            self._reject("labels", labels, f"{type(exc).__name__}: {exc}")
+            return {}
 
     def _slow(self, key: str, value: Any, scalars: dict[str, float], samples: dict[str, list[float]]) -> None:
         try:

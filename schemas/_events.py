@@ -171,6 +171,7 @@ def decode_aggregates(codec: Codec, value: bytes) -> DerivedRecord:
                 "rank": 0,
                 "scalars": {},
                 "samples": {},
+                "labels": {},
             }
             stamps[key] = p["ts_ms"]
         body["scalars"][p["name"]] = p["value"]

@@ -4,6 +4,8 @@ Layout: ``<archive>/project=<project>/run=<run_id>/part-<t>-<id>.parquet``, hive
 pyarrow and duckdb read the project and run from the path. One row per scalar of a Metrics
 event (``name``, ``value``), one per sample array (``samples``), one per other event
 (``payload`` holds that event, single-object encoded, so replay loses nothing).
+A Metrics event's labels are on each of its rows (``labels``, a map; null when none); files
+of format 1 have no such column and read as null.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ import pyarrow.parquet as pq
 
 from schemas import DERIVED_PRODUCER, METRICS, Codec, Event, default_codec, path_segment
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"  # 2: the labels column
 SEQS_KEY = b"metricbus.seqs"
 FORMAT_KEY = b"metricbus.format"
 REPLACES_KEY = b"metricbus.replaces"
+
+#: A Metrics event's labels (``{"task": "logo_a"}``): duckdb reads ``labels['task']``.
+LABELS = pa.map_(pa.string(), pa.string())
 
 SCHEMA = pa.schema(
     [
@@ -33,6 +38,7 @@ SCHEMA = pa.schema(
         ("step", pa.int64()),
         ("epoch", pa.int64()),
         ("rank", pa.int32()),
+        ("labels", LABELS),
         ("name", pa.string()),
         ("value", pa.float64()),
         ("samples", pa.list_(pa.float64())),
@@ -132,6 +138,7 @@ def read_events(archive: Path, run_id: str, codec: Codec | None = None, derived:
                     "rank": row["rank"],
                     "scalars": {},
                     "samples": {},
+                    "labels": dict(row["labels"] or ()),
                 }
             fingerprint = bytes.fromhex(row["fingerprint"])
             events.append(

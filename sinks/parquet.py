@@ -50,6 +50,7 @@ from schemas import (
 from ._archive import (
     FORMAT_KEY,
     FORMAT_VERSION,
+    LABELS,
     REPLACES_KEY,
     SCHEMA,
     SEQS_KEY,
@@ -73,6 +74,7 @@ class _RunBuffer:
         self.step: list[int | None] = []
         self.epoch: list[int | None] = []
         self.rank: list[int] = []
+        self.labels: list[list[tuple[str, str]] | None] = []
         self.fingerprint: list[str] = []
         self.rows_per_event: list[int] = []
         self.name: list[str | None] = []
@@ -155,6 +157,8 @@ class ParquetArchive:
                 buf.step.append(body["step"])
                 buf.epoch.append(body["epoch"])
                 buf.rank.append(body["rank"])
+                labels = body.get("labels")
+                buf.labels.append(list(labels.items()) if labels else None)
                 scalars, samples = body["scalars"], body["samples"]
                 n = len(scalars) + len(samples)
                 buf.rows_per_event.append(n)
@@ -173,6 +177,7 @@ class ParquetArchive:
                 buf.step.append(body.get("step"))
                 buf.epoch.append(None)
                 buf.rank.append(body.get("rank", 0))
+                buf.labels.append(None)
                 buf.rows_per_event.append(1)
                 buf.name.append(body.get("name"))
                 buf.value.append(None)
@@ -294,6 +299,7 @@ class ParquetArchive:
             "step": per_row(buf.step, pa.int64()),
             "epoch": per_row(buf.epoch, pa.int64()),
             "rank": per_row(buf.rank, pa.int32()),
+            "labels": per_row(buf.labels, LABELS),
             "name": pa.array(buf.name, pa.string()),
             "value": pa.array(buf.value, pa.float64()),
             "samples": pa.array(buf.samples, pa.list_(pa.float64())),

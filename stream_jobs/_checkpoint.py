@@ -30,7 +30,7 @@ from ._processor import StreamProcessor
 log = logging.getLogger("metricbus.stream")
 
 #: Bumped whenever the pickled classes change shape; older checkpoints are then refused.
-FORMAT = 5  # 5: one checkpoint per partition (4: one file for every partition; refused, rebuilt)
+FORMAT = 6  # 6: per-label series; 5: one checkpoint per partition (older ones: refused, rebuilt)
 
 
 def checkpoint_dir(settings: Settings, group_id: str) -> Path:

@@ -107,6 +107,15 @@ class StreamConfig:
     #: ``trend_window`` values). Each one is another point
     #: per metric per record; () for none.
     metric_stats: tuple[str, ...] = ("recent_mean", "ema")
+    #: Per-label series (``run.log(..., labels={"task": "logo_a"})``, ``run.log_episode``):
+    #: every labelled scalar M gets ``by_<key>/<value>/M_recent_mean`` over the last
+    #: ``label_window`` values with that label (of a 0/1 success flag: the success rate), and
+    #: each value its ``by_<key>/<value>/share`` of the last ``label_window`` events that carry
+    #: the key. A run derives at most ``label_values`` values per key and ``label_keys`` keys;
+    #: later ones are counted and logged, not derived (labels come from users and topics).
+    label_window: int = 100
+    label_values: int = 32
+    label_keys: int = 8
     #: Name prefixes whose higher values are worse (for trend direction); everything else
     #: counts higher as better unless its name contains "loss".
     lower_is_better: tuple[str, ...] = ("loss", "kl", "memory", "time", "variance", "std")
@@ -115,7 +124,15 @@ class StreamConfig:
         bad = sorted(set(self.metric_stats) - set(METRIC_STATS))
         if bad:
             raise ConfigError(f"metric_stats {bad} unknown; choose from {', '.join(METRIC_STATS)}")
-        for name in ("window", "trend_window", "p99_window", "hist_every", "hist_window", "hist_bins"):
+        for name in (
+            "window",
+            "trend_window",
+            "p99_window",
+            "hist_every",
+            "hist_window",
+            "hist_bins",
+            "label_window",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
         if not 0 <= self.ema_weight < 1:

@@ -14,6 +14,7 @@ import numpy as np
 from schemas import HEARTBEAT, METRICS, RUN_FINISHED, RUN_STARTED, Event
 
 from ._config import StreamConfig
+from ._labels import LabelSeries
 from ._ranks import RankMerger
 from ._roles import RoleBinding
 from ._stats import EMA, Convergence, Welford, Window, trend_class
@@ -147,6 +148,7 @@ class RunDeriver:
         self._reward = RoleBinding(self.cfg.reward_catalog())
         self._reward_samples = RoleBinding(self.cfg.reward_catalog())
         self._loss = RoleBinding(self.cfg.loss_catalog())
+        self.labels = LabelSeries(run_id, self.cfg)
         #: logged or derived series -> the role it plays in this run ("@reward", "@loss"), for
         #: the rules scoped to a role
         self.role_of: dict[str, str] = {}
@@ -158,6 +160,12 @@ class RunDeriver:
             self._stretch([body], [ts_ms], out, None)
             if body["samples"]:
                 self._samples(body, ts_ms, out)
+            if body.get("labels"):
+                step, epoch = body["step"], body["epoch"]
+                out.extend(
+                    Point(name, source, kind, step, epoch, value, ts_ms)
+                    for name, source, kind, value in self.labels.feed(body["labels"], body["scalars"])
+                )
             if self._ranks is not None:
                 self._rank_producer[body["rank"]] = producer
                 merged = (
@@ -244,7 +252,7 @@ class RunDeriver:
             bodies
             and self._ranks is None
             and all(e.kind == METRICS for e in events)
-            and not any(b["samples"] for b in bodies)
+            and not any(b["samples"] or b.get("labels") for b in bodies)
             and all(b["epoch"] == bodies[0]["epoch"] for b in bodies)
         ):
             self._stretch(bodies, [e.ts_ms for e in events], points, columns)
@@ -253,7 +261,7 @@ class RunDeriver:
         stamps: list[int] = []
         for e in events:
             body = e.body
-            if e.kind == METRICS and not body["samples"] and self._ranks is None:
+            if e.kind == METRICS and not body["samples"] and not body.get("labels") and self._ranks is None:
                 if bodies and body["epoch"] != bodies[-1]["epoch"]:
                     self._stretch(bodies, stamps, points, columns)
                     bodies, stamps = [], []

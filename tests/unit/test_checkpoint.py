@@ -7,7 +7,7 @@ import random
 import pytest
 
 from stream_jobs import StreamProcessor
-from stream_jobs._checkpoint import load, snapshot, write
+from stream_jobs._checkpoint import FORMAT, load, snapshot, write
 from stream_jobs._rules import DEFAULT_RULES, load_rules
 
 from .test_columns import keyed, run_events
@@ -54,7 +54,7 @@ def test_a_missing_unreadable_or_foreign_checkpoint_is_ignored(tmp_path, caplog)
     with caplog.at_level(logging.WARNING, logger="metricbus.stream"):
         assert load(tmp_path / "bad", processor) is None
         assert load(tmp_path / "old", processor) is None
-    assert "unreadable" in caplog.text and "of format 4 (this worker reads format 5)" in caplog.text
+    assert "unreadable" in caplog.text and f"of format 4 (this worker reads format {FORMAT})" in caplog.text
     assert "rebuilding the partition from the start of the topic" in caplog.text
     assert processor.events == 0
 

@@ -35,6 +35,7 @@ BODIES = [
             "rank": 0,
             "scalars": {"Train/Loss": 0.25, "nan": float("inf")},
             "samples": {"rewards/format_exact": [0.0, 1.0, 0.5]},
+            "labels": {"task": "logo_a", "termination": "timeout"},
         },
     ),
     (
@@ -128,7 +129,14 @@ def test_bytes_apache_avro_writes_are_read_by_us():
             {
                 "seq": 0,
                 "ts_ms": 5,
-                "body": {"step": 1, "epoch": None, "rank": 0, "scalars": {"a": 2.0}, "samples": {}},
+                "body": {
+                    "step": 1,
+                    "epoch": None,
+                    "rank": 0,
+                    "scalars": {"a": 2.0},
+                    "samples": {},
+                    "labels": {"task": "b"},
+                },
             },
             {"seq": 1, "ts_ms": 6, "body": {"last_step": None}},
         ],
@@ -137,7 +145,7 @@ def test_bytes_apache_avro_writes_are_read_by_us():
     name, back = codec.decode(b"\xc3\x01" + newest.fingerprint + buf.getvalue())
     assert back["events"][0]["body"] == (
         METRICS,
-        {"step": 1, "epoch": None, "rank": 0, "scalars": {"a": 2.0}, "samples": {}},
+        {"step": 1, "epoch": None, "rank": 0, "scalars": {"a": 2.0}, "samples": {}, "labels": {"task": "b"}},
     )
     assert back["events"][1]["body"] == (HEARTBEAT, {"last_step": None})
 
@@ -152,7 +160,11 @@ def test_old_version_is_read_with_the_newest_reader():
     assert data[2:10] == v1.fingerprint
     _, back = codec.decode(data)
     assert back["sdk_version"] is None  # the default the newer reader fills in
-    assert back["events"] == old["events"]
+    # v1 has no labels: the newer reader fills in none
+    assert back["events"][0]["body"][1]["labels"] == {}
+    metrics = {k: v for k, v in old["events"][0]["body"][1].items() if k != "labels"}
+    assert back["events"][0]["body"][1] == {**metrics, "labels": {}}
+    assert back["events"][1:] == old["events"][1:]
 
 
 def test_aggregate_batches_decode_into_events_sinks_take_old_and_new():
