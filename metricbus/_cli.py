@@ -281,16 +281,20 @@ def cmd_health(args: argparse.Namespace) -> int:
         print(f"  {part.name:<13} -{part.deducted:>4.1f} of {part.weight}")
         for line in part.evidence:
             print(f"      {line}")
+    if health.labels:
+        print("  per label (final-window means; not scored but for progress above):")
+        for row in health.labels:
+            values = ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k not in ("label", "events"))
+            print(f"      {row['label']}: {row['events']} events" + (f", {values}" if values else ""))
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    import dataclasses
     import json
 
-    from schemas import METRICS, check_run_id, run_config
+    from schemas import check_run_id
 
-    from ._compare import compare_metric, config_diff
+    from ._compare import compare_runs
 
     settings = _settings(args)
     runs = [check_run_id(r) for r in args.runs]
@@ -299,45 +303,42 @@ def cmd_compare(args: argparse.Namespace) -> int:
         runs.insert(0, baseline)
     if len(runs) < 2:
         raise MetricbusError("compare needs at least two runs")
-    configs, series = {}, {}
-    for run in runs:
-        events = _archived(settings, run)
-        configs[run] = run_config(events)
-        values: dict[str, list[float]] = {}
-        for e in events:
-            if e.kind == METRICS:
-                for name, value in e.body["scalars"].items():
-                    values.setdefault(name, []).append(value)
-        series[run] = values
-    common = set.intersection(*(set(v) for v in series.values()))
-    metrics = args.metric or sorted(m for m in common if not m.startswith("System/"))
-    results = []
-    for metric in metrics:
-        for run in runs:
-            if run == baseline or metric not in series[run] or metric not in series[baseline]:
-                continue
-            found = compare_metric(
-                metric, (baseline, series[baseline][metric]), (run, series[run][metric]), args.window
-            )
-            if found is not None:
-                results.append(found)
-    diff = config_diff(configs)
-    worse = [r for r in results if r.verdict == "worse"]
+    try:
+        result = compare_runs(
+            {run: _archived(settings, run) for run in runs}, baseline, args.metric, args.window, args.x
+        )
+    except KeyError as exc:
+        raise MetricbusError(
+            f"--x {args.x}: a run never logged {exc}; use step, time or a shared metric"
+        ) from None
     if args.json:
-        out = {"baseline": baseline, "config_diff": diff, "metrics": [dataclasses.asdict(r) for r in results]}
-        print(json.dumps(out, indent=2, default=str))
-    else:
-        print(f"baseline {baseline}; final windows compared with Welch's t-test (effect size: Hedges' g)")
-        print("config keys that differ:" if diff else "configs are identical")
-        for key, values in diff.items():
-            print(f"  {key}: " + ", ".join(f"{run}={value!r}" for run, value in values.items()))
-        for r in results:
+        print(json.dumps(result.as_dict(), indent=2, default=str))
+        return 1 if result.regressions() else 0
+    cut = f", every run cut at {args.x} = {result.budget:.6g}" if result.budget is not None else ""
+    print(f"baseline {baseline}; runs on the {args.x} axis{cut}")
+    print("config keys that differ:" if result.config_diff else "configs are identical")
+    for key, values in result.config_diff.items():
+        print(f"  {key}: " + ", ".join(f"{run}={value!r}" for run, value in values.items()))
+    if result.group_metrics:
+        print("groups of seeds (runs that differ only in seed keys):")
+        for group, members in result.groups.items():
+            print(f"  {group}: {', '.join(members)}")
+        print("across seeds: Welch's t-test on each run's final-window mean (effect size: Hedges' g)")
+        for r in result.group_metrics:
             flag = "REGRESSION" if r.verdict == "worse" else r.verdict
             print(
-                f"  {r.metric:<32} {r.run}: {r.mean:.4g} vs {r.baseline_mean:.4g}  p={r.p_value:.3g}  "
+                f"  {r.metric:<32} {r.group}: {r.mean:.4g} vs {r.baseline_mean:.4g}  "
+                f"(n={len(r.means)} vs {len(r.baseline_means)})  p={r.p_value:.3g}  "
                 f"g={r.effect_size:+.2f}  {flag}"
             )
-    return 1 if worse else 0
+    print("per run: final windows compared with Welch's t-test (effect size: Hedges' g)")
+    for m in result.metrics:
+        flag = "REGRESSION" if m.verdict == "worse" and not result.group_metrics else m.verdict
+        print(
+            f"  {m.metric:<32} {m.run}: {m.mean:.4g} vs {m.baseline_mean:.4g}  p={m.p_value:.3g}  "
+            f"g={m.effect_size:+.2f}  {flag}"
+        )
+    return 1 if result.regressions() else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -543,6 +544,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--baseline", help="the run the others are compared with (default: the first)")
     s.add_argument("--metric", action="append", help="only these metrics (repeatable; default: all shared)")
     s.add_argument("--window", type=int, help="values in the final window (default: the last tenth, >= 5)")
+    s.add_argument(
+        "--x",
+        default="step",
+        help="the axis runs line up on: step, time (seconds since the start) or a logged metric "
+        "(env steps, tokens); runs are cut at the largest x all of them reached",
+    )
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_compare)
 

@@ -12,6 +12,11 @@
 - pipeline (10): records of the run in the dead-letter topic (when the broker is reachable).
 
 Each part deducts at most its weight; the score is 100 minus the deductions.
+
+Labelled runs (``run.log_episode(..., labels={"task": ...})``) also get a breakdown per label:
+its events and the final-window means of the reward, ``episode/success`` (the success rate) and
+``episode/length``; a label whose reward did not improve while the run's did deducts from
+progress (3 each), with the label named.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from schemas import LOSS_ALIASES, METRICS, REWARD_ALIASES, RUN_FINISHED, RUN_STARTED, Event, Settings
+
+from ._compare import final_window
+from ._series import Series, scalars, split
 
 WEIGHTS = {"completeness": 30, "validity": 20, "progress": 15, "stability": 15, "timing": 10, "pipeline": 10}
 
@@ -47,6 +55,8 @@ class Health:
 
     run_id: str
     parts: list[Part]
+    #: per label ("task=logo_a"): events, and final-window means of the reward, success, length
+    labels: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def score(self) -> float:
@@ -60,6 +70,7 @@ class Health:
             "run_id": self.run_id,
             "score": self.score,
             "parts": [dataclasses.asdict(p) for p in self.parts],
+            "labels": self.labels,
         }
 
 
@@ -67,7 +78,8 @@ def assess(run_id: str, events: Iterable[Event], dead_letters: int | None = None
     """The health of one run from its logged events (as the archive returns them)."""
     events = list(events)
     parts = {name: Part(name, weight) for name, weight in WEIGHTS.items()}
-    series = _series(events)
+    every = scalars(events)
+    series = {n: pts for n, pts in every.items() if split(n)[1] is None}
     _completeness(parts["completeness"], events)
     _validity(parts["validity"], series)
     _progress(parts["progress"], series)
@@ -78,20 +90,8 @@ def assess(run_id: str, events: Iterable[Event], dead_letters: int | None = None
         pipeline.evidence.append("dead letters not checked (no broker reachable, or not asked)")
     elif dead_letters:
         pipeline.deduct(2 * dead_letters, f"{dead_letters} record(s) of this run in the dead-letter topic")
-    return Health(run_id, list(parts.values()))
-
-
-#: name -> [(step, value, ts_ms)] in event order
-Series = dict[str, list[tuple[int, float, int]]]
-
-
-def _series(events: Sequence[Event]) -> Series:
-    out: Series = {}
-    for e in events:
-        if e.kind == METRICS:
-            for name, value in e.body["scalars"].items():
-                out.setdefault(name, []).append((e.body["step"], value, e.ts_ms))
-    return out
+    labels = _labels(parts["progress"], series, every)
+    return Health(run_id, list(parts.values()), labels)
 
 
 def _completeness(part: Part, events: Sequence[Event]) -> None:
@@ -153,9 +153,8 @@ def _progress(part: Part, series: Series) -> None:
         if len(values) < 10:
             part.evidence.append(f"no {role} series with 10 values to judge progress by")
             continue
-        k = max(1, len(values) // 10)
-        start, end = statistics.median(values[:k]), statistics.median(values[-k:])
-        if (end - start) * better <= 0:
+        improved, start, end = _improved(values, better)
+        if not improved:
             part.deduct(
                 8 if role == "loss" else 7,
                 f"{role} {name} did not improve: median {start:.4g} over the first tenth, "
@@ -163,6 +162,42 @@ def _progress(part: Part, series: Series) -> None:
             )
         else:
             part.evidence.append(f"{role} {name}: {start:.4g} -> {end:.4g}")
+
+
+def _improved(values: Sequence[float], better: int) -> tuple[bool, float, float]:
+    """Whether the median of the last tenth is better than the first tenth's, and both medians."""
+    k = max(1, len(values) // 10)
+    start, end = statistics.median(values[:k]), statistics.median(values[-k:])
+    return (end - start) * better > 0, start, end
+
+
+def _labels(part: Part, series: Series, every: Series) -> list[dict[str, Any]]:
+    reward = _role(series, REWARD_ALIASES)
+    shown = [m for m in (reward, "episode/success", "episode/length") if m is not None]
+    rows: dict[str, dict[str, Any]] = {}
+    for name, points in every.items():
+        metric, label = split(name)
+        if label is None:
+            continue
+        row = rows.setdefault(label, {"label": label, "events": 0})
+        row["events"] = max(row["events"], len(points))
+        values = _finite(points)
+        if metric in shown and values:
+            row[metric] = statistics.fmean(final_window(values))
+    overall = _finite(series[reward]) if reward else []
+    if reward and len(overall) >= 10 and _improved(overall, 1)[0]:
+        for label in sorted(rows):
+            values = _finite(every.get(f"{reward} [{label}]", []))
+            if len(values) < 10:
+                continue
+            improved, start, end = _improved(values, 1)
+            if not improved:
+                part.deduct(
+                    3,
+                    f"{reward} [{label}] did not improve while the run's reward did: median "
+                    f"{start:.4g} over its first tenth, {end:.4g} over its last",
+                )
+    return [rows[k] for k in sorted(rows)]
 
 
 def _stability(part: Part, series: Series) -> None:

@@ -45,3 +45,70 @@ def test_a_worse_loss_is_a_regression_with_scipys_p_value_and_hedges_g():
     same = compare_metric("Train/Loss", ("a", base), ("c", list(1.0 + 0.05 * rng.standard_normal(200))))
     assert same.verdict == "no significant change" and same.p_value > 0.05
     assert compare_metric("x", ("a", [1.0]), ("b", [2.0])) is None
+
+
+def archived(run, config, values, env_steps_per_step=1, labels=None):
+    """A run's logged events: its config, then one Metrics event per value."""
+    from schemas import METRICS, RUN_STARTED, Event, run_started
+
+    out = [Event(run, "p", 0, 0, RUN_STARTED, run_started("proj", run, config), b"")]
+    for i, v in enumerate(values):
+        body = {"step": i, "epoch": None, "rank": 0, "samples": {}, "labels": labels(i) if labels else {}}
+        body["scalars"] = {"Train/AvgReward": v, "env_steps": float(i * env_steps_per_step)}
+        out.append(Event(run, "p", i + 1, 1000 * i, METRICS, body, b""))
+    return out
+
+
+def test_seeds_of_one_config_are_a_group_and_groups_are_compared_on_per_run_means():
+    from metricbus._compare import compare_runs, group_runs
+
+    rng = np.random.default_rng(1)
+    runs, finals = {}, {}
+    for lr, level in ((0.001, 1.0), (0.0003, 0.7)):
+        for seed in range(3):
+            name = f"lr{lr}-s{seed}"
+            values = list(level + 0.05 * rng.standard_normal(100))
+            runs[name] = archived(name, {"lr": lr, "seed": seed, "env": {"seed": seed}}, values)
+            finals[name] = float(np.mean(values[-10:]))
+    groups = group_runs({r: {"lr": float(r[2:].split("-")[0]), "seed": r[-1]} for r in runs})
+    assert groups == {"lr=0.001": list(runs)[:3], "lr=0.0003": list(runs)[3:]}
+    result = compare_runs(runs, metrics=["Train/AvgReward"])
+    assert result.groups == {"lr=0.001": list(runs)[:3], "lr=0.0003": list(runs)[3:]}
+    (grouped,) = result.group_metrics
+    base = [finals[r] for r in list(runs)[:3]]
+    other = [finals[r] for r in list(runs)[3:]]
+    want = stats.ttest_ind(other, base, equal_var=False)
+    assert grouped.p_value == pytest.approx(want.pvalue) and grouped.means == pytest.approx(other)
+    assert grouped.verdict == "worse" and result.regressions() == [grouped]
+    assert len(result.metrics) == 5  # the per-run comparisons are still there, not deciding
+
+
+def test_runs_line_up_on_a_logged_axis_and_are_cut_at_the_shared_budget():
+    from metricbus._compare import compare_runs
+
+    # a logs 1 env step per step for 100 steps; b 4 per step for 100 steps (400 env steps).
+    # On the env_steps axis b is cut at 99 env steps: its first 25 values, all 0.0.
+    a = archived("a", {"lr": 1}, [0.0] * 100)
+    b = archived("b", {"lr": 2}, [0.0] * 25 + [1.0] * 75, env_steps_per_step=4)
+    on_steps = compare_runs({"a": a, "b": b}, metrics=["Train/AvgReward"], window=5)
+    assert on_steps.metrics[0].mean == 1.0 and on_steps.budget is None
+    on_budget = compare_runs({"a": a, "b": b}, metrics=["Train/AvgReward"], window=5, axis="env_steps")
+    assert on_budget.budget == 99.0 and on_budget.metrics[0].mean == 0.0
+    with pytest.raises(KeyError):
+        compare_runs({"a": a, "b": b}, axis="tokens")
+
+
+def test_labelled_series_are_compared_per_label():
+    from metricbus._compare import compare_runs
+
+    def tasks(i):
+        return {"task": "hard" if i % 2 else "easy"}
+
+    a = archived("a", {}, [float(i % 2 == 0) for i in range(200)], labels=tasks)
+    b = archived("b", {}, [0.5 * (i % 2) + float(i % 2 == 0) for i in range(200)], labels=tasks)
+    result = compare_runs({"a": a, "b": b})
+    by = {m.metric: m for m in result.metrics}
+    assert (
+        by["Train/AvgReward [task=hard]"].mean == 0.5 and by["Train/AvgReward [task=hard]"].baseline_mean == 0
+    )
+    assert by["Train/AvgReward [task=easy]"].mean == 1.0

@@ -107,3 +107,27 @@ def test_no_part_deducts_more_than_its_weight(part):
     health = assess("r", events, dead_letters=100)
     assert 0 <= health.part(part).deducted <= health.part(part).weight
     assert health.score >= 0
+
+
+def test_labels_are_broken_down_and_a_label_that_does_not_improve_is_named():
+    out = []
+    for i in range(300):
+        task = ("logo_a", "logo_b", "logo_c")[i % 3]
+        reward = 0.3 if task == "logo_c" else i / 300  # logo_c never improves; the run does
+        body = {"step": i, "epoch": None, "rank": 0, "samples": {}, "labels": {"task": task}}
+        body["scalars"] = {"episode/reward": reward, "episode/success": float(task != "logo_c")}
+        out.append(Event("r", "p", i, T0 + 100 * i, METRICS, body, b""))
+    out.append(Event("r", "p", 300, T0 + 30_100, RUN_FINISHED, {"status": "finished", "summary": {}}, b""))
+    health = assess("r", out, dead_letters=0)
+    rows = {row["label"]: row for row in health.labels}
+    assert set(rows) == {"task=logo_a", "task=logo_b", "task=logo_c"}
+    assert rows["task=logo_c"]["events"] == 100
+    assert rows["task=logo_c"]["episode/success"] == 0.0 and rows["task=logo_a"]["episode/success"] == 1.0
+    assert rows["task=logo_c"]["episode/reward"] == pytest.approx(0.3)
+    progress = health.part("progress")
+    assert progress.deducted == 3 and "episode/reward [task=logo_c] did not improve" in evidence(
+        health, "progress"
+    )
+    assert health.as_dict()["labels"] == health.labels
+    # validity and the other parts see each value once, not once per label
+    assert health.score == 97

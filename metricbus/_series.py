@@ -1,0 +1,79 @@
+"""A run's logged scalars as the diagnostics read them: per metric, per label, on a chosen axis.
+
+A labelled event's values (``run.log(..., labels={"task": "logo_a"})``, ``run.log_episode``)
+count toward the metric and also toward ``<metric> [<key>=<value>]``, one series per label,
+which health, compare and the report break results down by.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Sequence
+
+from schemas import METRICS, Event
+
+#: name -> [(step, value, ts_ms)] in event order
+Series = dict[str, list[tuple[int, float, int]]]
+
+#: The axes every run has; any logged metric (env steps, tokens) is an axis too.
+AXES = ("step", "time")
+
+
+def labelled(metric: str, key: str, value: str) -> str:
+    """The name of ``metric``'s series over the events labelled ``key=value``."""
+    return f"{metric} [{key}={value}]"
+
+
+def split(name: str) -> tuple[str, str | None]:
+    """``(metric, "key=value")`` of a labelled series' name, ``(name, None)`` of a plain one."""
+    if name.endswith("]") and " [" in name:
+        metric, _, label = name[:-1].rpartition(" [")
+        return metric, label
+    return name, None
+
+
+def scalars(events: Iterable[Event], labels: bool = True) -> Series:
+    """Every logged scalar series of a run; with ``labels``, the per-label series too."""
+    out: Series = {}
+    for e in events:
+        if e.kind != METRICS:
+            continue
+        step, tags = e.body["step"], e.body.get("labels") if labels else None
+        for name, value in e.body["scalars"].items():
+            point = (step, value, e.ts_ms)
+            out.setdefault(name, []).append(point)
+            for key, tag in (tags or {}).items():
+                out.setdefault(labelled(name, key, tag), []).append(point)
+    return out
+
+
+def on_axis(series: Series, axis: str = "step") -> dict[str, list[tuple[float, float]]]:
+    """Each series as ``(x, value)`` on the step, time or a logged metric's axis.
+
+    x is the step, the seconds since the run's first value (``time``), or the last value of the
+    metric ``axis`` logged at or before the step (env steps, tokens: runs that log at different
+    rates line up on the budget they spent). KeyError when the run never logged ``axis``;
+    values before the axis' first point are left out.
+    """
+    if axis == "step":
+        return {n: [(float(s), v) for s, v, _ in pts] for n, pts in series.items()}
+    if axis == "time":
+        start = min((ts for pts in series.values() for _, _, ts in pts), default=0)
+        return {n: [((ts - start) / 1000, v) for _, v, ts in pts] for n, pts in series.items()}
+    budget = sorted((s, v) for s, v, _ in series[axis] if math.isfinite(v))
+    steps = [s for s, _ in budget]
+    out: dict[str, list[tuple[float, float]]] = {}
+    for name, pts in series.items():
+        line = []
+        for s, v, _ in pts:
+            i = bisect.bisect_right(steps, s)
+            if i:
+                line.append((budget[i - 1][1], v))
+        out[name] = line
+    return out
+
+
+def up_to(points: Sequence[tuple[float, float]], x: float) -> list[float]:
+    """The values at x at most ``x`` (a run cut at the budget every compared run reached)."""
+    return [v for px, v in points if px <= x]
