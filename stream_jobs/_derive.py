@@ -161,11 +161,7 @@ class RunDeriver:
             if body["samples"]:
                 self._samples(body, ts_ms, out)
             if body.get("labels"):
-                step, epoch = body["step"], body["epoch"]
-                out.extend(
-                    Point(name, source, kind, step, epoch, value, ts_ms)
-                    for name, source, kind, value in self.labels.feed(body["labels"], body["scalars"])
-                )
+                self.labels.feed(body["labels"], body["scalars"], body["step"], body["epoch"], ts_ms)
             if self._ranks is not None:
                 self._rank_producer[body["rank"]] = producer
                 merged = (
@@ -439,12 +435,13 @@ class RunDeriver:
         return out
 
     def rolling_points(self) -> list[Point]:
-        """``stats/<metric>/<stat>`` (``metric_stats``) of every metric updated since the last call.
+        """``<metric>_<stat>`` (``metric_stats``) and per-label series updated since the last call.
 
         The stream job calls this once per input record (what one producer logged in ~20 ms),
         so each metric gets one point per statistic per record, at the last step it was logged
         in that record: a point per logged value would multiply the output (measured: most of
-        the worker's cost was encoding and sending them).
+        the worker's cost was encoding and sending them). The per-label series are
+        ``stream_jobs/_labels.py``'s.
         """
         stats = self.cfg.metric_stats
         out = []
@@ -456,6 +453,7 @@ class RunDeriver:
                     value = _metric_stat(series, stat, up)
                     out.append(Point(f"{name}_{stat}", name, _KINDS.get(stat, stat), step, epoch, value, ts))
         self._touched.clear()
+        out.extend(Point(*p) for p in self.labels.points())
         return out
 
     def _throughput_points(

@@ -44,14 +44,16 @@ class LabelSeries:
         self._recent: dict[str, collections.deque[str]] = {}
         #: key -> its values seen, in first-seen order (at most label_values)
         self._values: dict[str, dict[str, None]] = {}
+        self._touched: dict[tuple[str, str, str], tuple[int, int | None, int]] = {}
+        self._touched_keys: dict[str, tuple[int, int | None, int]] = {}
         self.refused = 0
         self._said = False
 
     def feed(
-        self, labels: Mapping[str, str], scalars: Mapping[str, float]
-    ) -> list[tuple[str, str, str, float]]:
-        """``(name, source, kind, value)`` of the derived points one labelled event causes."""
-        out: list[tuple[str, str, str, float]] = []
+        self, labels: Mapping[str, str], scalars: Mapping[str, float], step: int, epoch: int | None, ts: int
+    ) -> None:
+        """Fold in one labelled event; its series get points at the next :meth:`points`."""
+        where = (step, epoch, ts)
         for raw_key, raw_value in labels.items():
             key, value = segment(str(raw_key)), segment(str(raw_value))
             values = self._values.get(key)
@@ -66,19 +68,35 @@ class LabelSeries:
                     self._refuse(f"label {key}={value!r}: more than {self.cfg.label_values} values")
                     continue
                 values[value] = None
-            prefix = f"by_{key}/{value}/"
             for metric, x in scalars.items():
                 window = self._windows.get((key, value, metric))
                 if window is None:
                     window = self._windows[(key, value, metric)] = Window(self.cfg.label_window)
                 window.add(x)
-                if len(window):
-                    out.append((f"{prefix}{metric}_recent_mean", metric, "label_mean", window.mean()))
+                self._touched[(key, value, metric)] = where
+            self._recent[key].append(value)
+            self._touched_keys[key] = where
+
+    def points(self) -> list[tuple[str, str, str, int, int | None, float, int]]:
+        """``(name, source, kind, step, epoch, value, ts)`` of every series fed since the last call.
+
+        Once each, at the last step it was fed: like the rolling statistics, once per input record.
+        """
+        out = []
+        for (key, value, metric), (step, epoch, ts) in self._touched.items():
+            window = self._windows[(key, value, metric)]
+            if len(window):
+                name = f"by_{key}/{value}/{metric}_recent_mean"
+                out.append((name, metric, "label_mean", step, epoch, window.mean(), ts))
+        for key, (step, epoch, ts) in self._touched_keys.items():
             recent = self._recent[key]
-            recent.append(value)
             counts = collections.Counter(recent)
-            for v in values:
-                out.append((f"by_{key}/{v}/share", key, "label_share", counts[v] / len(recent)))
+            for v in self._values[key]:
+                out.append(
+                    (f"by_{key}/{v}/share", key, "label_share", step, epoch, counts[v] / len(recent), ts)
+                )
+        self._touched.clear()
+        self._touched_keys.clear()
         return out
 
     def _refuse(self, why: str) -> None:

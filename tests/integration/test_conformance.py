@@ -2,7 +2,8 @@
 with each sink's users' own tool; then the same with every sink kill -9'ed mid-run; then
 replays, twice into the same place.
 
-Asserted for each sink: every logged and every derived scalar exactly once, at the same
+Asserted for each sink: every logged and every derived scalar (the per-label series of
+labelled episodes among them) exactly once, at the same
 step, with the same value (float32 for TensorBoard, as it stores them); one W&B run per
 metricbus run, in the run's own project; every alert printed once by the console consumer.
 A new sink joins the suite with one line in READERS.
@@ -73,6 +74,17 @@ def train(settings, stop_at: dict[int, callable] | None = None) -> tuple[str, Co
             logged[("late/backwards", 3, 7.0)] += 1
         if s % 30 == 10:
             run.log_histogram("weights/layer0", np.linspace(-1, 1, 50) * (s + 1), step=s)
+        if s % 3 == 1:  # a labelled episode, hostile labels included: by_<key>/<value>/... derived
+            task = ("logo a/ü", "../etc", "plain")[s % 9 // 3]
+            run.log_episode(
+                0.01 * s, length=s, success=s % 2 == 0, reason="timeout", labels={"task": task}, step=s
+            )
+            episode = {
+                "episode/reward": 0.01 * s,
+                "episode/length": float(s),
+                "episode/success": float(s % 2 == 0),
+            }
+            logged.update((n, s, v) for n, v in episode.items())
         if stop_at and s in stop_at:
             stop_at[s]()
         time.sleep(0.04)
@@ -264,6 +276,8 @@ def check_every_sink(settings, run_id: str, logged: Counter) -> dict:
     assert any(n == "Epoch/AvgLoss" for n, _, _ in derived) and any(
         n.startswith("final/") for n, _, _ in derived
     )
+    names = {n for n, _, _ in derived}
+    assert {"by_task/logo_a__/episode/success_recent_mean", "by_task/.._etc/share"} <= names, sorted(names)
     expected = logged + derived
     reports = {}
     for sink, (_, where, _) in READERS.items():

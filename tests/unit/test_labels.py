@@ -1,6 +1,7 @@
 """Labels and episode outcomes: from run.log_episode through the codec, the stream and the archive."""
 
 import logging
+from collections import Counter
 
 import duckdb
 import numpy as np
@@ -12,8 +13,9 @@ from producers import Run
 from schemas import METRICS, Event, Settings, decode_events, default_codec
 from sinks import ParquetArchive, read_events
 from sinks._archive import SCHEMA
-from stream_jobs import StreamConfig
+from stream_jobs import StreamConfig, StreamProcessor
 from stream_jobs._derive import RunDeriver
+from stream_jobs._rules import parse_rules
 from tests.fakes import FakeTransport
 
 FP = default_codec().newest("EventBatch").fingerprint
@@ -79,9 +81,11 @@ def test_labels_survive_the_codec_and_bad_labels_never_reach_the_loop(tmp_path, 
 def test_the_stream_derives_per_label_means_success_rates_and_shares(tmp_path):
     bodies = logged(Settings(data_dir=tmp_path, bootstrap="127.0.0.1:1"))
     cfg = StreamConfig(label_window=50)
-    deriver = RunDeriver("r", cfg)
     events = [Event("r", "p", i, 1000 + i, METRICS, b, FP) for i, b in enumerate(bodies)]
-    points, _ = deriver.feed_many(events)
+    deriver = RunDeriver("r", cfg)
+    points = []
+    for i in range(0, len(events), 7):  # input records of 7 events, as the worker takes them
+        points += deriver.feed_many(events[i : i + 7])[0] + deriver.rolling_points()
     last = {p.name: p.value for p in points}
     for task in TASKS:
         mine = [e for e in episodes() if e[1] == task][-50:]
@@ -99,11 +103,45 @@ def test_the_stream_derives_per_label_means_success_rates_and_shares(tmp_path):
     for reason in set(reasons):
         assert last[f"by_termination/{reason}/share"] == pytest.approx(reasons.count(reason) / 50)
     assert last["by_task/logo_b/share"] == pytest.approx(1 / 3, abs=0.02)
-    # the same events one by one give the same last values (the batched path is not different)
+    # once per record, at the last step a series was fed in it: never two points of one name
+    # at one step (an aggregate record holds one value per name and step)
+    seen = Counter((p.name, p.step) for p in points)
+    assert max(seen.values()) == 1
+    record_ends = {min(i + 6, len(events) - 1) for i in range(0, len(events), 7)}
+    assert {p.step for p in points if p.name == "by_task/logo_a/share"} == record_ends
+    # fed one record per event, the last values are the same
     one = RunDeriver("r", cfg)
-    single = {p.name: p.value for e in events for p in one.feed(e.kind, e.body, e.ts_ms)}
+    single = {}
+    for e in events:
+        one.feed(e.kind, e.body, e.ts_ms)
+        single |= {p.name: p.value for p in one.rolling_points()}
     assert single == pytest.approx({k: v for k, v in last.items() if k in single})
     assert {k for k in last if k.startswith("by_")} <= set(single)
+
+
+def test_a_rule_watches_a_labels_success_rate(tmp_path):
+    bodies = logged(Settings(data_dir=tmp_path, bootstrap="127.0.0.1:1"))
+    rules = parse_rules(
+        """
+rules:
+  - name: category_failing
+    kind: threshold
+    metric: "by_task/*/episode/success_recent_mean"
+    op: "<"
+    value: 0.5
+    warmup: 20
+    severity: warning
+    message: "a task's success rate is under 50%"
+"""
+    )
+    processor = StreamProcessor(StreamConfig(label_window=30), rules)
+    fired = []
+    for i in range(0, len(bodies), 10):
+        out = processor.process(
+            Event("r", "p", j, 1000 + j, METRICS, bodies[j], FP) for j in range(i, i + 10)
+        )
+        fired += [a for a in out.alerts if a["state"] == "firing"]
+    assert [a["metric"] for a in fired] == ["by_task/logo_c/episode/success_recent_mean"]
 
 
 def test_hostile_labels_become_safe_names_and_their_number_is_bounded(caplog):
@@ -119,7 +157,8 @@ def test_hostile_labels_become_safe_names_and_their_number_is_bounded(caplog):
                 "samples": {},
                 "labels": {"../../etc": f"v {i}/..", "b": "1", "c": "2"},
             }
-            names |= {p.name for p in deriver.feed(METRICS, body, i)}
+            deriver.feed(METRICS, body, i)
+            names |= {p.name for p in deriver.rolling_points()}
     assert "by_.._.._etc/v_0_../x_recent_mean" in names
     assert not any(n.startswith("by_c/") for n in names)  # a third key: over label_keys
     assert len({n.split("/")[1] for n in names if n.startswith("by_.._.._etc/")}) == 4
