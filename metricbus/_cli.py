@@ -342,11 +342,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from schemas import DERIVED_PRODUCER
+    from stream_jobs import DEFAULT_RULES
+
+    from ._replay import rule_alerts
     from ._report import build
 
     settings = _settings(args)
     others = {r: _archived(settings, r, derived=True) for r in args.compare or ()}
-    page = build(args.run, _archived(settings, args.run, derived=True), others)
+    events = _archived(settings, args.run, derived=True)
+    logged = [e for e in events if e.producer_id != DERIVED_PRODUCER]
+    config = Path(args.config) if args.config else None
+    alerts = rule_alerts(logged, Path(args.rules) if args.rules else DEFAULT_RULES, config)
+    page = build(args.run, events, others, alerts)
     Path(args.out).write_text(page)
     print(f"wrote {args.out} ({len(page) // 1024} kB); open it in a browser, no network needed")
     return 0
@@ -559,6 +567,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--compare", action="append", metavar="RUN", help="overlay and test another run (repeatable)"
     )
     s.add_argument("--out", required=True, help="the HTML file to write")
+    s.add_argument("--rules", help="alert rules for the alert timeline (default: the default rules)")
+    s.add_argument("--config", help="stream config the rules' derived series follow (YAML)")
     s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("export", help="one run's scalars as tidy rows (run, step, name, value, wall_time)")

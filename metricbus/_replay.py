@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from schemas import MetricbusError, Settings, default_codec, ensure_topics
+from schemas import Event, MetricbusError, Settings, default_codec, ensure_topics
 
 log = logging.getLogger("metricbus.replay")
 
@@ -139,11 +139,19 @@ def backtest(
 ) -> list[dict[str, Any]]:
     """Alerts ``rules_path`` would have raised on an archived run, in order."""
     from sinks import read_events
-    from stream_jobs import StreamProcessor, load_config, load_rules
 
     events = read_events(settings.archive_dir, run_id)
     if not events:
         raise MetricbusError(f"run {run_id!r} is not in the archive at {settings.archive_dir}")
+    return rule_alerts(events, rules_path, config_path)
+
+
+def rule_alerts(
+    events: Sequence[Event], rules_path: Path, config_path: Path | None = None
+) -> list[dict[str, Any]]:
+    """Alerts the rules raise on a run's logged events, fed as the live worker takes them."""
+    from stream_jobs import StreamProcessor, load_config, load_rules
+
     cfg = load_config(config_path) if config_path is not None else None
     processor = StreamProcessor(cfg, rules=load_rules(rules_path))
     alerts: list[dict[str, Any]] = []
@@ -152,7 +160,7 @@ def backtest(
     return alerts
 
 
-def describe_alert(alert: dict[str, Any]) -> str:
+def describe_alert(alert: Mapping[str, Any]) -> str:
     """One line: when, at which step, what."""
     when = datetime.datetime.fromtimestamp(alert["ts_ms"] / 1000, tz=datetime.timezone.utc).strftime(
         "%Y-%m-%d %H:%M:%S"

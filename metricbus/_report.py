@@ -5,8 +5,10 @@ library, inlined with its MIT licence note; the data is inlined as JSON. Section
 (config), health (``_health``) with its evidence, learning curves (each logged series with its
 derived ``_recent_mean``/``_ema`` on the same axes; a compared run's as a dashed line), loss
 parts (policy, value, entropy, KL), the learning-rate schedule, gradient norms early / middle /
-late, the reward distribution per epoch, the Epoch/* table, and the comparison with Welch's
-t-test when runs are given to compare with.
+late, the reward distribution per epoch, the Epoch/* table, the alert timeline (the rules run
+over the archived events, as ``metricbus backtest`` does), the per-label breakdown (health's
+table and the stream's ``by_<key>/<value>/...`` series), and the comparison (``_compare``: per
+run, and across seeds when compared runs share a config) when runs are given to compare with.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from typing import Any
 
 from schemas import LOSS_ALIASES, METRICS, REWARD_ALIASES, RUN_FINISHED, RUN_STARTED, Event, run_config
 
-from ._compare import compare_metric, config_diff
+from ._compare import compare_runs
 from ._health import assess
+from ._replay import describe_alert
 
 DERIVED_PRODUCER = "metricbus.stream"
 _LOSS_PARTS = ("policy", "value", "entropy", "kl", "clip")
@@ -56,8 +59,13 @@ def _quantiles(values: list[float]) -> list[float]:
     return [ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.0, 0.25, 0.5, 0.75, 1.0)]
 
 
-def build(run_id: str, events: Sequence[Event], others: Mapping[str, Sequence[Event]] | None = None) -> str:
-    """The report's HTML (a string, self-contained)."""
+def build(
+    run_id: str,
+    events: Sequence[Event],
+    others: Mapping[str, Sequence[Event]] | None = None,
+    alerts: Sequence[Mapping[str, Any]] = (),
+) -> str:
+    """The report's HTML (a string, self-contained). ``alerts``: what the rules raised on the run."""
     others = others or {}
     logged, derived = _series(events, False), _series(events, True)
     started = next((e.body for e in events if e.kind == RUN_STARTED), {})
@@ -67,9 +75,9 @@ def build(run_id: str, events: Sequence[Event], others: Mapping[str, Sequence[Ev
 
     charts: list[dict[str, Any]] = []
 
-    def chart(section: str, name: str, lines: dict[str, Points]) -> None:
-        if lines and len(charts) < _MAX_CHARTS * 3:
-            charts.append({"section": section, "title": name, "lines": lines})
+    def chart(section: str, name: str, lines: dict[str, Points], stepped: bool = False) -> None:
+        if lines and len(charts) < _MAX_CHARTS * 4:
+            charts.append({"section": section, "title": name, "lines": lines, "stepped": stepped})
 
     loss = next((n for n in LOSS_ALIASES if n in logged), None)
     reward = next((n for n in REWARD_ALIASES if n in logged), None)
@@ -113,31 +121,50 @@ def build(run_id: str, events: Sequence[Event], others: Mapping[str, Sequence[Ev
             if values:
                 reward_rows.append([epoch, len(values), *_quantiles(values)])
 
-    comparison_rows = []
+    comparison_rows, group_rows = [], []
     diff: dict[str, dict[str, Any]] = {}
+    groups: dict[str, list[str]] = {}
     if others:
-        diff = config_diff({run_id: run_config(events), **{r: run_config(ev) for r, ev in others.items()}})
-        for other, other_events in others.items():
-            theirs = _series(other_events, False)
-            for name in main:
-                if name in theirs:
-                    found = compare_metric(
-                        name,
-                        (run_id, [v for _, v in logged[name] if v is not None]),
-                        (other, [v for _, v in theirs[name] if v is not None]),
-                    )
-                    if found is not None:
-                        comparison_rows.append(
-                            [
-                                name,
-                                other,
-                                found.baseline_mean,
-                                found.mean,
-                                found.p_value,
-                                found.effect_size,
-                                found.verdict,
-                            ]
-                        )
+        runs = {
+            r: [e for e in ev if e.producer_id != DERIVED_PRODUCER]
+            for r, ev in {run_id: events, **others}.items()
+        }
+        shared = [n for n in main if all(n in _series(ev, False) for ev in others.values())]
+        result = compare_runs(runs, run_id, shared)
+        diff, groups = result.config_diff, result.groups
+        for m in result.metrics:
+            comparison_rows.append(
+                [m.metric, m.run, m.baseline_mean, m.mean, m.p_value, m.effect_size, m.verdict]
+            )
+        for g in result.group_metrics:
+            group_rows.append(
+                [
+                    g.metric,
+                    g.group,
+                    len(g.means),
+                    g.baseline_mean,
+                    g.mean,
+                    g.p_value,
+                    g.effect_size,
+                    g.verdict,
+                ]
+            )
+
+    timeline: dict[str, Points] = {}
+    for a in alerts:
+        if a.get("step") is not None:
+            timeline.setdefault(f"{a['rule']} ({a['metric']})", []).append(
+                (a["step"], 1.0 if a["state"] == "firing" else 0.0)
+            )
+    chart(
+        "Alert timeline",
+        "firing (1) / resolved (0), by rule",
+        dict(list(timeline.items())[:_MAX_CHARTS]),
+        stepped=True,
+    )
+    for key, per_title in _by_label(derived, reward).items():
+        for what, by_value in per_title.items():
+            chart("Per label", f"{key}: {what}", by_value)
 
     data = {"charts": charts}
     page = [
@@ -169,6 +196,16 @@ def build(run_id: str, events: Sequence[Event], others: Mapping[str, Sequence[Ev
         if reward_rows
         else "<p class='muted'>no per-sample values</p>",
     ]
+    page += [
+        "<h2>Alerts</h2>",
+        _table(["when, step, what"], [[describe_alert(a)] for a in alerts], "alerts")
+        if alerts
+        else "<p class='muted'>the rules raised no alert on this run</p>",
+        "<h2>Per-label breakdown</h2>",
+        _labels_table(health.labels)
+        if health.labels
+        else "<p class='muted'>no labelled events (run.log_episode(..., labels=...))</p>",
+    ]
     if others:
         page += [
             "<h2>Comparison</h2>",
@@ -184,6 +221,18 @@ def build(run_id: str, events: Sequence[Event], others: Mapping[str, Sequence[Ev
                 ["metric", "run", "baseline", "run mean", "p", "g", "verdict"], comparison_rows, "comparison"
             ),
         ]
+        if group_rows:
+            page += [
+                "<h3>Across seeds</h3>",
+                "<p class='muted'>runs that differ only in seed keys are one group: "
+                + html.escape("; ".join(f"{g}: {', '.join(rs)}" for g, rs in groups.items()))
+                + ". Welch's t-test on each run's final-window mean.</p>",
+                _table(
+                    ["metric", "group", "runs", "baseline group", "group mean", "p", "g", "verdict"],
+                    group_rows,
+                    "groups",
+                ),
+            ]
     page += [
         "<h2>Config</h2>",
         "<pre id='config'>"
@@ -213,6 +262,37 @@ def _table(columns: list[str], rows: list[list[Any]], ident: str) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>" for row in rows)
     return f"<table id='{ident}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _by_label(derived: Mapping[str, Points], reward: str | None) -> dict[str, dict[str, dict[str, Points]]]:
+    """The stream's per-label series: key -> chart title -> value -> its points."""
+    out: dict[str, dict[str, dict[str, Points]]] = {}
+    for name, points in derived.items():
+        if not name.startswith("by_"):
+            continue
+        key, _, rest = name[3:].partition("/")
+        value, _, series = rest.partition("/")
+        if series == "share":
+            title = "share of events"
+        elif series == "episode/success_recent_mean":
+            title = "success rate"
+        elif (
+            reward is not None and series == f"{reward}_recent_mean" or series == "episode/reward_recent_mean"
+        ):
+            title = f"{series[: -len('_recent_mean')]} (recent mean)"
+        else:
+            continue
+        out.setdefault(key, {}).setdefault(title, {})[value] = points
+    return out
+
+
+def _labels_table(rows: list[dict[str, Any]]) -> str:
+    columns = sorted({k for row in rows for k in row} - {"label", "events"})
+    return _table(
+        ["label", "events", *columns],
+        [[r["label"], r["events"], *[r.get(c, math.nan) for c in columns]] for r in rows],
+        "labels",
+    )
 
 
 def _epoch_table(epochs: dict[int, dict[str, float]]) -> str:
@@ -252,7 +332,8 @@ for (const c of DATA.charts) {
   });
   const series = [{ label: "step" }, ...names.map((n, i) => ({
     label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
-    dash: n.endsWith(")") ? [6, 4] : undefined,
+    dash: n.endsWith(")") && !c.stepped ? [6, 4] : undefined,
+    paths: c.stepped ? uPlot.paths.stepped({ align: 1 }) : undefined,
   }))];
   const opts = { width: 380, height: 200, scales: { x: { time: false } }, series, axes: [{}, { size: 56 }] };
   new uPlot(opts, [xs, ...columns], box);

@@ -26,7 +26,7 @@ def archive_run(archive, run, lr, level):
     derived = []
     for step in range(60):
         scalars = {
-            "Train/Loss": level + 1.0 / (step + 1) + 0.01 * math.sin(step),
+            "Train/Loss": math.nan if step == 30 else level + 1.0 / (step + 1) + 0.01 * math.sin(step),
             "Train/AvgReward": step / 60,
             "Train/PolicyLoss": 0.1,
             "Train/Entropy": 1.0 - step / 100,
@@ -37,7 +37,33 @@ def archive_run(archive, run, lr, level):
         samples = {"Train/Reward": [step / 60 - 0.1, step / 60 + 0.1]}
         body = {"step": step, "epoch": step // 20, "rank": 0, "scalars": scalars, "samples": samples}
         events.append(Event(run, "p", step + 1, 1_700_000_000_000 + step * 1000, METRICS, body, FP))
+        task = ("logo_a", "logo_b")[step % 2]
+        episode = {
+            "episode/reward": step / 60 if task == "logo_a" else 0.2,
+            "episode/success": float(task == "logo_a"),
+        }
+        labels = {"task": task}
+        events.append(
+            Event(
+                run,
+                "p",
+                100 + step,
+                1_700_000_000_000 + step * 1000,
+                METRICS,
+                {
+                    "step": step,
+                    "epoch": step // 20,
+                    "rank": 0,
+                    "scalars": episode,
+                    "samples": {},
+                    "labels": labels,
+                },
+                FP,
+            )
+        )
         point = {"Train/Loss_recent_mean": scalars["Train/Loss"]}
+        point[f"by_task/{task}/episode/success_recent_mean"] = episode["episode/success"]
+        point[f"by_task/{task}/share"] = 0.5
         if step % 20 == 19:
             point["Epoch/AvgReward"] = (step - 9.5) / 60
         derived.append(
@@ -52,7 +78,7 @@ def archive_run(archive, run, lr, level):
             )
         )
     events.append(
-        Event(run, "p", 61, 1_700_000_061_000, RUN_FINISHED, {"status": "finished", "summary": {}}, FP)
+        Event(run, "p", 161, 1_700_000_061_000, RUN_FINISHED, {"status": "finished", "summary": {}}, FP)
     )
     archive.write(events + derived)
 
@@ -94,6 +120,10 @@ def test_the_report_renders_offline_with_charts_tables_and_the_comparison(settin
                 "Learning-rate schedule",
                 "Epochs",
                 "Comparison",
+                "Alert timeline",
+                "Alerts",
+                "Per label",
+                "Per-label breakdown",
             ):
                 assert section in headings, section
             loss = page.locator(".chart[data-series='Train/Loss']")
@@ -112,6 +142,15 @@ def test_the_report_renders_offline_with_charts_tables_and_the_comparison(settin
             assert "Train/Loss" in comparison and "worse" in comparison
             assert "lr" in page.locator("#config-diff").inner_text()
             assert HOSTILE in page.locator(".chart h3").all_inner_texts()
+            # the default rules over the archived events: the NaN loss at step 30
+            alerts = page.locator("#alerts").inner_text()
+            assert "step 30 firing nan_loss [critical] Train/Loss" in alerts, alerts
+            timeline = page.locator(".chart[data-series='firing (1) / resolved (0), by rule']")
+            assert "nan_loss (Train/Loss)" in timeline.inner_text()
+            labels = page.locator("#labels tbody tr").all_inner_texts()
+            assert len(labels) == 2 and labels[0].startswith("task=logo_a\t30")
+            success = page.locator(".chart[data-series='task: success rate']")
+            assert "logo_a" in success.inner_text() and "logo_b" in success.inner_text()
             shot = tmp_path / "report.png"
             page.screenshot(path=str(shot), full_page=True)
             assert shot.stat().st_size > 20_000
