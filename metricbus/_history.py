@@ -19,6 +19,8 @@ from schemas import (
     run_config,
 )
 
+from ._series import labelled
+
 
 def _pandas() -> Any:
     try:
@@ -42,19 +44,31 @@ def history(
     """One run's scalars as a DataFrame.
 
     ``wide``: one row per step (the index), a column per metric (the last value logged at a
-    step wins, as in TensorBoard's and W&B's charts). Else tidy rows: run, step, name, value,
-    wall_time. ``metrics`` keeps only those names; ``derived=False`` leaves the stream worker's
-    series out.
+    step wins, as in TensorBoard's and W&B's charts); a labelled value (``run.log_episode``,
+    ``labels=``) also fills its label's column, ``<metric> [<key>=<value>]``. Else tidy rows:
+    run, step, name, value, wall_time, labels (a dict). ``metrics`` keeps only those names;
+    ``derived=False`` leaves the stream worker's series out.
     """
     from sinks import tidy
 
     pandas = _pandas()
-    table = tidy(_archive(settings), check_run_id(run), derived=derived)
+    table = tidy(_archive(settings), check_run_id(run), derived=derived, labels=True)
     frame = table.to_pandas()
+    frame["labels"] = [dict(v) if v is not None else {} for v in frame["labels"]]
     if metrics is not None:
         frame = frame[frame["name"].isin(list(metrics))]
     if not wide:
         return frame.reset_index(drop=True)
+    tagged = frame[frame["labels"].map(bool)]
+    if not tagged.empty:
+        extra = [
+            {"step": step, "name": labelled(name, key, tag), "value": value}
+            for step, name, value, tags in zip(
+                tagged["step"], tagged["name"], tagged["value"], tagged["labels"], strict=True
+            )
+            for key, tag in tags.items()
+        ]
+        frame = pandas.concat([frame, pandas.DataFrame(extra)], ignore_index=True)
     if frame.empty:
         return pandas.DataFrame(index=pandas.Index([], name="step"))
     out = frame.pivot_table(index="step", columns="name", values="value", aggfunc="last", dropna=False)

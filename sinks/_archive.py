@@ -153,14 +153,17 @@ def read_events(archive: Path, run_id: str, codec: Codec | None = None, derived:
     return events
 
 
-def tidy(archive: Path, run_id: str, derived: bool = True) -> pa.Table:
+def tidy(archive: Path, run_id: str, derived: bool = True, labels: bool = False) -> pa.Table:
     """One run's scalars as tidy rows: run, step, name, value, wall_time (UTC), sorted by step.
 
-    ``derived=False`` leaves out the stream worker's derived series.
+    ``derived=False`` leaves out the stream worker's derived series; ``labels=True`` adds the
+    ``labels`` of each value's event (a map, null for none).
     """
     import pyarrow.compute as pc
 
     columns = ["run_id", "producer_id", "kind", "step", "name", "value", "ts_ms", "seq"]
+    if labels:
+        columns.append("labels")
     table = read_table(archive, run_id, columns=columns)
     keep = pc.and_(pc.equal(table["kind"], METRICS), pc.is_valid(table["value"]))
     if not derived:
@@ -175,6 +178,7 @@ def tidy(archive: Path, run_id: str, derived: bool = True) -> pa.Table:
             "value": table["value"],
             "wall_time": wall,
             "seq": table["seq"],
+            **({"labels": table["labels"]} if labels else {}),
         }
     )
     return out.sort_by([("step", "ascending"), ("seq", "ascending"), ("name", "ascending")]).drop_columns(

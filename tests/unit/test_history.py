@@ -58,7 +58,7 @@ def test_history_is_a_wide_frame_by_step_or_tidy_rows(settings):
     only = metricbus.history("run-a", metrics=["Train/Loss"], settings=settings)
     assert list(only.columns) == ["Train/Loss"]
     tidy = metricbus.history("run-a", wide=False, settings=settings)
-    assert list(tidy.columns) == ["run", "step", "name", "value", "wall_time"] and len(tidy) == 11
+    assert list(tidy.columns) == ["run", "step", "name", "value", "wall_time", "labels"] and len(tidy) == 11
 
 
 def test_runs_lists_every_run_with_its_config_and_state(settings):
@@ -69,3 +69,23 @@ def test_runs_lists_every_run_with_its_config_and_state(settings):
     assert row["config"] == {"lr": 0.2, "warmup": 5}  # the start's config with its update
     assert frame.set_index("run_id").loc["run-a", "summary"] == {"best": 4.0}
     assert list(metricbus.runs(project="sft", settings=settings)["run_id"]) == ["run-c"]
+
+
+def test_labelled_values_get_their_labels_in_tidy_rows_and_a_column_per_label_when_wide(tmp_path):
+    archive = ParquetArchive(tmp_path / "archive")
+    archive.open()
+    events = [ev("run-l", 0, RUN_STARTED, run_started("p", "labelled", {}))]
+    for step in range(4):
+        body = {"step": step, "epoch": None, "rank": 0, "samples": {}, "labels": {"task": "ab"[step % 2]}}
+        body["scalars"] = {"episode/reward": float(step)}
+        events.append(ev("run-l", step + 1, METRICS, body))
+    archive.write(events)
+    archive.flush()
+    settings = Settings(data_dir=tmp_path)
+    tidy = metricbus.history("run-l", wide=False, settings=settings)
+    assert list(tidy["labels"]) == [{"task": "a"}, {"task": "b"}, {"task": "a"}, {"task": "b"}]
+    wide = metricbus.history("run-l", settings=settings)
+    assert list(wide.columns) == ["episode/reward", "episode/reward [task=a]", "episode/reward [task=b]"]
+    assert wide["episode/reward"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert wide["episode/reward [task=a]"].tolist()[::2] == [0.0, 2.0]
+    assert math.isnan(wide["episode/reward [task=a]"][1])
