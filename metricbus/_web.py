@@ -1,7 +1,8 @@
 """The live dashboard, Prometheus ``/metrics`` and health checks: one Starlette app.
 
 Pages (one HTML shell; ``static/app.js`` draws each): ``/`` runs, ``/runs/{run_id}`` one run
-(live charts of its logged and derived series, epochs, alerts, config), ``/alerts``,
+(live charts of its logged and derived series, epochs, alerts, config, and its health from
+the archive, ``/api/runs/{run_id}/health``), ``/alerts``,
 ``/pipeline`` (lag per group, dead letters, spools). Data: ``/api/...`` as JSON, and
 server-sent events (``/api/stream``, ``/api/runs/{run_id}/stream``) for live updates.
 
@@ -35,6 +36,8 @@ SAMPLE_EVERY_S = 5.0
 #: How often a stream looks for changes, and the longest silence before a keep-alive.
 STREAM_TICK_S = 0.5
 KEEPALIVE_S = 15.0
+#: A run's health is computed from the archive at most this often (per run).
+HEALTH_EVERY_S = 10.0
 
 
 class Pipeline:
@@ -160,6 +163,22 @@ def build_app(
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=_NO_CACHE)
 
+    health_cache: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    def api_health(request: Request) -> Response:
+        """The run's health from the archive (``metricbus health``), at most every HEALTH_EVERY_S."""
+        run_id = request.path_params["run_id"]
+        if not _valid(run_id):
+            return JSONResponse({"error": f"no run {run_id[:200]!r}"}, status_code=404)
+        cached = health_cache.get(run_id)
+        if cached is not None and time.monotonic() - cached[0] < HEALTH_EVERY_S:
+            return JSONResponse(cached[1])
+        found = _health(settings, run_id)
+        if found is None:
+            return JSONResponse({"error": f"run {run_id!r} is not in the archive (yet)"}, status_code=404)
+        health_cache[run_id] = (time.monotonic(), found)
+        return JSONResponse(found)
+
     def metrics(request: Request) -> Response:
         body, content_type = render_metrics(board, pipeline)
         return Response(body, media_type=content_type)
@@ -190,6 +209,7 @@ def build_app(
         Route("/api/stream", stream),
         Route("/api/runs/{run_id:str}", api_run),
         Route("/api/runs/{run_id:str}/stream", run_stream),
+        Route("/api/runs/{run_id:str}/health", api_health),
         Route("/metrics", metrics),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
@@ -245,6 +265,22 @@ def _valid(run_id: str) -> bool:
 
 def _known(board: RunBoard, run_id: str) -> bool:
     return _valid(run_id) and board.run(run_id) is not None
+
+
+def _health(settings: Settings, run_id: str) -> dict[str, Any] | None:
+    """``metricbus health`` of an archived run as JSON; None when the archive has none of its events.
+
+    Dead letters are not read here (the pipeline view shows them).
+    """
+    from sinks import read_events
+
+    from ._health import assess
+
+    try:
+        events = read_events(settings.archive_dir, run_id)
+    except (OSError, ValueError):
+        return None
+    return assess(run_id, events).as_dict() if events else None
 
 
 def _overview(settings: Settings, board: RunBoard, pipeline: Pipeline) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -66,7 +67,9 @@ def dashboard(settings, tmp_path):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: `make test` installs it")
-def test_a_live_run_in_the_browser_gains_points_and_shows_a_nan_alert(settings, worker, dashboard, tmp_path):
+def test_a_live_run_in_the_browser_gains_points_and_shows_a_nan_alert(
+    settings, worker, dashboard, sink, tmp_path
+):
     from playwright.sync_api import expect, sync_playwright
 
     run = Run("ops", name="browser-run", settings=settings, system_metrics=False, config={"lr": 0.001})
@@ -104,6 +107,13 @@ def test_a_live_run_in_the_browser_gains_points_and_shows_a_nan_alert(settings, 
             expect(alert).to_contain_text("firing", timeout=20_000)
             seconds = time.monotonic() - t0
             assert seconds < 15, seconds
+            # health from the archive (a Parquet sink runs beside the dashboard), refreshed on the page
+            sink()
+            expect(page.locator("#health-score")).to_have_text(re.compile(r"^\d+/100$"), timeout=40_000)
+            expect(page.locator("#health-parts")).to_contain_text("validity", timeout=20_000)
+            expect(page.locator("#health-parts")).to_contain_text(
+                "Train/Loss: 1 of 13 values NaN", timeout=40_000
+            )
             page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
             page.goto(dashboard + "/pipeline")
             expect(page.locator("#groups")).to_contain_text(f"{settings.topic_prefix}stream", timeout=30_000)

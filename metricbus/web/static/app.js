@@ -160,7 +160,10 @@ function runView(runId) {
   const epochs = el("div", { id: "epochs" });
   const alerts = el("div", { id: "run-alerts" });
   const config = el("pre", { id: "config" });
-  main.replaceChildren(head, facts, el("h3", {}, "Alerts"), alerts, el("h3", {}, "Series"), filter, grid, el("h3", {}, "Epochs"), epochs, el("h3", {}, "Config"), config);
+  const health = el("div", { id: "health" });
+  main.replaceChildren(head, facts, el("h3", {}, "Health"), health, el("h3", {}, "Alerts"), alerts, el("h3", {}, "Series"), filter, grid, el("h3", {}, "Epochs"), epochs, el("h3", {}, "Config"), config);
+  showHealth(runId, health);
+  setInterval(() => showHealth(runId, health), 15000);
   filter.addEventListener("input", () => {
     filterText = filter.value.toLowerCase();
     for (const [name, c] of Object.entries(charts)) c.box.hidden = filterText && !name.toLowerCase().includes(filterText);
@@ -188,6 +191,25 @@ function runView(runId) {
     epochs.replaceChildren(run.epochs.length ? table(["epoch", ...cols], run.epochs.map((e) => [e.epoch, ...cols.map((k) => el("td", { class: "num" }, fmt(e[k])))]), "epochs-table") : el("p", { class: "muted" }, "no epochs yet"));
     config.textContent = JSON.stringify(run.config, null, 2);
   });
+}
+
+// the run's health from the archive (metricbus health), refreshed every 15 s
+async function showHealth(runId, box) {
+  let h;
+  try {
+    const r = await fetch(`/api/runs/${encodeURIComponent(runId)}/health`);
+    h = await r.json();
+    if (!r.ok) return box.replaceChildren(el("p", { class: "muted" }, h.error || "no health yet"));
+  } catch (e) {
+    return;
+  }
+  const parts = h.parts.map((p) => [p.name, el("td", { class: "num" }, `-${p.deducted.toFixed(1)} of ${p.weight}`), p.evidence.join("; ") || "-"]);
+  const labels = (h.labels || []).map((r) => [r.label, el("td", { class: "num" }, r.events), Object.entries(r).filter(([k]) => k !== "label" && k !== "events").map(([k, v]) => `${k} ${v.toPrecision(4)}`).join(", ")]);
+  box.replaceChildren(
+    el("p", { class: "score", id: "health-score" }, `${Math.round(h.score)}/100`),
+    table(["part", "deducted", "evidence"], parts, "health-parts"),
+    ...(labels.length ? [table(["label", "events", "final-window means"], labels, "health-labels")] : []),
+  );
 }
 
 if (path.startsWith("/runs/")) runView(decodeURIComponent(path.slice("/runs/".length)));
