@@ -94,6 +94,20 @@ def _print_stream_results(settings: Settings, run_id: str) -> None:
             print(f"  {name:<22} recent_mean {mean:>10.4g}   ema {ema:>10.4g}")
     for name in sorted(n for n in last if n.startswith("final/")):
         print(f"  {name:<40} {last[name]:>10.4g}")
+    ended = {
+        n.split("/")[1]: v
+        for n, v in last.items()
+        if n.startswith("by_termination/") and n.endswith("/share")
+    }
+    if ended:
+        print("\nepisodes by how they ended (last 100; the stream's by_termination/<reason>/share):")
+        for reason, share in sorted(ended.items()):
+            reward = last.get(f"by_termination/{reason}/episode/reward_recent_mean")
+            shown = f"   mean reward {reward:.4g}" if reward is not None else ""
+            print(f"  {reason:<12} {share:>6.0%}{shown}")
+        success = last.get("episode/success_recent_mean")
+        if success is not None:
+            print(f"  success rate (episode/success_recent_mean, last 10): {success:.0%}")
     console = settings.data_dir / "logs" / "alerts-console.log"
     lines = []
     if console.exists():

@@ -76,6 +76,9 @@ def train(run: Run, cfg: PPOConfig) -> dict[str, float]:
     done = torch.zeros(cfg.num_envs)
     ep_return = np.zeros(cfg.num_envs)
     ep_len = np.zeros(cfg.num_envs, dtype=np.int64)
+    # gymnasium's vector envs reset an ended env on the next step (reward 0, action ignored):
+    # that step is no step of any episode
+    resetting = np.zeros(cfg.num_envs, dtype=bool)
     all_returns: list[float] = []
     global_step = 0
 
@@ -84,7 +87,6 @@ def train(run: Run, cfg: PPOConfig) -> dict[str, float]:
         lr = frac * cfg.learning_rate
         optimizer.param_groups[0]["lr"] = lr
         finished_returns: list[float] = []
-        finished_lengths: list[float] = []
         t0 = time.perf_counter()
         for t in range(cfg.num_steps):
             obs_buf[t], done_buf[t] = obs, done
@@ -96,11 +98,20 @@ def train(run: Run, cfg: PPOConfig) -> dict[str, float]:
             act_buf[t] = action
             obs_np, reward, term, trunc, _ = envs.step(action.numpy())
             ep_return += reward
-            ep_len += 1
+            ep_len += ~resetting
             ended = np.logical_or(term, trunc)
+            resetting = ended
             for i in np.nonzero(ended)[0]:
                 finished_returns.append(float(ep_return[i]))
-                finished_lengths.append(float(ep_len[i]))
+                # an episode that reaches the time limit balanced the pole throughout: a success
+                run.log_episode(
+                    float(ep_return[i]),
+                    length=int(ep_len[i]),
+                    success=bool(trunc[i] and not term[i]),
+                    reason="pole_fell" if term[i] else "time_limit",
+                    step=update,
+                    epoch=update // cfg.updates_per_epoch,
+                )
                 ep_return[i], ep_len[i] = 0.0, 0
             rew_buf[t] = torch.as_tensor(reward, dtype=torch.float32)
             obs = torch.as_tensor(obs_np, dtype=torch.float32)
@@ -181,8 +192,6 @@ def train(run: Run, cfg: PPOConfig) -> dict[str, float]:
                     "Train/RewardMin": r.min(),
                     "Train/RewardMax": r.max(),
                     "Train/RewardVariance": r.var(),
-                    "episode/reward": finished_returns,
-                    "episode/length": finished_lengths,
                 }
             )
             all_returns.extend(finished_returns)

@@ -29,6 +29,7 @@ from ._replay import describe_alert
 DERIVED_PRODUCER = "metricbus.stream"
 _LOSS_PARTS = ("policy", "value", "entropy", "kl", "clip")
 _MAX_CHARTS = 24
+EPISODE_REWARD = "episode/reward"  #: what run.log_episode logs per episode
 
 
 Points = list[tuple[int, float | None]]  # (step, value; None for NaN/inf: a gap in the chart)
@@ -44,13 +45,19 @@ def _series(events: Sequence[Event], derived: bool) -> dict[str, Points]:
 
 
 def _samples(events: Sequence[Event]) -> dict[str, dict[int, list[float]]]:
-    """Per samples name and epoch, the epoch's finite samples."""
+    """Per samples name and epoch, the epoch's finite samples.
+
+    Per-episode ``episode/reward`` scalars (``run.log_episode``) count as samples of that name.
+    """
     out: dict[str, dict[int, list[float]]] = {}
     for e in events:
         if e.kind == METRICS and e.producer_id != DERIVED_PRODUCER:
             epoch = e.body["epoch"] if e.body["epoch"] is not None else 0
             for name, values in e.body["samples"].items():
                 out.setdefault(name, {}).setdefault(epoch, []).extend(v for v in values if math.isfinite(v))
+            episode = e.body["scalars"].get(EPISODE_REWARD)
+            if episode is not None and math.isfinite(episode):
+                out.setdefault(EPISODE_REWARD, {}).setdefault(epoch, []).append(episode)
     return out
 
 
@@ -115,7 +122,7 @@ def build(
     samples = _samples(events)
     reward_samples = next((n for n in REWARD_ALIASES if n in samples), None) or next(
         iter(sorted(samples)), None
-    )
+    )  # episode/reward is in the catalog: per-episode rewards come before other samples
     if reward_samples is not None:
         for epoch, values in sorted(samples[reward_samples].items()):
             if values:

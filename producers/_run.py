@@ -222,6 +222,7 @@ class Run:
         reason: str | None = None,
         labels: Mapping[str, Any] | None = None,
         step: int | None = None,
+        epoch: int | None = None,
         **values: Any,
     ) -> None:
         """One finished episode: its reward, and what the diagnostics break results down by.
@@ -244,7 +245,7 @@ class Run:
             tags = dict(labels or {})
             if reason is not None:
                 tags["termination"] = reason
-            self.log(data, step=max(self._step - 1, 0) if step is None else step, labels=tags)
+            self.log(data, step=max(self._step - 1, 0) if step is None else step, epoch=epoch, labels=tags)
         except MetricValueError:
             raise
         except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults

@@ -122,8 +122,11 @@ def test_demo_trains_and_reads_every_event_back_from_the_archive(tmp_path):
         "Train/LearningRate",
         "Performance/Rollout_StepsPerSec",
         "Train/Loss",
+        "episode/success",
     ):
         assert metric in out, metric
+    # every CartPole episode with its outcome, and the stream's per-termination series
+    assert "episodes by how they ended" in out and "pole_fell" in out
 
 
 def test_up_restarts_a_killed_broker_says_so_and_the_archive_loses_nothing(tmp_path):

@@ -204,3 +204,29 @@ def test_the_archive_keeps_labels_in_a_column_duckdb_and_old_files_read(tmp_path
     pq.write_table(pa.table({**row, "fingerprint": [FP.hex()]}, schema=old), directory / "part-0.parquet")
     (event,) = read_events(sink.archive_dir, "run-2")
     assert event.body["labels"] == {} and event.body["scalars"] == {"a": 1.0}
+
+
+def test_the_demo_ppo_logs_each_cartpole_episode_with_its_outcome(tmp_path):
+    from metricbus._ppo import PPOConfig, train
+
+    fake = FakeTransport()
+    run = Run(
+        "p",
+        settings=Settings(data_dir=tmp_path, bootstrap="127.0.0.1:1"),
+        transport=fake,
+        system_metrics=False,
+    )
+    train(run, PPOConfig(updates=4, seed=1))
+    assert run.finish(timeout=10)
+    episodes = [
+        b for _, _, (kind, b) in fake.events() if kind == METRICS and "episode/reward" in b["scalars"]
+    ]
+    assert len(episodes) > 20
+    for body in episodes:
+        scalars, labels = body["scalars"], body["labels"]
+        # CartPole pays 1 per step: an episode's length is its return (the vector env's reset
+        # step after an episode ends belongs to no episode), and the time limit is 500 steps
+        assert scalars["episode/length"] == scalars["episode/reward"] <= 500
+        assert labels["termination"] in ("pole_fell", "time_limit")
+        assert scalars["episode/success"] == float(labels["termination"] == "time_limit")
+        assert body["epoch"] == body["step"] // 5
