@@ -130,9 +130,12 @@ def welch(
     """``(p, Hedges' g, verdict)`` of ``b`` against ``a`` (Welch's t-test, scipy)."""
     from scipy import stats
 
-    result = stats.ttest_ind(b, a, equal_var=False)
-    p = float(result.pvalue) if math.isfinite(result.pvalue) else 1.0
     sa, sb = statistics.stdev(a), statistics.stdev(b)
+    if sa == 0 and sb == 0:  # two constant windows: the t statistic is undefined, the answer is not
+        p = 0.0 if statistics.fmean(a) != statistics.fmean(b) else 1.0
+    else:
+        result = stats.ttest_ind(b, a, equal_var=False)
+        p = float(result.pvalue) if math.isfinite(result.pvalue) else 1.0
     pooled = math.sqrt(((len(a) - 1) * sa**2 + (len(b) - 1) * sb**2) / (len(a) + len(b) - 2))
     correction = 1 - 3 / (4 * (len(a) + len(b)) - 9)
     diff = statistics.fmean(b) - statistics.fmean(a)
