@@ -31,8 +31,9 @@ from ._transport import Transport, TransportError
 
 log = logging.getLogger("metricbus.producer")
 
-#: (seq, ts_ms, body kind, body)
-Event = tuple[int, int, str, dict[str, Any]]
+#: (seq, ts_ms, body kind, body): the body a dict once ``prepare`` has run (queued, log()'s
+#: values may still be packed)
+Event = tuple[int, int, str, Any]
 
 #: While sending, the broker is asked at most this often whether it still holds what it
 #: acknowledged (a memory-only broker that restarted does not); always before a flush returns.
@@ -88,6 +89,8 @@ class Publisher:
         #: Events waiting for the thread. Run.log appends here directly when below max_queue.
         self.queue: collections.deque[Event] = collections.deque()
         self._queue = self.queue
+        #: turns queued events into encodable ones on this thread (Run: log()'s packed values)
+        self.prepare: Callable[[list[Event]], list[Event]] = lambda events: events
         self._lock = threading.Lock()
         self._wake = threading.Event()  # the spooler's
         self._send_wake = threading.Event()
@@ -253,7 +256,7 @@ class Publisher:
         queue = self._queue
         while queue:
             n = min(len(queue), self.max_batch_events)
-            records = self._encode([queue.popleft() for _ in range(n)])
+            records = self._encode(self.prepare([queue.popleft() for _ in range(n)]))
             try:
                 self.spool.append(records)
                 self.events_spooled += n

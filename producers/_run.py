@@ -44,11 +44,13 @@ from ._publisher import Publisher
 from ._spool import SUFFIX, Spool
 from ._system import SystemSampler
 from ._transport import KafkaTransport, Transport, TransportError
-from ._values import ValueGate, _flatten
+from ._values import PLAIN_TYPES, ValueGate, _flatten
 
 log = logging.getLogger("metricbus.producer")
 SDK_VERSION = "0.1.0"
 _LONG = 2**63  #: steps and epochs are Avro longs
+#: The kind of log()'s queued events of plain numbers not yet checked (see Run._bodies).
+PLAIN = "metricbus.Metrics#plain"
 #: Largest list (not array) log_histogram walks; arrays and tensors are binned whole by numpy.
 MAX_HISTOGRAM_VALUES = 10_000_000
 
@@ -141,6 +143,8 @@ class Run:
         )
         self._publisher.start()
         self._split = self._gate.split
+        self._fast = not strict  # strict: every value checked in the caller, to raise there
+        self._publisher.prepare = self._bodies
         self._queue = self._publisher.queue
         self._max_queue = self._publisher.max_queue
         self._watchers: list[Any] = []
@@ -182,36 +186,60 @@ class Run:
             if self._finished:
                 self._closed("log")
                 return
-            scalars, samples = self._split(data)
-            if not (scalars or samples):
-                return
+            try:  # the common case, plain numbers, at C speed (see PLAIN_TYPES)
+                plain = self._fast and data and type(sum(data.values())) in PLAIN_TYPES
+            except Exception:  # noqa: BLE001 - a list, a string, ...: the careful path
+                plain = False
+            if not plain:  # arrays, tensors, numpy numbers, odd values: checked here
+                scalars, samples = self._split(data)
+                if not (scalars or samples):
+                    return
             if step is None:
                 step = self._step
-            elif type(step) is not int:
-                step = int(step)
-            if not -_LONG <= step < _LONG or (epoch is not None and not -_LONG <= int(epoch) < _LONG):
-                raise ValueError(f"step {step} / epoch {epoch} does not fit in 64 bits")
+            elif type(step) is not int or not -_LONG <= step < _LONG:
+                step = _long(step, "step")
+            if epoch is not None:
+                epoch = _long(epoch, "epoch")
             self._step = step + 1
-            if len(self._queue) >= self._max_queue and not self._publisher.room():
+            queue = self._queue
+            if len(queue) >= self._max_queue and not self._publisher.room():
                 return  # shed (counted, said once): the loop outruns encoding
-            event = (
-                next(self._seq),
-                time.time_ns() // 1_000_000,
-                METRICS,
-                {
-                    "step": step,
-                    "epoch": epoch if epoch is None else int(epoch),
-                    "rank": self.rank,
-                    "scalars": scalars,
-                    "samples": samples,
-                    "labels": self._gate.labels(labels) if labels else {},
-                },
-            )
-            self._queue.append(event)
+            tags = self._gate.labels(labels) if labels else None
+            if plain:  # names checked, ints converted and ns made ms on the publisher's thread
+                queue.append((next(self._seq), time.time_ns(), PLAIN, (step, epoch, dict(data), tags)))
+                return
+            body = {
+                "step": step,
+                "epoch": epoch,
+                "rank": self.rank,
+                "scalars": scalars,
+                "samples": samples,
+                "labels": tags or {},
+            }
+            queue.append((next(self._seq), time.time_ns() // 1_000_000, METRICS, body))
         except MetricValueError:
             raise
         except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
             self._internal_error("log", exc)
+
+    def _bodies(self, events: list[Any]) -> list[Any]:
+        """The queued events with :meth:`log`'s plain ones as Metrics bodies (publisher's thread)."""
+        out = []
+        split, rank = self._split, self.rank
+        for seq, ts, kind, body in events:
+            if kind is PLAIN:
+                ts //= 1_000_000
+                step, epoch, values, tags = body
+                try:
+                    scalars, _ = split(values)  # ints as floats; a name that is not a str dropped
+                except Exception as exc:  # noqa: BLE001 - the event keeps its seq, with no values
+                    self._internal_error("log (on the publisher's thread)", exc)
+                    scalars = {}
+                body = {"step": step, "epoch": epoch, "rank": rank, "scalars": scalars, "samples": {}}
+                body["labels"] = tags or {}
+                kind = METRICS
+            out.append((seq, ts, kind, body))
+        return out
 
     def log_episode(
         self,
@@ -524,6 +552,14 @@ class RunConfig(dict):  # type: ignore[type-arg]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (dict, (dict(self),))
+
+
+def _long(value: Any, what: str) -> int:
+    """``value`` as an Avro long (steps and epochs); ValueError when it does not fit."""
+    number = int(value)
+    if not -_LONG <= number < _LONG:
+        raise ValueError(f"{what} {number} does not fit in 64 bits")
+    return number
 
 
 def _new_run_id() -> str:

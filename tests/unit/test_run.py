@@ -304,3 +304,38 @@ def test_a_trickle_of_events_is_sent_in_few_requests_and_checked_at_most_once_a_
     assert fake.calls <= elapsed / 0.1 + 3  # not one request per 20 ms linger (that was ~elapsed / 0.02)
     assert 1 <= fake.verifies <= elapsed / 1.0 + 2 and not fake.unverified  # verified before finish returned
     assert len(metrics(fake.events())) == 60
+
+
+def test_plain_numbers_take_the_fast_path_and_are_checked_on_the_publishers_thread(settings, caplog):
+    import numpy as np
+
+    fake = FakeTransport()
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    before = time.time_ns() // 1_000_000
+    with caplog.at_level(logging.WARNING, logger="metricbus.producer"):
+        run.log({"f": 1.5, "i": 2, "b": True}, step=0)  # plain: converted later
+        run.log({"big": 10**400, "ok": 1.0}, step=1)  # plain to sum, too big for a float
+        run.log({7: 1.0, "name": 2.0}, step=2)  # a name that is not a str
+        values = [1.0, 2.0]
+        run.log({"arr": values, "n": np.float64(3.0)}, step=3)  # the careful path: a snapshot
+        values.clear()
+        run.log({}, step=4)  # nothing: no event
+    assert run.finish(timeout=10)
+    after = time.time_ns() // 1_000_000
+    got = metrics(fake.events())
+    assert [b["scalars"] for _, b in got] == [
+        {"f": 1.5, "i": 2.0, "b": 1.0},
+        {"ok": 1.0},
+        {"name": 2.0},
+        {"n": 3.0},
+    ]
+    assert all(type(v) is float for _, b in got for v in b["scalars"].values())
+    assert got[3][1]["samples"] == {"arr": [1.0, 2.0]}  # as it was when logged
+    assert [seq for seq, _ in got] == [1, 2, 3, 4] and [b["step"] for _, b in got] == [0, 1, 2, 3]
+    from schemas import decode_events, default_codec
+
+    stamps = [e.ts_ms for r in fake.records for e in decode_events(default_codec(), r) if e.kind == METRICS]
+    assert len(stamps) == 4 and all(before <= ts <= after for ts in stamps)  # milliseconds
+    assert run.stats()["dropped_values"] == 2
+    assert sum("too large" in r.getMessage() for r in caplog.records) == 1
+    assert sum("must be str" in r.getMessage() for r in caplog.records) == 1
