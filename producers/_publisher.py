@@ -89,6 +89,9 @@ class Publisher:
         #: Events waiting for the thread. Run.log appends here directly when below max_queue.
         self.queue: collections.deque[Event] = collections.deque()
         self._queue = self.queue
+        #: EventBatch v5's columns for scalars-only Metrics events (False: one Avro record per
+        #: event, the v4 layout; bench/stream_throughput.py compares the two)
+        self.columnar = True
         #: turns queued events into encodable ones on this thread (Run: log()'s packed values)
         self.prepare: Callable[[list[Event]], list[Event]] = lambda events: events
         self._lock = threading.Lock()
@@ -278,7 +281,9 @@ class Publisher:
         dropped with an error naming it (counted in ``lost_events``).
         """
         try:
-            record = encode_events(self.codec, self.run_id, self.producer_id, events, self.sdk_version)
+            record = encode_events(
+                self.codec, self.run_id, self.producer_id, events, self.sdk_version, self.columnar
+            )
         except EncodeError:
             if len(events) > 1:  # one bad event must not take its batch with it
                 return [r for e in events for r in self._encode([e])]

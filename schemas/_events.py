@@ -6,11 +6,14 @@ events topic, :func:`encode_aggregates` / :func:`decode_aggregates` for the aggr
 
 from __future__ import annotations
 
+import array
+import struct
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ._codec import HEADER_SIZE, Codec
-from ._errors import SchemaError
+from ._errors import EncodeError, SchemaError
 from ._names import checked_ids
 
 #: Full Avro names of the event body kinds (union branches of RunEvent.body).
@@ -55,17 +58,34 @@ def encode_events(
     producer_id: str,
     events: Iterable[tuple[int, int, str, dict[str, Any]]],
     sdk_version: str | None = None,
+    columnar: bool = True,
 ) -> bytes:
     """One EventBatch record from ``(seq, ts_ms, kind, body)`` tuples of one producer of one run.
 
-    Raises EncodeError (naming the schema) when a body does not fit its kind.
+    With ``columnar`` (the default), Metrics events with scalars only (no samples, no labels:
+    what training loops log most) go into the record's ``columns`` as packed arrays (about a
+    fifth of the CPU to encode and far less to decode than one Avro record per event); the
+    rest into ``events``. Raises EncodeError (naming the schema) when a body does not fit its kind.
     """
+    events = events if isinstance(events, list) else list(events)
+    columns = None
+    if columnar:
+        flat = [e[2] == METRICS and not e[3]["samples"] and not e[3].get("labels") for e in events]
+        if any(flat):
+            columns = _columns([e for e, f in zip(events, flat, strict=True) if f])
+            events = [e for e, f in zip(events, flat, strict=True) if not f]
     items = [{"seq": s, "ts_ms": t, "body": (k, b)} for s, t, k, b in events]
-    batch = {"run_id": run_id, "producer_id": producer_id, "sdk_version": sdk_version, "events": items}
+    batch = {
+        "run_id": run_id,
+        "producer_id": producer_id,
+        "sdk_version": sdk_version,
+        "events": items,
+        "columns": columns,
+    }
     if len(items) <= ENCODE_CHUNK:
         return codec.encode("EventBatch", batch)
-    # The envelope with no events ends in the empty array's 0 and then sdk_version; a chunk
-    # encoded with empty ids is header, two empty strings, one array block, 0, a null union.
+    # The envelope with no events ends in the empty array's 0, then sdk_version and columns; a
+    # chunk encoded with empty ids is header, two empty strings, one array block, 0, two nulls.
     envelope = codec.encode("EventBatch", {**batch, "events": []})
     tail = (
         1
@@ -73,17 +93,124 @@ def encode_events(
         - (HEADER_SIZE + 3)
     )
     blocks = [
-        codec.encode("EventBatch", {"run_id": "", "producer_id": "", "sdk_version": None, "events": chunk})[
-            HEADER_SIZE + 2 : -2
-        ]
+        codec.encode(
+            "EventBatch",
+            {"run_id": "", "producer_id": "", "sdk_version": None, "events": chunk, "columns": None},
+        )[HEADER_SIZE + 2 : -3]
         for chunk in (items[i : i + ENCODE_CHUNK] for i in range(0, len(items), ENCODE_CHUNK))
     ]
     return envelope[:-tail] + b"".join(blocks) + envelope[-tail:]
 
 
+#: MetricColumns' epoch of an event logged without one.
+NO_EPOCH = -(2**63)
+_SWAP = sys.byteorder != "little"
+
+
+def _packed(code: str, values: list[Any]) -> bytes:
+    packed = array.array(code, values)
+    if _SWAP:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _unpacked(code: str, raw: bytes, what: str) -> list[Any]:
+    packed = array.array(code)
+    try:
+        packed.frombytes(raw)
+    except ValueError:
+        raise SchemaError(f"columns.{what}: {len(raw)} bytes is not a whole number of values") from None
+    if _SWAP:
+        packed.byteswap()
+    return packed.tolist()
+
+
+def _columns(events: list[tuple[int, int, str, dict[str, Any]]]) -> dict[str, Any]:
+    """The MetricColumns record of Metrics events with scalars only."""
+    names: dict[str, int] = {}
+    known: dict[tuple[str, ...], list[int]] = {}  # the name indices of each set of names seen
+    seqs, stamps, steps, epochs, ranks, counts = [], [], [], [], [], []
+    index: list[int] = []
+    values: list[float] = []
+    for seq, ts, _, body in events:
+        scalars = body["scalars"]
+        keys = tuple(scalars)
+        positions = known.get(keys)
+        if positions is None:
+            positions = known[keys] = [names.setdefault(k, len(names)) for k in keys]
+        index += positions
+        values += scalars.values()
+        seqs.append(seq)
+        stamps.append(ts)
+        steps.append(body["step"])
+        epoch = body["epoch"]
+        epochs.append(NO_EPOCH if epoch is None else epoch)
+        ranks.append(body["rank"])
+        counts.append(len(keys))
+    try:
+        return {
+            "names": list(names),
+            "seq": _packed("q", seqs),
+            "ts_ms": _packed("q", stamps),
+            "step": _packed("q", steps),
+            "epoch": _packed("q", epochs),
+            "rank": _packed("i", ranks),
+            "counts": _packed("i", counts),
+            "name_index": _packed("i", index),
+            "values": struct.pack(f"<{len(values)}d", *values),
+        }
+    except (TypeError, OverflowError, struct.error) as exc:
+        raise EncodeError(f"cannot encode a Metrics event as columns: {exc}") from exc
+
+
+def _from_columns(columns: dict[str, Any], run_id: str, producer_id: str, fingerprint: bytes) -> list[Event]:
+    """The events of a MetricColumns record; SchemaError when its arrays do not fit together."""
+    names = columns["names"]
+    seqs = _unpacked("q", columns["seq"], "seq")
+    stamps = _unpacked("q", columns["ts_ms"], "ts_ms")
+    steps = _unpacked("q", columns["step"], "step")
+    epochs = _unpacked("q", columns["epoch"], "epoch")
+    ranks = _unpacked("i", columns["rank"], "rank")
+    counts = _unpacked("i", columns["counts"], "counts")
+    index = _unpacked("i", columns["name_index"], "name_index")
+    values = _unpacked("d", columns["values"], "values")
+    n = len(seqs)
+    if not (len(stamps) == len(steps) == len(epochs) == len(ranks) == len(counts) == n):
+        raise SchemaError("columns: the per-event arrays differ in length")
+    if len(index) != len(values) or sum(counts) != len(values) or (counts and min(counts) < 0):
+        raise SchemaError("columns: counts do not add up to the values")
+    if index and not 0 <= min(index) <= max(index) < len(names):
+        raise SchemaError("columns: a name index is outside the names")
+    out = []
+    new = tuple.__new__
+    labelled: dict[tuple[int, ...], tuple[str, ...]] = {}
+    at = 0
+    for i in range(n):
+        end = at + counts[i]
+        positions = tuple(index[at:end])
+        keys = labelled.get(positions)
+        if keys is None:
+            keys = labelled[positions] = tuple(names[p] for p in positions)
+        scalars = dict(zip(keys, values[at:end], strict=True))
+        if len(scalars) != end - at:
+            raise SchemaError("columns: a name repeats within one event")
+        epoch = epochs[i]
+        body = {
+            "step": steps[i],
+            "epoch": None if epoch == NO_EPOCH else epoch,
+            "rank": ranks[i],
+            "scalars": scalars,
+            "samples": {},
+            "labels": {},
+        }
+        out.append(new(Event, (run_id, producer_id, seqs[i], stamps[i], METRICS, body, fingerprint)))
+        at = end
+    return out
+
+
 def encode_event(codec: Codec, event: Event) -> bytes:
     """One event as an EventBatch record of its own (archive payloads, dead letters)."""
-    return encode_events(codec, event.run_id, event.producer_id, [event[2:6]])  # type: ignore[list-item]
+    return encode_events(codec, event.run_id, event.producer_id, [event[2:6]], columnar=False)  # type: ignore[list-item]
 
 
 def decode_events(codec: Codec, value: bytes) -> list[Event]:
@@ -96,10 +223,17 @@ def decode_events(codec: Codec, value: bytes) -> list[Event]:
     checked_ids(run_id, producer_id)
     fingerprint = bytes(value[2:10])
     new = tuple.__new__  # skips the NamedTuple's Python-level __new__: a third of this loop's time
-    return [
+    events = [
         new(Event, (run_id, producer_id, e["seq"], e["ts_ms"], e["body"][0], e["body"][1], fingerprint))
         for e in batch["events"]
     ]
+    columns = batch.get("columns")
+    if columns is None:
+        return events
+    plain = _from_columns(columns[1], run_id, producer_id, fingerprint)  # (record name, record)
+    if not events:
+        return plain
+    return sorted(events + plain, key=lambda e: e.seq)  # one producer's events, in seq order
 
 
 def derived_event_count(

@@ -6,7 +6,7 @@ import threading
 import time
 
 from producers import TransportError
-from schemas import default_codec
+from schemas import decode_events, default_codec
 
 
 class FakeTransport:
@@ -41,6 +41,5 @@ class FakeTransport:
         codec = default_codec()
         out = []
         for record in self.records:
-            _, batch = codec.decode(record)
-            out.extend((batch["producer_id"], e["seq"], e["body"]) for e in batch["events"])
+            out.extend((e.producer_id, e.seq, (e.kind, e.body)) for e in decode_events(codec, record))
         return out

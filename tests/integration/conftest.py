@@ -15,7 +15,7 @@ import pytest
 
 from metricbus._broker import EmbeddedBroker
 from metricbus._read import read_topic as _read_topic
-from schemas import Settings, default_codec, ensure_topics
+from schemas import Settings, decode_events, default_codec, ensure_topics
 
 pytestmark = pytest.mark.integration
 
@@ -64,8 +64,7 @@ def read_events(settings: Settings, count: int, timeout: float = 30.0) -> list[t
         for record in read_topic(
             settings, settings.topics.events, 1, timeout=max(0.5, deadline - time.monotonic())
         ):
-            _, batch = codec.decode(record.value)
-            events.extend((batch["producer_id"], e["seq"], *e["body"]) for e in batch["events"])
+            events.extend((e.producer_id, e.seq, e.kind, e.body) for e in decode_events(codec, record.value))
         if len(events) < count:
             time.sleep(0.2)
     return events

@@ -1,5 +1,6 @@
 import io
 import json
+import math
 
 import avro.io
 import avro.schema
@@ -82,6 +83,7 @@ def batch(events):
         "producer_id": "p" * 32,
         "sdk_version": "0.1.0",
         "events": [{"seq": i, "ts_ms": 1_700_000_000_000 + i, "body": b} for i, b in enumerate(events)],
+        "columns": None,
     }
 
 
@@ -270,3 +272,103 @@ def test_schema_files_must_be_versioned(tmp_path):
     (tmp_path / "Thing.avsc").write_text('{"type": "record", "name": "Thing", "fields": []}')
     with pytest.raises(ConfigError, match="<Record>.v<N>.avsc"):
         Codec(tmp_path)
+
+
+def mixed_events(n=300):
+    """What a run logs: mostly scalars-only Metrics, with samples, labels, histograms and tables among them."""
+    from schemas import HISTOGRAM, RUN_STARTED, run_started
+
+    specials = [math.nan, math.inf, -math.inf, -0.0, 5e-324, 1.7976931348623157e308]
+    out = [(0, 1_700_000_000_000, RUN_STARTED, run_started("p", "n", {"lr": 1e-3}))]
+    for i in range(1, n):
+        body = {
+            "step": i if i % 50 else 2**62 + i,
+            "epoch": None if i % 3 else i // 3 - 1,  # None and 0 both appear
+            "rank": i % 4,
+            "scalars": {f"m{i % 7}": 0.1 * i, "Train/Loss": specials[i % len(specials)], "métrique/ü": -i},
+            "samples": {},
+            "labels": {},
+        }
+        if i % 11 == 0:
+            body["samples"] = {"rewards/x": [0.5, -1.0]}
+        if i % 13 == 0:
+            body["labels"] = {"task": "logo_a"}
+        if i % 17 == 0:
+            out.append(
+                (
+                    i,
+                    1_700_000_000_000 + i,
+                    HISTOGRAM,
+                    {"step": i, "name": "h", "edges": [0.0, 1.0], "counts": [3], "rank": 0},
+                )
+            )
+            continue
+        body["scalars"]["-m"] = float(i)
+        out.append((i, 1_700_000_000_000 + i, METRICS, body))
+    return out
+
+
+def test_columnar_batches_read_back_every_event_exactly_and_in_order():
+    import struct
+
+    from schemas import decode_events, encode_events
+
+    codec = default_codec()
+    events = mixed_events()
+    for columnar in (True, False):
+        data = encode_events(codec, "run-1", "p" * 32, events, "0.1.0", columnar=columnar)
+        back = decode_events(codec, data)
+        assert [(e.seq, e.ts_ms, e.kind) for e in back] == [(s, t, k) for s, t, k, _ in events]
+        for (_, _, _, body), e in zip(events, back, strict=True):
+            assert e.body.keys() >= body.keys()
+            for key, value in body.items():
+                if key == "scalars":  # bit for bit: NaN, -0.0, subnormals
+                    assert list(e.body[key]) == list(value)
+                    assert [struct.pack("<d", v) for v in e.body[key].values()] == [
+                        struct.pack("<d", float(v)) for v in value.values()
+                    ]
+                else:
+                    assert e.body[key] == value, key
+        _, raw = codec.decode(data)
+        if columnar:  # the scalars-only Metrics events are in the columns
+            assert raw["columns"] is not None and len(raw["events"]) < len(events) // 4
+        else:
+            assert raw["columns"] is None and len(raw["events"]) == len(events)
+
+
+def test_apache_avro_reads_a_columnar_batch():
+    import struct
+
+    from schemas import encode_events
+
+    codec = default_codec()
+    data = encode_events(codec, "run-1", "p" * 32, mixed_events(40), "0.1.0")
+    decoded = avro.io.DatumReader(_apache(codec.newest("EventBatch"))).read(
+        avro.io.BinaryDecoder(io.BytesIO(data[10:]))
+    )
+    columns = decoded["columns"]
+    seqs = struct.unpack(f"<{len(columns['seq']) // 8}q", columns["seq"])
+    assert seqs[:3] == (1, 2, 3) and "Train/Loss" in columns["names"]
+
+
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (lambda c: c.update(seq=c["seq"][:-8]), "differ in length"),
+        (lambda c: c.update(values=c["values"][:-3]), "whole number"),
+        (lambda c: c.update(counts=b"\xff\xff\xff\xff" + c["counts"][4:]), "add up"),
+        (lambda c: c.update(name_index=b"\x63\x00\x00\x00" + c["name_index"][4:]), "outside the names"),
+        (lambda c: c.update(names=["a"] * len(c["names"])), "repeats"),
+    ],
+)
+def test_a_hostile_columnar_batch_is_a_schema_error_not_a_crash(damage, why):
+    from schemas import decode_events, encode_events
+
+    codec = default_codec()
+    data = encode_events(codec, "run-1", "p" * 32, [e for e in mixed_events(30) if e[2] == METRICS][:10])
+    _, raw = codec.decode(data)
+    columns = dict(raw["columns"][1])
+    damage(columns)
+    bad = codec.encode("EventBatch", {**raw, "columns": columns})
+    with pytest.raises(SchemaError, match=why):
+        decode_events(codec, bad)

@@ -184,14 +184,12 @@ for i in range(1000):
 
     (path,) = (tmp_path / "spool" / "forgotten").glob("*.spool")
     spool = Spool(path)
-    from schemas import default_codec
+    from schemas import decode_events, default_codec
 
-    events = [
-        e for record, _ in spool.read_unsent(10_000) for e in default_codec().decode(record)[1]["events"]
-    ]
+    events = [e for record, _ in spool.read_unsent(10_000) for e in decode_events(default_codec(), record)]
     spool.close()
-    assert [e["seq"] for e in events] == list(range(1002))  # RunStarted, 1000 metrics, RunFinished
-    assert events[-1]["body"] == (RUN_FINISHED, {"status": "finished", "summary": {}})
+    assert [e.seq for e in events] == list(range(1002))  # RunStarted, 1000 metrics, RunFinished
+    assert (events[-1].kind, events[-1].body) == (RUN_FINISHED, {"status": "finished", "summary": {}})
 
 
 def test_flush_never_returns_while_events_are_between_the_queue_and_the_spool(settings, monkeypatch):

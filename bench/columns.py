@@ -1,0 +1,82 @@
+"""The events topic's two layouts, measured in the same run: one Avro record per event
+(``columnar=False``, EventBatch v4's layout) against the columns of EventBatch v5.
+
+A batch is what a training loop's producer sends: BENCH_BATCH events of BENCH_SCALARS scalars
+(``Train/metric_<j>``, float values). Reports, per event, the CPU to encode (the producer's
+publisher thread) and to decode into events (every consumer), and the bytes on the wire, as
+medians of REPEATS; then ratios. No broker: the codec alone.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import table  # noqa: E402
+
+BATCH = int(os.environ.get("BENCH_BATCH", 500))
+SCALARS = int(os.environ.get("BENCH_SCALARS", 10))
+REPEATS = int(os.environ.get("BENCH_REPEATS", 7))
+LOOPS = 20
+
+
+def main() -> None:
+    from schemas import METRICS, decode_events, default_codec, encode_events
+
+    codec = default_codec()
+    events = [
+        (
+            i,
+            1_700_000_000_000 + i,
+            METRICS,
+            {
+                "step": i,
+                "epoch": i // 100,
+                "rank": 0,
+                "scalars": {f"Train/metric_{j}": 0.001 * i + j for j in range(SCALARS)},
+                "samples": {},
+                "labels": {},
+            },
+        )
+        for i in range(BATCH)
+    ]
+    results: dict[str, dict[str, list[float]]] = {"records": {}, "columns": {}}
+    for _ in range(REPEATS):
+        for layout, columnar in (("records", False), ("columns", True)):
+            t0 = time.process_time()
+            for _ in range(LOOPS):
+                data = encode_events(codec, "run", "p" * 32, events, columnar=columnar)
+            encode = (time.process_time() - t0) / LOOPS / BATCH * 1e6
+            t0 = time.process_time()
+            for _ in range(LOOPS):
+                back = decode_events(codec, data)
+            decode = (time.process_time() - t0) / LOOPS / BATCH * 1e6
+            assert [e.body["scalars"] for e in back] == [e[3]["scalars"] for e in events]
+            r = results[layout]
+            r.setdefault("encode", []).append(encode)
+            r.setdefault("decode", []).append(decode)
+            r.setdefault("bytes", []).append(len(data) / BATCH)
+
+    def med(layout: str, what: str) -> float:
+        return statistics.median(results[layout][what])
+
+    print(f"{BATCH} events of {SCALARS} scalars per batch, medians of {REPEATS} runs of {LOOPS} batches")
+    for what, unit in (("encode", "µs CPU/event"), ("decode", "µs CPU/event"), ("bytes", "bytes/event")):
+        ours = med("columns", what)
+        table(
+            f"{what} ({unit}; lower is better)",
+            [
+                ("EventBatch v5 columns", ours, ""),
+                ("one Avro record per event (v4 layout)", med("records", what), ""),
+            ],
+            ours,
+            unit,
+        )
+
+
+if __name__ == "__main__":
+    main()
