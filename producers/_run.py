@@ -388,6 +388,9 @@ class Run:
             self._sampler.stop()
         for watcher in self._watchers:
             watcher.remove()
+        if not isinstance(status, str):  # finish(60) meant the timeout: the run is not lost for it
+            log.warning("finish(status=%r): a status is a string; the run is ended as 'finished'", status)
+            status = "finished"
         scalars, _ = self._gate.split(summary or {})
         self._emit(RUN_FINISHED, {"status": status, "summary": scalars})
         self._finished = True

@@ -337,3 +337,13 @@ def test_plain_numbers_take_the_fast_path_and_are_checked_on_the_publishers_thre
     assert run.stats()["dropped_values"] == 2
     assert sum("too large" in r.getMessage() for r in caplog.records) == 1
     assert sum("must be str" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_status_that_is_no_string_ends_the_run_as_finished_with_one_warning(settings, caplog):
+    fake = FakeTransport()
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    run.log({"x": 1.0}, step=0)
+    with caplog.at_level(logging.WARNING, logger="metricbus.producer"):
+        assert run.finish(60)  # meant timeout=60
+    assert fake.events()[-1][2] == (RUN_FINISHED, {"status": "finished", "summary": {}})
+    assert sum("a status is a string" in r.getMessage() for r in caplog.records) == 1
