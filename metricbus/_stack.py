@@ -21,12 +21,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 from schemas import MetricbusError, Settings, count_restart, ensure_topics
 
 from . import _proc
 from ._broker import EmbeddedBroker
 
 log = logging.getLogger("metricbus.up")
+#: Seconds between looks at the embedded broker's memory.
+MEMORY_CHECK_S = 10.0
 
 #: Consumer processes `up` runs: name -> CLI arguments after `metricbus`.
 #: Optional ones run only when their extra is installed (see OPTIONAL).
@@ -125,6 +129,10 @@ class Stack:
         self._stopped = threading.Event()
         self.broker_restarts = 0
         self._broker_next_start = 0.0
+        self.planned_restarts = 0  #: broker restarts to bound its memory (broker_max_mb)
+        self.broker_rss_mb = 0.0
+        self._memory_next_check = 0.0
+        self._memory_said = False
 
     def start(self) -> Stack:
         """Start the broker, create the topics, start every consumer."""
@@ -189,6 +197,102 @@ class Stack:
             and now >= self._broker_next_start
         ):
             self._restart_broker(broker, now)
+        elif broker is not None and not self._stopped.is_set():
+            self._watch_broker_memory(broker, now)
+
+    def _watch_broker_memory(self, broker: EmbeddedBroker, now: float) -> None:
+        """Restart the broker on purpose past ``broker_max_mb``, once every group read everything.
+
+        Its memory is every record ever produced (no retention, no DeleteRecords).
+        """
+        limit = self.settings.broker_max_mb
+        if not limit or now < self._memory_next_check or broker.proc is None:
+            return
+        self._memory_next_check = now + MEMORY_CHECK_S
+        try:
+            rss = psutil.Process(broker.proc.pid).memory_info().rss / 1e6
+        except psutil.Error:
+            return
+        self.broker_rss_mb = rss
+        if rss <= limit:
+            self._memory_said = False
+            return
+        behind = self._behind()
+        if behind:
+            if not self._memory_said:
+                self._memory_said = True
+                self.report(
+                    f"metricbus up: the embedded broker holds {rss:.0f} MB (over METRICBUS_BROKER_MAX_MB="
+                    f"{limit:.0f}); it restarts to free it once every consumer has read everything "
+                    f"(not yet: {behind})"
+                )
+            return
+        self._planned_restart(broker, rss)
+
+    def _behind(self) -> str:
+        """Why the consumers have not all read everything ('' when they have)."""
+        from ._lag import LagProbe
+
+        probe = LagProbe(self.settings)
+        try:
+            samples = probe.sample()
+        finally:
+            probe.close()
+        problems = [
+            f"{g or 'groups'}: {s.error}" if s.error else f"{g}: lag {s.lag}"
+            for g, s in samples.items()
+            if s.error or s.lag
+        ]
+        return "; ".join(problems) if samples else "no consumer group yet"
+
+    def _planned_restart(self, broker: EmbeddedBroker, rss_mb: float) -> None:
+        """Restart the broker empty, its consumers around it.
+
+        The consumers stop first (they flush, commit and checkpoint); the stream checkpoints
+        are rebased on the new topic; then the consumers start again.
+        """
+        from stream_jobs import checkpoint_dir, group_id, rebase
+
+        self.report(
+            f"metricbus up: the embedded broker holds {rss_mb:.0f} MB (METRICBUS_BROKER_MAX_MB="
+            f"{self.settings.broker_max_mb:.0f}) and every consumer group has read everything: "
+            "restarting it to free that memory (planned; producers send their last minute again, "
+            "consumers drop the duplicates)"
+        )
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.terminate()
+        for child in self.children:
+            if child.proc is not None:
+                _proc.stop(child.proc, 30.0)
+                child.proc = None
+        behind = self._behind()  # the consumers' last commits against what arrived meanwhile
+        if behind:  # a producer sent more while they stopped: a restart now would lose it
+            self.report(f"metricbus up: broker restart put off: records arrived meanwhile ({behind})")
+            for child in self.children:
+                self._start(child)
+            return
+        broker.stop()
+        for attempt in range(20):  # the port may linger a moment after the old broker exits
+            try:
+                broker.start()
+                break
+            except MetricbusError:
+                if attempt == 19:
+                    raise
+                time.sleep(0.5)
+        ensure_topics(self.settings)
+        rebased = rebase(checkpoint_dir(self.settings, group_id(self.settings)))
+        for child in self.children:
+            self._start(child)
+        self.planned_restarts += 1
+        count_restart("broker (planned)")
+        log.warning(
+            "planned broker restart %d done (it held %.0f MB); stream checkpoints rebased: %s",
+            self.planned_restarts,
+            rss_mb,
+            rebased,
+        )
 
     def _restart_broker(self, broker: EmbeddedBroker, now: float) -> None:
         """Start the embedded broker again (it kept nothing: memory-only) and its topics.

@@ -85,6 +85,10 @@ class Settings:
     #: Where the stream workers keep one checkpoint per partition (default ``<data dir>/stream``).
     #: Workers of one group on several machines need a directory they all read: a shared volume.
     checkpoint_dir: Path | None = None
+    #: Resident memory (MB) past which ``metricbus up`` restarts its memory-only embedded
+    #: broker, once every consumer group has read everything (it keeps every record and has
+    #: no retention: about 1.1 MB of memory per MB produced). 0: never.
+    broker_max_mb: float = 2048.0
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
     sasl_username: str | None = None

@@ -6,7 +6,7 @@ The statistics and rules are plain Python objects; ``build_app`` wraps them in a
 
 from ._alerts import AlertEngine
 from ._app import build_app, group_id
-from ._checkpoint import checkpoint_dir, retire_single_file
+from ._checkpoint import checkpoint_dir, rebase, retire_single_file
 from ._config import METRIC_STATS, StreamConfig, load_config, parse_config
 from ._derive import Point, RunDeriver, derive_all
 from ._partitions import PartitionedState
@@ -31,6 +31,7 @@ __all__ = [
     "Window",
     "build_app",
     "checkpoint_dir",
+    "rebase",
     "retire_single_file",
     "PartitionedState",
     "committed_offsets",

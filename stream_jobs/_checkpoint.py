@@ -46,7 +46,14 @@ def partition_path(directory: Path, partition: int) -> Path:
 
 def snapshot(processor: StreamProcessor, partition: int, offset: int) -> bytes:
     """The checkpoint bytes of one partition's processor now (take it between two records)."""
-    record = {"format": FORMAT, "partition": partition, "offset": offset, "state": processor.state()}
+    record = {
+        "format": FORMAT,
+        "partition": partition,
+        "offset": offset,
+        "state": processor.state(),
+        # a state at offset 0 that holds events came from a rebased checkpoint: it still applies
+        "rebased": offset == 0 and processor.events > 0,
+    }
     return pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -55,7 +62,7 @@ def write(path: Path, data: bytes) -> None:
     atomic_write(path, data)
 
 
-def load(path: Path, processor: StreamProcessor) -> int | None:
+def load(path: Path, processor: StreamProcessor, topic_start: bool = False) -> int | None:
     """Restore ``processor`` from the checkpoint at ``path``; its offset.
 
     None when there is no usable one: the caller rebuilds from the start of the topic.
@@ -77,8 +84,34 @@ def load(path: Path, processor: StreamProcessor) -> int | None:
             FORMAT,
         )
         return None
+    if topic_start and not data.get("rebased"):
+        # the group never processed this partition: a checkpoint is of records gone (a new
+        # `metricbus up` on an empty memory-only broker), unless it was rebased for that
+        return None
     processor.load_state(data["state"])
     return int(data["offset"])
+
+
+def rebase(directory: Path) -> list[int]:
+    """Checkpoints for an events topic re-created empty; the partitions rebased.
+
+    Used by ``metricbus up`` when it restarts the memory-only broker on purpose (to bound its
+    memory), after the workers stopped: each state covers all of the old topic, so its offset
+    becomes 0 and it is loaded when the new topic starts. Producers send their last minute
+    again; the state's dedupe drops what it already holds.
+    """
+    done = []
+    for path in sorted(Path(directory).glob("partition-*.checkpoint")):
+        try:
+            data = pickle.loads(path.read_bytes())  # noqa: S301 - our own file
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
+            continue  # load() says so when a worker reads it
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            continue
+        data.update(offset=0, rebased=True)
+        write(path, pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
+        done.append(int(data["partition"]))
+    return done
 
 
 def retire_single_file(settings: Settings, group_id: str) -> None:

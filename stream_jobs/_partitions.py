@@ -81,9 +81,8 @@ class PartitionedState:
         started = time.monotonic()
         processor = self.new_processor()
         start = None
-        if self.directory is not None and offset > 0:  # at 0 the group never processed it (or a
-            # memory-only broker lost the topic): a checkpoint would be of records gone
-            start = load(partition_path(self.directory, partition), processor)
+        if self.directory is not None:
+            start = load(partition_path(self.directory, partition), processor, topic_start=offset == 0)
         if start is None:
             start, processor = 0, self.new_processor()
         replayed = await replay(processor, self.settings, partition, start, offset) if start < offset else 0

@@ -283,3 +283,79 @@ def test_up_with_two_workers_and_two_instances_of_each_sink_shares_the_partition
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_up_restarts_a_broker_over_its_memory_bound_and_nothing_is_lost_or_derived_twice(tmp_path):
+    """Issue 14: the memory-only broker keeps every record; past METRICBUS_BROKER_MAX_MB, once every
+    group has read everything, `up` restarts it. The archive and the worker's series go on whole."""
+    from producers import Run
+    from schemas import DERIVED_PRODUCER, Settings
+    from sinks import read_events
+    from stream_jobs import derive_all
+
+    port = free_port()
+    env = {**os.environ, "METRICBUS_LOCAL_PORT": str(port), "METRICBUS_BROKER_MAX_MB": "45"}
+    proc = subprocess.Popen(
+        metricbus("up", "--no-dashboard", data_dir=tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        wait_line(proc, "metricbus is up")
+        settings = Settings(bootstrap=f"127.0.0.1:{port}", data_dir=tmp_path)
+        run = Run("memory", settings=settings, system_metrics=False, max_block_s=5.0)
+        big = [0.5] * 4_000  # 32 kB an event: the broker's memory grows fast, the archive stays small
+
+        def log(n: int, step: int) -> int:
+            for _ in range(n):
+                run.log({"Train/Loss": 1.0 / (step + 1), "big": big}, step=step, epoch=step // 300)
+                step += 1
+            assert run._publisher.flush(60)
+            return step
+
+        step = 0
+        for _ in range(3):  # ~60 MB produced: over the bound at least once
+            step = log(600, step)
+        lines = wait_line(proc, "restarting it to free that memory", timeout=120)
+        step = log(300, step)  # logged after the restart
+        assert run.finish(timeout=60)
+        deadline = time.monotonic() + 180
+        logged: list = []
+        derived: list = []
+        while time.monotonic() < deadline:
+            try:
+                events = read_events(settings.archive_dir, run.run_id, derived=True)
+            except (FileNotFoundError, ValueError, KeyError):
+                events = []
+            logged = [
+                e for e in events if e.producer_id != DERIVED_PRODUCER and e.kind == "metricbus.Metrics"
+            ]
+            derived = [e for e in events if e.producer_id == DERIVED_PRODUCER]
+            if len(logged) >= step and any("final/" in n for e in derived for n in e.body.get("scalars", {})):
+                break
+            time.sleep(2)
+        assert sorted(e.body["step"] for e in logged) == list(range(step))  # every step once
+        got = {
+            (n, e.body["step"]): v
+            for e in derived
+            for n, v in e.body.get("scalars", {}).items()
+            if n.startswith("Epoch/")
+        }
+        ordered = sorted((e for e in events if e.producer_id != DERIVED_PRODUCER), key=lambda e: e.seq)
+        want = {
+            (p.name, p.step): p.value
+            for p in derive_all([(e.kind, e.body, e.ts_ms) for e in ordered])
+            if p.name.startswith("Epoch/")
+        }
+        assert got == want  # the worker's epochs across the restart equal an uninterrupted derivation
+        assert len({e.seq for e in derived}) == len(derived)  # no derived event twice
+        assert any("memory-only" in line or "METRICBUS_BROKER_MAX_MB" in line for line in lines)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
