@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # A CPU build of torch==2.13.0 lies in /opt/wheels on these machines; elsewhere pip takes PyPI's.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: demo test bench lint clean chromium chaos
+.PHONY: demo test bench lint clean chromium chaos soak
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV) || (apt-get update && apt-get install -y python3-venv && python3 -m venv $(VENV))
@@ -35,6 +35,9 @@ test: lint chromium
 # The fault suite: crashes and 10,000 hostile records against `metricbus up` (a few minutes).
 chaos: $(STAMP)
 	$(PY) tests/chaos.py
+
+soak: $(STAMP)
+	$(PY) bench/soak.py
 
 bench: $(STAMP)
 	$(PY) bench/producer_overhead.py

@@ -33,8 +33,17 @@ def topic_reader(settings: Settings, client_id: str, **overrides: Any) -> Any:
     return KafkaConsumer(**opts)
 
 
-def read_topic(settings: Settings, topic: str, idle_s: float = 1.0, timeout_s: float = 30.0) -> list[Any]:
-    """Every record of ``topic`` from the beginning, in partition order (no consumer group)."""
+def read_topic(
+    settings: Settings,
+    topic: str,
+    idle_s: float = 1.0,
+    timeout_s: float = 30.0,
+    starts: dict[int, int] | None = None,
+) -> list[Any]:
+    """Every record of ``topic`` in partition order (no consumer group).
+
+    From the beginning, or per partition from the offset in ``starts``.
+    """
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     async def main() -> list[Any]:
@@ -55,6 +64,9 @@ def read_topic(settings: Settings, topic: str, idle_s: float = 1.0, timeout_s: f
                 return []
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
+            for tp in tps:
+                if starts and starts.get(tp.partition):
+                    consumer.seek(tp, starts[tp.partition])
             out: list[Any] = []
             deadline = time.monotonic() + timeout_s
             last_data = time.monotonic()

@@ -31,6 +31,8 @@ from ._broker import EmbeddedBroker
 log = logging.getLogger("metricbus.up")
 #: Seconds between looks at the embedded broker's memory.
 MEMORY_CHECK_S = 10.0
+#: Seconds before a put-off planned restart is tried again.
+MEMORY_RETRY_S = 60.0
 
 #: Consumer processes `up` runs: name -> CLI arguments after `metricbus`.
 #: Optional ones run only when their extra is installed (see OPTIONAL).
@@ -132,6 +134,7 @@ class Stack:
         self.planned_restarts = 0  #: broker restarts to bound its memory (broker_max_mb)
         self.broker_rss_mb = 0.0
         self._memory_next_check = 0.0
+        self._memory_retry_at = 0.0
         self._memory_said = False
 
     def start(self) -> Stack:
@@ -201,7 +204,7 @@ class Stack:
             self._watch_broker_memory(broker, now)
 
     def _watch_broker_memory(self, broker: EmbeddedBroker, now: float) -> None:
-        """Restart the broker on purpose past ``broker_max_mb``, once every group read everything.
+        """Restart the broker on purpose past ``broker_max_mb`` of resident memory.
 
         Its memory is every record ever produced (no retention, no DeleteRecords).
         """
@@ -217,20 +220,25 @@ class Stack:
         if rss <= limit:
             self._memory_said = False
             return
-        behind = self._behind()
-        if behind:
-            if not self._memory_said:
-                self._memory_said = True
-                self.report(
-                    f"metricbus up: the embedded broker holds {rss:.0f} MB (over METRICBUS_BROKER_MAX_MB="
-                    f"{limit:.0f}); it restarts to free it once every consumer has read everything "
-                    f"(not yet: {behind})"
-                )
+        if now < self._memory_retry_at:
             return
-        self._planned_restart(broker, rss)
+        behind = self._far_behind()
+        if behind:
+            self._put_off(rss, behind, now)
+            return
+        self._planned_restart(broker, rss, now)
 
-    def _behind(self) -> str:
-        """Why the consumers have not all read everything ('' when they have)."""
+    def _put_off(self, rss_mb: float, why: str, now: float) -> None:
+        self._memory_retry_at = now + MEMORY_RETRY_S
+        if not self._memory_said:
+            self._memory_said = True
+            self.report(
+                f"metricbus up: the embedded broker holds {rss_mb:.0f} MB (over METRICBUS_BROKER_MAX_MB="
+                f"{self.settings.broker_max_mb:.0f}); its restart is put off: {why}"
+            )
+
+    def _far_behind(self) -> str:
+        """Why a restart now would free little or cannot be planned ('' when it can)."""
         from ._lag import LagProbe
 
         probe = LagProbe(self.settings)
@@ -238,27 +246,34 @@ class Stack:
             samples = probe.sample()
         finally:
             probe.close()
-        problems = [
-            f"{g or 'groups'}: {s.error}" if s.error else f"{g}: lag {s.lag}"
-            for g, s in samples.items()
-            if s.error or s.lag
-        ]
-        return "; ".join(problems) if samples else "no consumer group yet"
+        errors = [s.error for s in samples.values() if s.error]
+        if errors:
+            return f"cannot read the consumer groups ({errors[0]})"
+        events = self.settings.topics.events
+        ends: dict[int, int] = {}
+        needed: dict[int, int] = {}
+        for sample in samples.values():
+            for (topic, partition), lag in sample.partitions.items():
+                if topic == events and lag.committed is not None:
+                    ends[partition] = max(ends.get(partition, 0), lag.end)
+                    needed[partition] = min(needed.get(partition, lag.committed), lag.committed)
+        total, unread = sum(ends.values()), sum(ends[p] - needed[p] for p in ends)
+        if total and unread > total / 2:
+            return f"the consumers have {unread} of the {total} records of {events} still to read"
+        return ""
 
-    def _planned_restart(self, broker: EmbeddedBroker, rss_mb: float) -> None:
-        """Restart the broker empty, its consumers around it.
+    def _planned_restart(self, broker: EmbeddedBroker, rss_mb: float, now: float) -> None:
+        """Restart the broker empty, carrying over what the consumers have not read.
 
-        The consumers stop first (they flush, commit and checkpoint); the stream checkpoints
-        are rebased on the new topic; then the consumers start again.
+        The consumers stop first (they flush, commit and checkpoint); the records any of them
+        still needs are read (``_carry``), the broker restarts, they are published again, the
+        stream checkpoints are rebased on the new topic, and the consumers start again.
         """
-        from stream_jobs import checkpoint_dir, group_id, rebase
+        from stream_jobs import checkpoint_dir, group_id, offsets, rebase
 
-        self.report(
-            f"metricbus up: the embedded broker holds {rss_mb:.0f} MB (METRICBUS_BROKER_MAX_MB="
-            f"{self.settings.broker_max_mb:.0f}) and every consumer group has read everything: "
-            "restarting it to free that memory (planned; producers send their last minute again, "
-            "consumers drop the duplicates)"
-        )
+        from ._carry import Record, oldest_needed, publish, unread
+
+        limit = self.settings.broker_max_mb
         for child in self.children:
             if child.proc is not None and child.proc.poll() is None:
                 child.proc.terminate()
@@ -266,9 +281,24 @@ class Stack:
             if child.proc is not None:
                 _proc.stop(child.proc, 30.0)
                 child.proc = None
-        behind = self._behind()  # the consumers' last commits against what arrived meanwhile
-        if behind:  # a producer sent more while they stopped: a restart now would lose it
-            self.report(f"metricbus up: broker restart put off: records arrived meanwhile ({behind})")
+        self.report(
+            f"metricbus up: the embedded broker holds {rss_mb:.0f} MB (METRICBUS_BROKER_MAX_MB="
+            f"{limit:.0f}): restarting it to free that memory (planned; what some consumer has not "
+            "read yet is carried over, consumers drop what they already hold)"
+        )
+        checkpoints = checkpoint_dir(self.settings, group_id(self.settings))
+        records: list[Record] = []
+        why = ""
+        try:
+            records = unread(self.settings, oldest_needed(self.settings, offsets(checkpoints)))
+        except Exception as exc:  # noqa: BLE001 - no restart without knowing what to carry
+            why = f"cannot read what the consumers still need ({exc})"
+        carried = sum(len(r[3]) for r in records) / 1e6
+        if carried > limit / 2:  # a restart would free little; the consumers catch up first
+            why = f"the consumers are {carried:.0f} MB behind"
+        if why:
+            self._memory_said = False
+            self._put_off(rss_mb, why, now)
             for child in self.children:
                 self._start(child)
             return
@@ -282,15 +312,19 @@ class Stack:
                     raise
                 time.sleep(0.5)
         ensure_topics(self.settings)
-        rebased = rebase(checkpoint_dir(self.settings, group_id(self.settings)))
+        publish(self.settings, records)
+        rebased = rebase(checkpoints)
         for child in self.children:
             self._start(child)
         self.planned_restarts += 1
+        self._memory_said = False
         count_restart("broker (planned)")
         log.warning(
-            "planned broker restart %d done (it held %.0f MB); stream checkpoints rebased: %s",
+            "planned broker restart %d done (it held %.0f MB); %d records carried; stream checkpoints "
+            "rebased: %s",
             self.planned_restarts,
             rss_mb,
+            len(records),
             rebased,
         )
 

@@ -6,7 +6,7 @@ The statistics and rules are plain Python objects; ``build_app`` wraps them in a
 
 from ._alerts import AlertEngine
 from ._app import build_app, group_id
-from ._checkpoint import checkpoint_dir, rebase, retire_single_file
+from ._checkpoint import checkpoint_dir, offsets, rebase, retire_single_file
 from ._config import METRIC_STATS, StreamConfig, load_config, parse_config
 from ._derive import Point, RunDeriver, derive_all
 from ._partitions import PartitionedState
@@ -32,6 +32,7 @@ __all__ = [
     "build_app",
     "checkpoint_dir",
     "rebase",
+    "offsets",
     "retire_single_file",
     "PartitionedState",
     "committed_offsets",

@@ -83,7 +83,7 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
     ``state`` holds one processor per partition of the events topic this worker owns (see
     :mod:`stream_jobs._partitions`): a partition's state is rebuilt when the partition is
     assigned, and checkpointed (when ``state.directory`` is set) every
-    ``settings.checkpoint_interval_s`` and when the partition is revoked. Any number of workers
+    ``settings.checkpoint_interval_s``, when the partition is revoked and at shutdown. Any number of workers
     may run in the group; their output equals one uninterrupted worker's.
     """
     import faust
@@ -242,6 +242,17 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
         await checkpoint([p for p in held if p in state.changed()], "revoked")
         for p in held:
             state.drop(p)
+
+    @app.on_before_shutdown.connect
+    async def shutting_down(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        """The consumer has stopped: checkpoint every partition held.
+
+        So a restart (or ``up``'s planned broker restart) starts from where this worker stopped.
+        """
+        held = state.changed()
+        await checkpoint(held, "shutdown")
+        if held:
+            log.info("stream checkpoint at shutdown: partitions %s", held)
 
     @app.on_partitions_assigned.connect
     async def assigned(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:

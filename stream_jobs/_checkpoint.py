@@ -92,6 +92,19 @@ def load(path: Path, processor: StreamProcessor, topic_start: bool = False) -> i
     return int(data["offset"])
 
 
+def offsets(directory: Path) -> dict[int, int]:
+    """The offset each readable checkpoint of this format covers up to, per partition."""
+    out = {}
+    for path in sorted(Path(directory).glob("partition-*.checkpoint")):
+        try:
+            data = pickle.loads(path.read_bytes())  # noqa: S301 - our own file
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
+            continue
+        if isinstance(data, dict) and data.get("format") == FORMAT:
+            out[int(data["partition"])] = int(data["offset"])
+    return out
+
+
 def rebase(directory: Path) -> list[int]:
     """Checkpoints for an events topic re-created empty; the partitions rebased.
 

@@ -1,0 +1,136 @@
+"""`make soak`: `metricbus up` left running under a steady training load; the broker's memory stays bounded.
+
+The embedded broker (Tansu, memory-only) keeps every record it is sent and has no retention, so
+left alone its resident memory grows with everything produced (about 1.1 MB per MB). `up`
+restarts it on purpose past METRICBUS_BROKER_MAX_MB once every consumer group has read
+everything (see README "The local stack"). This runs `up` with a small bound (SOAK_MAX_MB,
+default 150) and one training process logging SOAK_RATE events/s of 10 scalars for
+SOAK_MINUTES (default 10), samples the broker's RSS every 5 s, and checks at the end that the
+archive holds every logged event once.
+
+Prints: produced MB, the broker's RSS (max, and at each planned restart), the restarts, and the
+archive's verdict. Not in `make test` (it takes minutes by design).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import free_port  # noqa: E402
+
+MAX_MB = float(os.environ.get("SOAK_MAX_MB", 150))
+RATE = int(os.environ.get("SOAK_RATE", 4000))
+MINUTES = float(os.environ.get("SOAK_MINUTES", 10))
+
+
+def broker_rss(up: subprocess.Popen[str]) -> float | None:
+    for child in psutil.Process(up.pid).children(recursive=True):
+        try:
+            if "tansu" in " ".join(child.cmdline()):
+                return child.memory_info().rss / 1e6
+        except psutil.Error:
+            continue
+    return None
+
+
+def main() -> None:
+    from producers import Run
+    from schemas import Settings
+    from sinks import read_table
+
+    tmp = Path(tempfile.mkdtemp(prefix="metricbus-soak-"))
+    port = free_port()
+    env = {**os.environ, "METRICBUS_LOCAL_PORT": str(port), "METRICBUS_BROKER_MAX_MB": str(MAX_MB)}
+    up = subprocess.Popen(
+        [sys.executable, "-m", "metricbus", "--data-dir", str(tmp), "up", "--no-dashboard"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    lines: list[str] = []
+
+    def read_output() -> None:
+        assert up.stdout is not None
+        for line in up.stdout:
+            lines.append(line.rstrip())
+
+    threading.Thread(target=read_output, daemon=True).start()
+    while not any("metricbus is up" in line for line in lines):
+        time.sleep(0.2)
+    samples: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(5.0):
+            rss = broker_rss(up)
+            if rss is not None:
+                samples.append((time.monotonic(), rss))
+
+    threading.Thread(target=sample, daemon=True).start()
+    settings = Settings(bootstrap=f"127.0.0.1:{port}", data_dir=tmp)
+    run = Run("soak", settings=settings, system_metrics=False, max_block_s=5.0)
+    produced = [0]  # bytes of the records the producer wrote (each is sent once, resends aside)
+    append = run._publisher.spool.append
+
+    def counted(records):  # type: ignore[no-untyped-def]
+        records = list(records)
+        produced[0] += sum(map(len, records))
+        return append(records)
+
+    run._publisher.spool.append = counted  # type: ignore[method-assign]
+    values = {f"Train/metric_{j}": float(j) for j in range(10)}
+    started = time.monotonic()
+    step = 0
+    print(f"soak: {RATE} events/s of 10 scalars for {MINUTES:g} min, broker bound {MAX_MB:g} MB, data {tmp}")
+    while time.monotonic() - started < MINUTES * 60:
+        tick = time.monotonic()
+        for _ in range(RATE // 10):  # a tenth of a second's events, then wait for the next tenth
+            run.log({**values, "Train/Loss": 1.0 / (step + 1)}, step=step, epoch=step // 10_000)
+            step += 1
+        time.sleep(max(0.0, 0.1 - (time.monotonic() - tick)))
+        if step % (RATE * 60) < RATE // 10:
+            last = samples[-1][1] if samples else float("nan")
+            print(
+                f"  {(time.monotonic() - started) / 60:4.1f} min: {step:,} events, broker RSS {last:.0f} MB"
+            )
+    assert run.finish(timeout=120), "the run did not deliver everything"
+    events = run.stats()["events"]
+    deadline = time.monotonic() + 300
+    held = 0
+    while time.monotonic() < deadline:
+        table = read_table(settings.archive_dir, run.run_id, columns=["producer_id", "seq"])
+        pairs = set(zip(table["producer_id"].to_pylist(), table["seq"].to_pylist(), strict=True))
+        held = len({p for p in pairs if p[0] != "metricbus.stream"})
+        if held >= events:
+            break
+        time.sleep(2)
+    stop.set()
+    up.send_signal(signal.SIGINT)
+    up.wait(60)
+    mb = produced[0] / 1e6
+    planned = [line for line in lines if "restarting it to free that memory" in line]
+    peak = max((r for _, r in samples), default=float("nan"))
+    print(f"produced {mb:.0f} MB in {events:,} events ({mb / (MINUTES * 60):.2f} MB/s)")
+    print(
+        f"broker RSS: max {peak:.0f} MB against a bound of {MAX_MB:g} MB; {len(planned)} planned restart(s)"
+    )
+    for line in planned:
+        print(f"  {line[:160]}")
+    print(
+        f"archive: {held:,} of {events:,} logged events, each once: {'OK' if held == events else 'MISSING'}"
+    )
+
+
+if __name__ == "__main__":
+    main()

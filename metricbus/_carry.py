@@ -1,0 +1,91 @@
+"""Carry what the consumers have not read across a planned restart of the memory-only broker.
+
+Before ``metricbus up`` restarts the embedded broker to bound its memory, it stops the consumers
+and reads, per partition of the events, aggregates and alerts topics, the records from the
+oldest position any consumer still needs (its group's last commit; for the events topic also
+the stream worker's checkpoint) to the end; after the restart it publishes them again, to the
+same partitions. Consumers drop what they already hold by its identity, so nothing is lost
+whether or not the producer that sent it is still alive to send it again. The dead-letter
+topic starts over (``status`` reads counts from it; the records were already logged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from schemas import Settings, make_producer
+
+from ._lag import LagProbe
+from ._read import read_topic
+
+#: (topic, partition, key, value) of one record to publish again
+Record = tuple[str, int, bytes | None, bytes]
+
+
+def oldest_needed(settings: Settings, checkpoints: dict[int, int]) -> dict[str, dict[int, int]]:
+    """Per topic and partition, the oldest offset a consumer still needs.
+
+    ``checkpoints``: the stream worker's checkpoint offset per events partition. Raises
+    RuntimeError when the groups' offsets cannot be read (then nothing may be restarted).
+    """
+    probe = LagProbe(settings)
+    try:
+        samples = probe.sample()
+    finally:
+        probe.close()
+    errors = [s.error for s in samples.values() if s.error]
+    if errors:
+        raise RuntimeError(errors[0])
+    topics = settings.topics
+    out: dict[str, dict[int, int]] = {t: {} for t in (topics.events, topics.aggregates, topics.alerts)}
+    for sample in samples.values():
+        for (topic, partition), lag in sample.partitions.items():
+            if topic in out and lag.committed is not None:
+                held = out[topic].get(partition)
+                out[topic][partition] = lag.committed if held is None else min(held, lag.committed)
+    for partition, offset in checkpoints.items():
+        events = out[topics.events]
+        events[partition] = min(events.get(partition, offset), offset)
+    return out
+
+
+def unread(settings: Settings, starts: dict[str, dict[int, int]]) -> list[Record]:
+    """The records from ``starts`` to the end of each topic, read until no more arrive.
+
+    A partition no group committed on is read whole. Producers may still send while this
+    reads (the consumers are stopped, the training jobs are not): it reads again from where it
+    ended until a pass finds nothing new, so the broker can stop right after.
+    """
+    out: list[Record] = []
+    starts = {topic: dict(offsets) for topic, offsets in starts.items()}
+    for _ in range(20):
+        found = 0
+        for topic, offsets in starts.items():
+            for r in read_topic(settings, topic, idle_s=0.5, timeout_s=120.0, starts=offsets):
+                if r.offset >= offsets.get(r.partition, 0):
+                    out.append((topic, r.partition, r.key, r.value))
+                    offsets[r.partition] = r.offset + 1
+                    found += 1
+        if not found:
+            break
+    return out
+
+
+def publish(settings: Settings, records: list[Record]) -> None:
+    """Publish ``records`` to their topics and partitions, and wait for every acknowledgement."""
+
+    async def main() -> None:
+        producer = make_producer(settings, client_id="metricbus-up-carry", acks="all")
+        await producer.start()
+        try:
+            sent: list[Any] = [
+                await producer.send(topic, value=value, key=key, partition=partition)
+                for topic, partition, key, value in records
+            ]
+            await asyncio.gather(*sent)
+        finally:
+            await producer.stop()
+
+    if records:
+        asyncio.run(main())
