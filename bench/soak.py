@@ -4,12 +4,20 @@ The embedded broker (Tansu, memory-only) keeps every record it is sent and has n
 left alone its resident memory grows with everything produced (about 1.1 MB per MB). `up`
 restarts it on purpose past METRICBUS_BROKER_MAX_MB once every consumer group has read
 everything (see README "The local stack"). This runs `up` with a small bound (SOAK_MAX_MB,
-default 150) and one training process logging SOAK_RATE events/s of 10 scalars for
+default 60) and one training process logging SOAK_RATE events/s of 10 scalars for
 SOAK_MINUTES (default 10), samples the broker's RSS every 5 s, and checks at the end that the
 archive holds every logged event once.
 
-Prints: produced MB, the broker's RSS (max, and at each planned restart), the restarts, and the
+Prints: produced MB, the broker's RSS (max), the planned restarts and put-offs, and the
 archive's verdict. Not in `make test` (it takes minutes by design).
+
+Measured (2026-11-23, 2 cores): at 4,000 events/s the consumers never had less than half the
+topic left to read at a check, so every restart was put off (the broker reached 162 MB for a
+80 MB bound; 712,002 of 712,002 events archived). At 1,000 events/s with a 40 MB bound the
+restart happened, the embedded broker answered one produce with an AlreadyExists error (two
+producers, the carry and the training job, writing a new partition's first batch at once) and
+the training job delivered nothing after it: the restart stays off by default until this is
+fixed (the integration test, with a producer that sends while `up` restarts, passes).
 """
 
 from __future__ import annotations
@@ -28,8 +36,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import free_port  # noqa: E402
 
-MAX_MB = float(os.environ.get("SOAK_MAX_MB", 150))
-RATE = int(os.environ.get("SOAK_RATE", 4000))
+MAX_MB = float(os.environ.get("SOAK_MAX_MB", 60))
+RATE = int(os.environ.get("SOAK_RATE", 1000))
 MINUTES = float(os.environ.get("SOAK_MINUTES", 10))
 
 
@@ -120,6 +128,8 @@ def main() -> None:
     up.wait(60)
     mb = produced[0] / 1e6
     planned = [line for line in lines if "restarting it to free that memory" in line]
+    for line in dict.fromkeys(line for line in lines if "put off" in line):
+        print(f"  {line[:200]}")
     peak = max((r for _, r in samples), default=float("nan"))
     print(f"produced {mb:.0f} MB in {events:,} events ({mb / (MINUTES * 60):.2f} MB/s)")
     print(
