@@ -16,18 +16,17 @@ from typing import Any
 
 from schemas import Settings, make_producer
 
-from ._lag import LagProbe
+from ._lag import LagProbe, PartitionLag
 from ._read import read_topic
 
 #: (topic, partition, key, value) of one record to publish again
 Record = tuple[str, int, bytes | None, bytes]
 
 
-def oldest_needed(settings: Settings, checkpoints: dict[int, int]) -> dict[str, dict[int, int]]:
-    """Per topic and partition, the oldest offset a consumer still needs.
+def committed(settings: Settings) -> list[PartitionLag]:
+    """Every group's committed position and the end, per partition it committed on.
 
-    ``checkpoints``: the stream worker's checkpoint offset per events partition. Raises
-    RuntimeError when the groups' offsets cannot be read (then nothing may be restarted).
+    Raises RuntimeError when the groups' offsets cannot be read (then nothing may be restarted).
     """
     probe = LagProbe(settings)
     try:
@@ -37,13 +36,20 @@ def oldest_needed(settings: Settings, checkpoints: dict[int, int]) -> dict[str, 
     errors = [s.error for s in samples.values() if s.error]
     if errors:
         raise RuntimeError(errors[0])
+    return [lag for s in samples.values() for lag in s.partitions.values() if lag.committed is not None]
+
+
+def oldest_needed(settings: Settings, checkpoints: dict[int, int]) -> dict[str, dict[int, int]]:
+    """Per topic and partition, the oldest offset a consumer still needs.
+
+    ``checkpoints``: the stream worker's checkpoint offset per events partition.
+    """
     topics = settings.topics
     out: dict[str, dict[int, int]] = {t: {} for t in (topics.events, topics.aggregates, topics.alerts)}
-    for sample in samples.values():
-        for (topic, partition), lag in sample.partitions.items():
-            if topic in out and lag.committed is not None:
-                held = out[topic].get(partition)
-                out[topic][partition] = lag.committed if held is None else min(held, lag.committed)
+    for lag in committed(settings):
+        if lag.topic in out and lag.committed is not None:
+            held = out[lag.topic].get(lag.partition)
+            out[lag.topic][lag.partition] = lag.committed if held is None else min(held, lag.committed)
     for partition, offset in checkpoints.items():
         events = out[topics.events]
         events[partition] = min(events.get(partition, offset), offset)

@@ -239,24 +239,19 @@ class Stack:
 
     def _far_behind(self) -> str:
         """Why a restart now would free little or cannot be planned ('' when it can)."""
-        from ._lag import LagProbe
+        from ._carry import committed
 
-        probe = LagProbe(self.settings)
         try:
-            samples = probe.sample()
-        finally:
-            probe.close()
-        errors = [s.error for s in samples.values() if s.error]
-        if errors:
-            return f"cannot read the consumer groups ({errors[0]})"
+            positions = committed(self.settings)
+        except RuntimeError as exc:
+            return f"cannot read the consumer groups ({exc})"
         events = self.settings.topics.events
         ends: dict[int, int] = {}
         needed: dict[int, int] = {}
-        for sample in samples.values():
-            for (topic, partition), lag in sample.partitions.items():
-                if topic == events and lag.committed is not None:
-                    ends[partition] = max(ends.get(partition, 0), lag.end)
-                    needed[partition] = min(needed.get(partition, lag.committed), lag.committed)
+        for lag in positions:
+            if lag.topic == events and lag.committed is not None:
+                ends[lag.partition] = max(ends.get(lag.partition, 0), lag.end)
+                needed[lag.partition] = min(needed.get(lag.partition, lag.committed), lag.committed)
         total, unread = sum(ends.values()), sum(ends[p] - needed[p] for p in ends)
         if total and unread > total / 2:
             return f"the consumers have {unread} of the {total} records of {events} still to read"
