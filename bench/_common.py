@@ -40,3 +40,26 @@ def table(title: str, rows: list[tuple[str, float, str]], ours: float, unit: str
     for name, value, note in rows:
         ratio = value / ours if ours else float("nan")
         print(f"  {name:<34}{value:>14.3f}{ratio:>15.1f}x  {note}")
+
+
+def fill(settings, n: int, run_id: str | None = None, columnar: bool = True) -> None:  # type: ignore[no-untyped-def]
+    """One run of ``n`` events (RunStarted, n - 2 steps of 3 scalars, RunFinished) into the topic.
+
+    ``max_block_s``: a tight loop outruns the encoder, and shed events would make n a lie.
+    ``columnar=False`` writes a record per event (the v4 layout) instead of EventBatch v5's columns.
+    """
+    from producers import Run
+
+    run = Run("bench", run_id=run_id, settings=settings, system_metrics=False, linger_s=0.05, max_block_s=5.0)
+    run._publisher.columnar = columnar
+    for step in range(n - 2):
+        run.log(
+            {
+                "Train/Loss": 1.0 / (step + 1),
+                "Train/AvgReward": (step % 100) / 100,
+                "System/Memory_Percent": 40.0,
+            },
+            step=step,
+            epoch=step // 1000,
+        )
+    assert run.finish(timeout=300), "the bench's run did not deliver everything"

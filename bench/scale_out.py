@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import free_port  # noqa: E402
+from _common import fill, free_port  # noqa: E402
 
 N = int(os.environ.get("BENCH_EVENTS", 160_000))
 RUN_EVENTS = int(os.environ.get("BENCH_RUN_EVENTS", 1_000_000))
@@ -41,26 +41,6 @@ def spread_ids(partitions: int) -> list[str]:
         candidate = f"bench-{uuid.uuid4().hex[:10]}"
         ids.setdefault((murmur2(candidate.encode()) & 0x7FFFFFFF) % partitions, candidate)
     return [ids[p] for p in range(partitions)]
-
-
-def fill(settings, run_ids: list[str], per_run: int) -> None:
-    from producers import Run
-
-    for run_id in run_ids:
-        run = Run(
-            "bench", run_id=run_id, settings=settings, system_metrics=False, linger_s=0.05, max_block_s=5.0
-        )
-        for step in range(per_run - 2):
-            run.log(
-                {
-                    "Train/Loss": 1.0 / (step + 1),
-                    "Train/AvgReward": (step % 100) / 100,
-                    "System/Memory_Percent": 40.0,
-                },
-                step=step,
-                epoch=step // 1000,
-            )
-        assert run.finish(timeout=300)
 
 
 def workers_rate(settings, tmp: str, count: int, runs: int) -> float:
@@ -150,11 +130,12 @@ def main() -> None:
                 partitions=PARTITIONS,
             )
             ensure_topics(settings)
-            fill(settings, ids, N // PARTITIONS)
+            for run_id in ids:
+                fill(settings, N // PARTITIONS, run_id)
             rates[count] = workers_rate(settings, tmp, count, PARTITIONS)
         one = Settings(bootstrap=broker.bootstrap, data_dir=Path(tmp) / "m", topic_prefix="m.", partitions=1)
         ensure_topics(one)
-        fill(one, ["bench-move"], RUN_EVENTS)
+        fill(one, RUN_EVENTS, "bench-move")
         size, load_s, replay_s, events = partition_move(one, tmp)
     print(f"{N:,} events (3 scalars each) in 8 runs over {PARTITIONS} partitions")
     print(f"  1 worker : {rates[1]:>10,.0f} events/s")

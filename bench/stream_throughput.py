@@ -25,31 +25,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import free_port  # noqa: E402
+from _common import fill, free_port  # noqa: E402
 
 N = int(os.environ.get("BENCH_EVENTS", 200_000))
 REPEATS = int(os.environ.get("BENCH_REPEATS", 3))
 RATE = int(os.environ.get("BENCH_RATE", 1000))
 SECONDS = int(os.environ.get("BENCH_SECONDS", 10))
-
-
-def fill(settings, n: int, columnar: bool = True) -> None:
-    from producers import Run
-
-    # max_block_s: a tight loop outruns the encoder; shed events would make N a lie
-    run = Run("bench", settings=settings, system_metrics=False, linger_s=0.05, max_block_s=5.0)
-    run._publisher.columnar = columnar
-    for step in range(n - 2):
-        run.log(
-            {
-                "Train/Loss": 1.0 / (step + 1),
-                "Train/AvgReward": (step % 100) / 100,
-                "System/Memory_Percent": 40.0,
-            },
-            step=step,
-            epoch=step // 1000,
-        )
-    assert run.finish(timeout=120)
 
 
 RECORDS: dict[bool, int] = {}  # records read by the last consume(): the input's batching
@@ -184,7 +165,7 @@ def main() -> None:
             settings = dataclasses.replace(records, data_dir=Path(tmp) / f"c{r}", topic_prefix=f"c{r}.")
             for s, columnar in ((records, False), (settings, True)):
                 ensure_topics(s)
-                fill(s, N, columnar)
+                fill(s, N, columnar=columnar)
             RECORDS.clear()
             bare.append(consume(records, with_processor=False))
             columns.append(consume(settings, with_processor=False))

@@ -30,6 +30,17 @@ def wait_line(proc, text, timeout=30.0):
     raise AssertionError(f"{text!r} not printed; got {seen}")
 
 
+def stop_up(proc, clean=False):
+    """SIGTERM `up` and wait; with ``clean``, it must exit 0. Killed if it does not exit."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(30)
+        assert not clean or code == 0, code
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def start_up(tmp_path, *args):
     """`metricbus up` on a free port; returns (process, port, the lines it printed)."""
     port = free_port()
@@ -167,12 +178,7 @@ def test_up_restarts_a_killed_broker_says_so_and_the_archive_loses_nothing(tmp_p
         assert steps == list(range(600))  # every step once: nothing lost, duplicates dropped
         assert any("memory-only" in line for line in lines + [proc.stdout.readline()])
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        stop_up(proc)
 
 
 def test_up_serves_the_dashboard_status_and_every_process_counters(tmp_path):
@@ -223,12 +229,7 @@ def test_up_serves_the_dashboard_status_and_every_process_counters(tmp_path):
         assert written.get("metricbus.sink.parquet", 0) >= 22, written
         assert derived_from >= 22  # the stream worker's counter, from its own process
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            assert proc.wait(30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        stop_up(proc, clean=True)
     log = (tmp_path / "logs" / "dashboard.log").read_text()
     assert "Traceback" not in log
 
@@ -277,12 +278,7 @@ def test_up_with_two_workers_and_two_instances_of_each_sink_shares_the_partition
         for name in ("sink-parquet", "sink-parquet-2", "sink-tensorboard", "sink-tensorboard-2"):
             assert 'assigned ["TopicPartition' in (logs / f"{name}.log").read_text(), name
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            assert proc.wait(30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        stop_up(proc, clean=True)
 
 
 def test_up_restarts_a_broker_over_its_memory_bound_and_nothing_is_lost_or_derived_twice(tmp_path):
@@ -353,9 +349,4 @@ def test_up_restarts_a_broker_over_its_memory_bound_and_nothing_is_lost_or_deriv
         assert len({e.seq for e in derived}) == len(derived)  # no derived event twice
         assert any("memory-only" in line or "METRICBUS_BROKER_MAX_MB" in line for line in lines)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        stop_up(proc)

@@ -36,6 +36,13 @@ def episodes(n=300, seed=0):
     return out
 
 
+def quiet_run(tmp_path):
+    """A Run on a fake transport (no broker), and the transport holding what it sent."""
+    fake = FakeTransport()
+    settings = Settings(data_dir=tmp_path, bootstrap="127.0.0.1:1")
+    return fake, Run("p", settings=settings, transport=fake, system_metrics=False)
+
+
 def logged(settings, n=300):
     fake = FakeTransport()
     run = Run("p", settings=settings, transport=fake, system_metrics=False)
@@ -59,13 +66,7 @@ def test_log_episode_logs_the_outcome_with_its_labels(tmp_path):
 
 
 def test_labels_survive_the_codec_and_bad_labels_never_reach_the_loop(tmp_path, caplog):
-    fake = FakeTransport()
-    run = Run(
-        "p",
-        settings=Settings(data_dir=tmp_path, bootstrap="127.0.0.1:1"),
-        transport=fake,
-        system_metrics=False,
-    )
+    fake, run = quiet_run(tmp_path)
     run.log({"r": 1.0}, step=0, labels={"task": "a", "level": 3})  # a non-str value is its str
     with caplog.at_level(logging.WARNING, logger="metricbus.producer"):
         run.log({"r": 2.0}, step=1, labels={f"k{i}": "v" for i in range(17)})  # over the limit
@@ -209,13 +210,7 @@ def test_the_archive_keeps_labels_in_a_column_duckdb_and_old_files_read(tmp_path
 def test_the_demo_ppo_logs_each_cartpole_episode_with_its_outcome(tmp_path):
     from metricbus._ppo import PPOConfig, train
 
-    fake = FakeTransport()
-    run = Run(
-        "p",
-        settings=Settings(data_dir=tmp_path, bootstrap="127.0.0.1:1"),
-        transport=fake,
-        system_metrics=False,
-    )
+    fake, run = quiet_run(tmp_path)
     train(run, PPOConfig(updates=4, seed=1))
     assert run.finish(timeout=10)
     episodes = [
