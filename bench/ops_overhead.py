@@ -28,8 +28,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import free_port  # noqa: E402
-from stream_throughput import fill  # noqa: E402
+from _common import fill, free_port  # noqa: E402
 
 N = int(os.environ.get("BENCH_EVENTS", 100_000))
 REPEATS = int(os.environ.get("BENCH_REPEATS", 3))
