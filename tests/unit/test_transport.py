@@ -5,7 +5,8 @@ from schemas import Settings
 
 
 class Admin:
-    """describe_topics of a broker whose events topic was re-created (a memory-only restart)."""
+    """describe_topics of a broker whose events topic was re-created (a memory-only restart), or
+    does not exist (topic_id None)."""
 
     def __init__(self, topic_id):
         self.topic_id = topic_id
@@ -13,6 +14,8 @@ class Admin:
 
     def describe_topics(self, topics):
         self.calls += 1
+        if self.topic_id is None:  # UNKNOWN_TOPIC_OR_PARTITION
+            return [{"error_code": 3, "topic_id": None}]
         return [{"error_code": 0, "topic_id": self.topic_id}]
 
 
@@ -21,9 +24,23 @@ def test_a_recreated_topic_is_reported_lost_once_then_the_new_one_is_trusted(tmp
     transport._admin = Admin("new-id")
     transport._topic_id = "old-id"
     transport._unverified = True
+    admin = transport._admin
     transport.verify()
     assert transport.take_lost() and not transport.unverified  # resend the retained window once
+    assert transport._admin is None  # closed: the next send reconnects, creating the topic first
+    transport._admin = admin  # as a reconnect would
     transport._unverified = True
     transport.verify()
     assert not transport.take_lost()  # the same new topic: nothing lost again (it looped before)
-    assert transport._admin.calls == 2
+    assert admin.calls == 2
+
+
+def test_a_topic_missing_after_acknowledgements_is_lost_every_time_until_it_exists(tmp_path):
+    """A producer that reconnected by itself to a restarted broker is acknowledged for a topic the
+    broker does not have: a missing topic is never "the same topic" as the last missing one."""
+    transport = KafkaTransport(Settings(data_dir=tmp_path, bootstrap="127.0.0.1:1"))
+    for _ in range(2):
+        transport._admin = Admin(None)
+        transport._unverified = True
+        transport.verify()
+        assert transport.take_lost() and transport._admin is None
