@@ -68,10 +68,13 @@ def main() -> None:
     )
     lines: list[str] = []
 
-    def read_output() -> None:
+    def read_output() -> None:  # kept in memory for the checks, and in DATA/up.log to read after
         assert up.stdout is not None
-        for line in up.stdout:
-            lines.append(line.rstrip())
+        with open(tmp / "up.log", "w") as out:
+            for line in up.stdout:
+                lines.append(line.rstrip())
+                out.write(line)
+                out.flush()
 
     threading.Thread(target=read_output, daemon=True).start()
     while not any("metricbus is up" in line for line in lines):
@@ -127,7 +130,7 @@ def main() -> None:
     up.send_signal(signal.SIGINT)
     up.wait(60)
     mb = produced[0] / 1e6
-    planned = [line for line in lines if "restarting it to free that memory" in line]
+    planned = [line for line in lines if "planned broker restart" in line and "done" in line]
     for line in dict.fromkeys(line for line in lines if "put off" in line):
         print(f"  {line[:200]}")
     peak = max((r for _, r in samples), default=float("nan"))

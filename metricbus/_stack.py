@@ -298,17 +298,26 @@ class Stack:
                 self._start(child)
             return
         broker.stop()
-        for attempt in range(20):  # the port may linger a moment after the old broker exits
-            try:
-                broker.start()
-                break
-            except MetricbusError:
-                if attempt == 19:
-                    raise
-                time.sleep(0.5)
-        ensure_topics(self.settings)
-        publish(self.settings, records)
-        rebased = rebase(checkpoints)
+        try:
+            for attempt in range(20):  # the port may linger a moment after the old broker exits
+                try:
+                    broker.start()
+                    break
+                except MetricbusError:
+                    if attempt == 19:
+                        raise
+                    time.sleep(0.5)
+            ensure_topics(self.settings)
+            publish(self.settings, records)
+        except Exception as exc:  # noqa: BLE001 - `up` goes on: the consumers start, the broker is watched
+            log.exception("the planned broker restart failed")
+            self.report(
+                f"metricbus up: the planned broker restart failed ({type(exc).__name__}: {exc}); "
+                f"{len(records)} records the consumers had not read may be lost (live training jobs "
+                "send their last minute again). The consumers start again; a broker that is not "
+                "running is restarted as after a crash."
+            )
+        rebased = rebase(checkpoints)  # the old broker is gone either way: its offsets with it
         for child in self.children:
             self._start(child)
         self.planned_restarts += 1
