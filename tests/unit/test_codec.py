@@ -336,6 +336,60 @@ def test_columnar_batches_read_back_every_event_exactly_and_in_order():
             assert raw["columns"] is None and len(raw["events"]) == len(events)
 
 
+def test_scalars_rows_encode_exactly_as_their_metrics_bodies_in_both_layouts():
+    """The producer queues log()'s scalars as SCALARS rows, not dicts: the bytes must read back
+    the same events, ints as doubles, labelled rows through the events array, order kept."""
+    import struct
+
+    from schemas import SCALARS, decode_events, encode_events
+
+    codec = default_codec()
+    rows = []
+    for i, event in enumerate(mixed_events()):
+        seq, ts, kind, body = event
+        if kind == METRICS and not body["samples"] and i % 3:
+            labels = {"task": "a"} if i % 7 == 0 else None
+            scalars = {**body["scalars"], "int": i}  # an int, as log() passes them on
+            rows.append((seq, ts, SCALARS, (body["step"], body["epoch"], body["rank"], scalars, labels)))
+        else:
+            rows.append(event)
+    assert any(r[2] == SCALARS and r[3][4] for r in rows) and any(
+        r[2] == SCALARS and not r[3][4] for r in rows
+    )
+
+    def as_bodies(event):
+        seq, ts, kind, body = event
+        if kind != SCALARS:
+            return event
+        step, epoch, rank, scalars, labels = body
+        scalars = {k: float(v) for k, v in scalars.items()}
+        return (
+            seq,
+            ts,
+            METRICS,
+            {
+                "step": step,
+                "epoch": epoch,
+                "rank": rank,
+                "scalars": scalars,
+                "samples": {},
+                "labels": labels or {},
+            },
+        )
+
+    def bits(e):  # NaN != NaN: compare the doubles bit for bit
+        scalars = {k: struct.pack("<d", v) for k, v in e.body.get("scalars", {}).items()}
+        return e.seq, e.kind, {**e.body, "scalars": scalars}
+
+    for columnar in (True, False):
+        got = decode_events(codec, encode_events(codec, "run-1", "p" * 32, rows, "0.1.0", columnar))
+        want = decode_events(
+            codec, encode_events(codec, "run-1", "p" * 32, [as_bodies(r) for r in rows], "0.1.0", columnar)
+        )
+        assert [bits(e) for e in got] == [bits(e) for e in want]
+        assert all(type(v) is float for e in got if e.kind == METRICS for v in e.body["scalars"].values())
+
+
 def test_apache_avro_reads_a_columnar_batch():
     import struct
 

@@ -95,3 +95,21 @@ def test_a_value_whose_float_raises_anything_is_dropped_with_one_warning(caplog)
     warnings = [r for r in caplog.records if "metric 'w'" in r.getMessage()]
     assert len(warnings) == 1 and "RuntimeError: device lost" in warnings[0].getMessage()
     assert not any(r.exc_info for r in caplog.records)  # a line, not a traceback
+
+
+def test_split_owned_keeps_a_checked_dict_and_sends_anything_else_the_careful_way(caplog):
+    """The publisher's check of log()'s plain dicts: names seen all-str and a float sum pass as
+    they are; a new name set, a non-str name or an int too large for a float go through split()."""
+    gate = ValueGate()
+    values = {"Train/Loss": 0.5, "step_count": 3, "done": True}
+    first = gate.split_owned(values)  # a name set not seen before: checked and copied
+    assert first == {"Train/Loss": 0.5, "step_count": 3.0, "done": 1.0} and first is not values
+    assert gate.split_owned(values) is values  # seen: kept as it is (ints are written as doubles)
+    assert gate.all_plain([values, {"Train/Loss": 1.0, "step_count": 4, "done": False}])
+    assert not gate.all_plain([{"Train/Loss": 1, "step_count": 4, "done": False}])  # an int sum
+    assert not gate.all_plain([{"new": 1.0}])
+    with caplog.at_level(logging.WARNING, logger="metricbus.producer"):
+        assert not gate.all_plain([{"big": 10**400, "ok": 1.0}])  # sum raises: no exception out
+        assert gate.split_owned({"big": 10**400, "ok": 1.0}) == {"ok": 1.0}
+        assert gate.split_owned({1: 2.0, "ok": 1.0}) == {"ok": 1.0}
+    assert gate.dropped == 2 and "'big'" in caplog.text
