@@ -39,7 +39,7 @@ RECORDS: dict[bool, int] = {}  # records read by the last consume(): the input's
 def consume(settings, with_processor: bool) -> float:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from schemas import client_options, decode_events, default_codec, fetch_options
+    from schemas import client_options, decode_record, default_codec, fetch_options
     from stream_jobs import DEFAULT_RULES, StreamProcessor, load_rules
 
     codec = default_codec()
@@ -64,10 +64,10 @@ def consume(settings, with_processor: bool) -> float:
             for records in (await c.getmany(timeout_ms=500, max_records=10_000)).values():
                 RECORDS[with_processor] = RECORDS.get(with_processor, 0) + len(records)
                 for r in records:
-                    events = decode_events(codec, r.value)
-                    seen += len(events)
+                    events, columns = decode_record(codec, r.value)  # as the worker does
+                    seen += len(events) + (len(columns.seqs) if columns is not None else 0)
                     if processor is not None:
-                        processor.process(events)
+                        processor.process_record(events, columns)
         elapsed = time.perf_counter() - t0
         await c.stop()
         return N / elapsed

@@ -191,8 +191,70 @@ def _columns(events: list[tuple[int, int, str, Any]]) -> dict[str, Any]:
         raise EncodeError(f"cannot encode a Metrics event as columns: {exc}") from exc
 
 
-def _from_columns(columns: dict[str, Any], run_id: str, producer_id: str, fingerprint: bytes) -> list[Event]:
-    """The events of a MetricColumns record; SchemaError when its arrays do not fit together."""
+class ScalarColumns(NamedTuple):
+    """The scalars-only Metrics events of one EventBatch record as its columns (decoded, checked).
+
+    For consumers that work a column at a time (the stream worker): no object per event.
+    :meth:`events` is the per-event view, what :func:`decode_events` returns for them.
+    """
+
+    run_id: str
+    producer_id: str
+    fingerprint: bytes
+    names: list[str]
+    seqs: list[int]
+    ts_ms: list[int]
+    steps: list[int]
+    epochs: list[int]  #: NO_EPOCH for an event logged without one
+    ranks: list[int]
+    counts: list[int]  #: values per event
+    name_index: list[int]  #: the name (an index into ``names``) of each value
+    values: list[float]
+
+    def uniform(self) -> bool:
+        """Whether every event logs every name, in the order of ``names`` (the usual record).
+
+        Then name ``j``'s values are ``values[j::len(names)]``, one per event.
+        """
+        k = len(self.names)
+        return self.counts == [k] * len(self.seqs) and self.name_index == list(range(k)) * len(self.seqs)
+
+    def events(self) -> list[Event]:
+        """One Metrics event per entry, in order."""
+        names, index, values, counts = self.names, self.name_index, self.values, self.counts
+        run_id, producer_id, fingerprint = self.run_id, self.producer_id, self.fingerprint
+        seqs, stamps, steps, epochs, ranks = self.seqs, self.ts_ms, self.steps, self.epochs, self.ranks
+        out = []
+        new = tuple.__new__
+        labelled: dict[tuple[int, ...], tuple[str, ...]] = {}
+        at = 0
+        for i in range(len(seqs)):
+            end = at + counts[i]
+            positions = tuple(index[at:end])
+            keys = labelled.get(positions)
+            if keys is None:
+                keys = labelled[positions] = tuple(names[p] for p in positions)
+            scalars = dict(zip(keys, values[at:end], strict=True))
+            if len(scalars) != end - at:
+                raise SchemaError("columns: a name repeats within one event")
+            epoch = epochs[i]
+            body = {
+                "step": steps[i],
+                "epoch": None if epoch == NO_EPOCH else epoch,
+                "rank": ranks[i],
+                "scalars": scalars,
+                "samples": {},
+                "labels": {},
+            }
+            out.append(new(Event, (run_id, producer_id, seqs[i], stamps[i], METRICS, body, fingerprint)))
+            at = end
+        return out
+
+
+def _from_columns(
+    columns: dict[str, Any], run_id: str, producer_id: str, fingerprint: bytes
+) -> ScalarColumns:
+    """The columns of a MetricColumns record; SchemaError when its arrays do not fit together."""
     names = columns["names"]
     seqs = _unpacked("q", columns["seq"], "seq")
     stamps = _unpacked("q", columns["ts_ms"], "ts_ms")
@@ -209,31 +271,14 @@ def _from_columns(columns: dict[str, Any], run_id: str, producer_id: str, finger
         raise SchemaError("columns: counts do not add up to the values")
     if index and not 0 <= min(index) <= max(index) < len(names):
         raise SchemaError("columns: a name index is outside the names")
-    out = []
-    new = tuple.__new__
-    labelled: dict[tuple[int, ...], tuple[str, ...]] = {}
-    at = 0
-    for i in range(n):
-        end = at + counts[i]
-        positions = tuple(index[at:end])
-        keys = labelled.get(positions)
-        if keys is None:
-            keys = labelled[positions] = tuple(names[p] for p in positions)
-        scalars = dict(zip(keys, values[at:end], strict=True))
-        if len(scalars) != end - at:
-            raise SchemaError("columns: a name repeats within one event")
-        epoch = epochs[i]
-        body = {
-            "step": steps[i],
-            "epoch": None if epoch == NO_EPOCH else epoch,
-            "rank": ranks[i],
-            "scalars": scalars,
-            "samples": {},
-            "labels": {},
-        }
-        out.append(new(Event, (run_id, producer_id, seqs[i], stamps[i], METRICS, body, fingerprint)))
-        at = end
-    return out
+    if len(set(names)) != len(names):
+        raise SchemaError("columns: a name repeats in the names")
+    cols = ScalarColumns(
+        run_id, producer_id, fingerprint, names, seqs, stamps, steps, epochs, ranks, counts, index, values
+    )
+    if not cols.uniform():  # a repeated name within one event is checked event by event
+        cols.events()
+    return cols
 
 
 def encode_event(codec: Codec, event: Event) -> bytes:
@@ -243,6 +288,20 @@ def encode_event(codec: Codec, event: Event) -> bytes:
 
 def decode_events(codec: Codec, value: bytes) -> list[Event]:
     """Decode one EventBatch record into its events; raises SchemaError for anything else."""
+    events, columns = decode_record(codec, value)
+    if columns is None:
+        return events
+    if not events:
+        return columns.events()
+    return sorted(events + columns.events(), key=lambda e: e.seq)  # one producer's events, in seq order
+
+
+def decode_record(codec: Codec, value: bytes) -> tuple[list[Event], ScalarColumns | None]:
+    """One EventBatch record as its events outside the columns, and its columns (or None).
+
+    What :func:`decode_events` returns without an object per columnar event; raises
+    SchemaError for anything that is not a well-formed EventBatch.
+    """
     name, batch = codec.decode(value)
     if name != "EventBatch":
         raise SchemaError(f"expected an EventBatch record on the events topic, got a {name}")
@@ -257,11 +316,8 @@ def decode_events(codec: Codec, value: bytes) -> list[Event]:
     ]
     columns = batch.get("columns")
     if columns is None:
-        return events
-    plain = _from_columns(columns[1], run_id, producer_id, fingerprint)  # (record name, record)
-    if not events:
-        return plain
-    return sorted(events + plain, key=lambda e: e.seq)  # one producer's events, in seq order
+        return events, None
+    return events, _from_columns(columns[1], run_id, producer_id, fingerprint)  # (record name, record)
 
 
 def derived_event_count(

@@ -87,10 +87,9 @@ class Settings:
     checkpoint_dir: Path | None = None
     #: Resident memory (MB) past which ``metricbus up`` restarts its memory-only embedded
     #: broker (it keeps every record and has no retention: about 1.1 MB of memory per MB
-    #: produced), carrying over what the consumers have not read. 0 (the default): never. Off
-    #: by default because ``make soak`` found a live producer that stopped delivering after
-    #: such a restart (README, "The local stack"): turn it on knowingly.
-    broker_max_mb: float = 0.0
+    #: produced), carrying over what the consumers have not read (README, "The local stack";
+    #: ``make soak``). 0: never.
+    broker_max_mb: float = 1024.0
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
     sasl_username: str | None = None

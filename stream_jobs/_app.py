@@ -19,7 +19,7 @@ from schemas import (
     SchemaError,
     Settings,
     dead_letter,
-    decode_events,
+    decode_record,
     default_codec,
     encode_aggregates,
     ssl_context,
@@ -150,7 +150,7 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
     async def derive(stream: Any) -> None:
         async for event in stream.events():
             try:
-                batch = decode_events(codec, event.value)
+                batch, columns = decode_record(codec, event.value)
             except SchemaError as exc:
                 message = event.message
                 log.error(
@@ -176,10 +176,10 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
                 message = event.message
                 processor = await state.ensure(message.partition, message.offset)
                 started = time.perf_counter()
-                output = processor.process(batch)
+                output = processor.process_record(batch, columns)
                 publish(output)
                 metrics.observe(time.perf_counter() - started)
-                counts["events"] += len(batch)
+                counts["events"] += len(batch) + (len(columns.seqs) if columns is not None else 0)
                 counts["outputs"] += sum(map(len, output.points.values()))
                 counts["alerts"] += len(output.alerts)
             counts["records"] += 1

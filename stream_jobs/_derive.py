@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from schemas import HEARTBEAT, METRICS, RUN_FINISHED, RUN_STARTED, Event
+from schemas import HEARTBEAT, METRICS, NO_EPOCH, RUN_FINISHED, RUN_STARTED, Event, ScalarColumns
 
 from ._config import StreamConfig
 from ._labels import LabelSeries
@@ -285,22 +285,7 @@ class RunDeriver:
         columns: list[Column] | None,
     ) -> None:
         """The scalars of consecutive Metrics events of one epoch, a column per metric."""
-        cfg = self.cfg
-        epoch = bodies[0]["epoch"]
         steps = [b["step"] for b in bodies]
-        self._last_step = max(self._last_step, max(steps))
-        if epoch is not None and self._epoch_no is not None and epoch != self._epoch_no:
-            out.extend(self._close_epoch(stamps[0]))
-        if epoch is not None:
-            if self._epoch is None:
-                self._epoch = _Epoch()
-            self._epoch_no = epoch
-        ep = self._epoch
-        if ep is not None:
-            ep.steps += len(bodies)
-            ep.last_step = steps[-1]
-
-        whole = len(bodies)
         scalars = [b["scalars"] for b in bodies]
         names = list(scalars[0])
         gathered: dict[str, tuple[list[float], list[int] | None]] = {}
@@ -318,6 +303,64 @@ class RunDeriver:
                         col = gathered[name] = ([], [])
                     col[0].append(value)
                     col[1].append(i)  # type: ignore[union-attr]
+        self._columns(bodies[0]["epoch"], steps, stamps, gathered, out, columns)
+
+    def takes_columns(self, cols: ScalarColumns) -> bool:
+        """Whether :meth:`feed_columns` takes these columns; if not, feed their events.
+
+        Not: names that vary between the events, a multi-rank run.
+        """
+        return self._ranks is None and bool(cols.seqs) and cols.uniform()
+
+    def feed_columns(self, cols: ScalarColumns) -> tuple[list[Point], list[Column]]:
+        """:meth:`feed_many` of a record's scalars-only events straight from its columns.
+
+        No object per event: name ``j``'s values are a slice of the record's values. Only for
+        columns that :meth:`takes_columns`.
+        """
+        k = len(cols.names)
+        epochs = cols.epochs
+        points: list[Point] = []
+        columns: list[Column] = []
+        # a stretch per epoch, as feed_many cuts its events (a record often spans two)
+        cuts = [i for i in range(1, len(epochs)) if epochs[i] != epochs[i - 1]]
+        for start, end in zip([0, *cuts], [*cuts, len(epochs)], strict=True):
+            values = cols.values[start * k : end * k]
+            gathered: dict[str, tuple[list[float], list[int] | None]] = {
+                name: (values[j::k], None) for j, name in enumerate(cols.names)
+            }
+            epoch = None if epochs[start] == NO_EPOCH else epochs[start]
+            steps, stamps = cols.steps[start:end], cols.ts_ms[start:end]
+            self._columns(epoch, steps, stamps, gathered, points, columns)
+        return points, columns
+
+    def _columns(
+        self,
+        epoch: int | None,
+        steps: list[int],
+        stamps: list[int],
+        gathered: dict[str, tuple[list[float], list[int] | None]],
+        out: list[Point],
+        columns: list[Column] | None,
+    ) -> None:
+        """Consecutive events of one epoch at ``steps``, their values gathered a column per name.
+
+        ``gathered``: name -> (values, the events' positions that logged it; None for all).
+        """
+        cfg = self.cfg
+        self._last_step = max(self._last_step, max(steps))
+        if epoch is not None and self._epoch_no is not None and epoch != self._epoch_no:
+            out.extend(self._close_epoch(stamps[0]))
+        if epoch is not None:
+            if self._epoch is None:
+                self._epoch = _Epoch()
+            self._epoch_no = epoch
+        ep = self._epoch
+        if ep is not None:
+            ep.steps += len(steps)
+            ep.last_step = steps[-1]
+
+        whole = len(steps)
 
         if self._reward.name is None and (bound := self._reward.bind(gathered)):
             self.role_of[bound] = "@reward"

@@ -10,11 +10,11 @@ import operator
 from collections.abc import Iterable
 from typing import Any
 
-from schemas import RUN_FINISHED, RUN_STARTED, Deduper, Event, derived_event_count
+from schemas import RUN_FINISHED, RUN_STARTED, Deduper, Event, ScalarColumns, derived_event_count
 
 from ._alerts import AlertEngine
 from ._config import StreamConfig
-from ._derive import Point, RunDeriver
+from ._derive import Column, Point, RunDeriver
 from ._rules import Rule
 
 _RUN_AND_PRODUCER = operator.attrgetter("run_id", "producer_id")
@@ -72,32 +72,79 @@ class StreamProcessor:
         out = Output()
         for run, stretch in self._new_by_run(events).items():
             kinds = {e.kind for e in stretch}
-            fired = self.alerts.seen(
-                run, max([e.ts_ms for e in stretch]), RUN_FINISHED in kinds, RUN_STARTED in kinds
+            out.alerts.extend(
+                self.alerts.seen(
+                    run, max([e.ts_ms for e in stretch]), RUN_FINISHED in kinds, RUN_STARTED in kinds
+                )
             )
+            deriver = self._deriver(run)
+            points, columns = deriver.feed_many(stretch)
+            self._derived(out, run, deriver, points, columns, closes=RUN_FINISHED in kinds)
+        return self._ordered(out)
+
+    def process_record(self, events: list[Event], columns: ScalarColumns | None) -> Output:
+        """:meth:`process` of one input record as :func:`schemas.decode_record` gives it.
+
+        A record of columns alone (what a training loop sends most) is taken a column at a time,
+        with no object per event, when its seqs are one new contiguous range and its run takes
+        columns (:meth:`RunDeriver.takes_columns`); the same output as :meth:`process` of its
+        events (tests/unit/test_columns.py). Anything else goes event by event.
+        """
+        if columns is None:
+            return self.process(events)
+        if events:
+            return self.process(sorted(events + columns.events(), key=_SEQ))
+        seqs = columns.seqs
+        run = columns.run_id
+        deriver = self._deriver(run)
+        if not (
+            deriver.takes_columns(columns)
+            and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+            and self.dedupe.add_range(columns.producer_id, seqs[0], seqs[-1])
+        ):
+            return self.process(columns.events())
+        self.events += len(seqs)
+        out = Output()
+        out.alerts.extend(self.alerts.seen(run, max(columns.ts_ms), False, False))
+        points, derived = deriver.feed_columns(columns)
+        self._derived(out, run, deriver, points, derived, closes=False)
+        return self._ordered(out)
+
+    def _deriver(self, run: str) -> RunDeriver:
+        deriver = self._runs.get(run)
+        if deriver is None:
+            deriver = self._runs[run] = RunDeriver(run, self.cfg)
+        return deriver
+
+    def _derived(
+        self,
+        out: Output,
+        run: str,
+        deriver: RunDeriver,
+        points: list[Point],
+        columns: list[Column],
+        closes: bool,
+    ) -> None:
+        """Rules over what a run's events logged and derived; ``out`` gets it all, numbered."""
+        roles = deriver.role_of
+        for c in columns:
+            if c.name in roles:
+                self.alerts.widen_scope(run, roles[c.name], c.values)
+            fired = self.alerts.observe_many(run, c.name, c.values, c.steps, c.ts_ms)
             if fired:
                 out.alerts.extend(fired)
-            deriver = self._runs.get(run)
-            if deriver is None:
-                deriver = self._runs[run] = RunDeriver(run, self.cfg)
-            points, columns = deriver.feed_many(stretch)
-            roles = deriver.role_of
-            for c in columns:
-                if c.name in roles:
-                    self.alerts.widen_scope(run, roles[c.name], c.values)
-                fired = self.alerts.observe_many(run, c.name, c.values, c.steps, c.ts_ms)
-                if fired:
-                    out.alerts.extend(fired)
-            self._emit(out, run, points, roles)
-            self._emit(out, run, deriver.rolling_points(), roles)
-            histograms, tables = deriver.take_objects()
-            if histograms:
-                out.histograms.setdefault(run, []).extend(histograms)
-            if tables:
-                out.tables.setdefault(run, []).extend(tables)
-            if deriver.finished and any(e.kind == RUN_FINISHED for e in stretch):
-                out.closing.add(run)
-            self._number_derived(out, run)
+        self._emit(out, run, points, roles)
+        self._emit(out, run, deriver.rolling_points(), roles)
+        histograms, tables = deriver.take_objects()
+        if histograms:
+            out.histograms.setdefault(run, []).extend(histograms)
+        if tables:
+            out.tables.setdefault(run, []).extend(tables)
+        if deriver.finished and closes:
+            out.closing.add(run)
+        self._number_derived(out, run)
+
+    def _ordered(self, out: Output) -> Output:
         if len(out.alerts) > 1:  # rules ran a column at a time: put the alerts back in event order
             out.alerts.sort(key=lambda a: (a["ts_ms"], -1 if a["step"] is None else a["step"]))
         self._number(out.alerts)

@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Any
 
-from schemas import SchemaError, Settings, client_options, decode_events, default_codec, fetch_options
+from schemas import SchemaError, Settings, client_options, decode_record, default_codec, fetch_options
 
 from ._processor import StreamProcessor
 
@@ -81,7 +81,7 @@ async def _replay(
                         break
                     replayed += 1
                     try:
-                        processor.process(decode_events(codec, record.value))
+                        processor.process_record(*decode_record(codec, record.value))
                     except SchemaError:
                         pass  # dead-lettered when it was first consumed
                 if await consumer.position(tp) >= end:

@@ -188,3 +188,67 @@ def test_alerts_of_one_record_come_out_in_event_order_across_series():
         events.append(Event("run", "p", step, 1000 + step, METRICS, body, b"\0" * 8))
     alerts = StreamProcessor(rules=rules).process(events).alerts
     assert [(a["rule"], a["step"]) for a in alerts] == [("high", 10), ("nan", 30)]
+
+
+def test_a_record_taken_from_its_columns_derives_and_fires_exactly_as_its_events(monkeypatch):
+    """The worker takes a columns-only record without an object per event
+    (StreamProcessor.process_record); every output must equal processing its decoded events:
+    uniform records, epochs changing within a record, names varying, samples beside columns,
+    NaN and inf, a redelivered record, the run's end."""
+    from schemas import decode_events, decode_record, default_codec, encode_events
+
+    rng = random.Random(11)
+    codec = default_codec()
+    events = []
+    for step in range(1500):
+        scalars = {"Train/Loss": 1 / (step + 1) + rng.gauss(0, 0.01), "Train/AvgReward": rng.random()}
+        if step < 700 or step % 7:  # the same names every step until 700, then now and then one less
+            scalars["Performance/Generation_TokensPerSec"] = rng.gauss(200, 20)
+        if step in (400, 401):
+            scalars["Train/Loss"] = [math.nan, math.inf][step - 400]
+        if step > 1100 and step % 40 == 0:
+            scalars["Train/Loss"] = 50.0  # a spike for the rules
+        samples = {"Train/Reward": [rng.random() for _ in range(8)]} if step > 1000 and step % 50 == 0 else {}
+        body = {
+            "step": step,
+            "epoch": step // 90,
+            "rank": 0,
+            "scalars": scalars,
+            "samples": samples,
+            "labels": {},
+        }
+        events.append((step, 1000 + step, METRICS, body))
+    events.append((1500, 2500, RUN_FINISHED, {"status": "finished", "exit_code": 0, "summary": {}}))
+    records = [
+        encode_events(codec, "run", "p" * 32, part, "0.1.0") for part in chunks(events, rng, largest=120)
+    ]
+    records.insert(5, records[3])  # redelivered
+    rules = load_rules(DEFAULT_RULES)
+    by_event, by_column = StreamProcessor(rules=rules), StreamProcessor(rules=rules)
+    took_columns, fired = [], 0
+    feed_columns = RunDeriver.feed_columns
+
+    def counted(self, cols):
+        took_columns.append(len(cols.seqs))
+        return feed_columns(self, cols)
+
+    monkeypatch.setattr(RunDeriver, "feed_columns", counted)
+    for record in records:
+        expected = by_event.process(decode_events(codec, record))
+        evs, cols = decode_record(codec, record)
+        got = by_column.process_record(evs, cols)
+        assert keyed(p for ps in got.points.values() for p in ps) == pytest.approx(
+            keyed(p for ps in expected.points.values() for p in ps), rel=1e-12, nan_ok=True
+        )
+        assert [(a["rule"], a["state"], a["step"], a["seq"]) for a in got.alerts] == [
+            (a["rule"], a["state"], a["step"], a["seq"]) for a in expected.alerts
+        ]
+        fired += len(expected.alerts)
+        assert (got.first_seq, got.closing, got.histograms) == (
+            expected.first_seq,
+            expected.closing,
+            expected.histograms,
+        )
+    assert by_column.events == by_event.events == len(events)
+    assert len(took_columns) > 5  # the column path ran, not only the fallback
+    assert fired > 0  # the rules fired (and resolved) on both paths alike
