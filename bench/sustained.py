@@ -15,6 +15,7 @@ PEER_S seconds (default 5), as scalars/s.
 from __future__ import annotations
 
 import array
+import collections
 import gc
 import logging
 import os
@@ -129,7 +130,8 @@ def bench_metricbus(bootstrap: str, data_dir: Path, broker_pid: int) -> float:
         f"(of {psutil.cpu_count()})"
     )
     print(
-        f"  collector    {len(full)} full passes of CPython's cyclic GC meanwhile, longest "
+        f"  collector    {len(full)} full passes of CPython's cyclic GC meanwhile "
+        f"({len(full) / elapsed * 60:.0f} a minute), longest "
         f"{max(full, default=0) * 1e3:.1f} ms (every thread waits for one; gc.freeze() after the "
         "model is built shortens them)"
     )
@@ -145,6 +147,32 @@ def bench_metricbus(bootstrap: str, data_dir: Path, broker_pid: int) -> float:
         f"duplicates): {'OK' if distinct == logged else 'MISSING'}"
     )
     return calls * 10 / elapsed
+
+
+def floor_collections(seconds: float) -> None:
+    """CPython's full collections when the floor (a deque of the same tuples, drained every
+    20 ms by a thread) is paced the same way: the tail's cause comes with the rate."""
+    queue: collections.deque = collections.deque()
+    stop = threading.Event()
+
+    def drain() -> None:
+        while not stop.wait(0.02):
+            while queue:
+                queue.popleft()
+
+    threading.Thread(target=drain, daemon=True).start()
+    before = gc.get_stats()[2]["collections"]
+    _, elapsed = pace(
+        lambda v, step: queue.append((step, time.time_ns(), "", (step, None, 0, dict(v), None))),
+        seconds,
+        RATE,
+    )
+    stop.set()
+    passes = gc.get_stats()[2]["collections"] - before
+    print(
+        f"floor, paced alike: {passes} full collections in {elapsed:.0f} s "
+        f"({passes / elapsed * 60:.0f} a minute)"
+    )
 
 
 def peer_rate(name: str, log, seconds: float) -> float:  # type: ignore[no-untyped-def]
@@ -171,6 +199,7 @@ def main() -> None:
         assert broker.proc is not None
         ours = bench_metricbus(broker.bootstrap, Path(tmp) / "mb", broker.proc.pid)
         gc.collect()
+        floor_collections(min(SECONDS, 15.0))
 
         import wandb
 
