@@ -226,7 +226,8 @@ class AlertEngine:
 
 def _widen(ranges: dict[str, tuple[float, float]], run_id: str, values: Sequence[float]) -> None:
     """Fold a column's finite values into the run's (min, max)."""
-    finite = [v for v in values if math.isfinite(v)]
+    # a finite sum means every value is finite (one C loop); else keep the finite ones
+    finite = values if math.isfinite(sum(values)) else [v for v in values if math.isfinite(v)]
     if finite:
         lo, hi = min(finite), max(finite)
         old = ranges.get(run_id)
