@@ -114,6 +114,7 @@ class Publisher:
         self.send_batch_bytes = send_batch_bytes
         self._last_send = 0.0
         self._flushing = 0  # flush() calls waiting: verify without waiting for the interval
+        self._flushing_lock = threading.Lock()  # flush() may be called from several threads
         self._last_sync = 0.0
         #: Counters, readable at any time.
         self.events_spooled = 0
@@ -181,7 +182,8 @@ class Publisher:
         """Wait until everything submitted so far is acknowledged; False on timeout."""
         deadline = time.monotonic() + timeout
         self._next_attempt = 0.0
-        self._flushing += 1
+        with self._flushing_lock:
+            self._flushing += 1
         try:
             while time.monotonic() < deadline:
                 self._wake.set()
@@ -193,7 +195,8 @@ class Publisher:
                 time.sleep(0.005)
             return False
         finally:
-            self._flushing -= 1
+            with self._flushing_lock:
+                self._flushing -= 1
 
     def stop(self, timeout: float) -> bool:
         """Flush up to ``timeout``, then stop the threads; True when nothing was left unsent.
