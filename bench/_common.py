@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -12,6 +18,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def bench_broker() -> Iterator[tuple[str, Any]]:
+    """``(tmp, broker)``: a temporary directory and the embedded broker logging into it, with
+    warnings only and kafka-python's connection noise off; both gone on exit."""
+    from metricbus._broker import EmbeddedBroker
+
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        EmbeddedBroker(free_port(), log_path=Path(tmp) / "broker.log") as broker,
+    ):
+        yield tmp, broker
 
 
 #: Child processes that are infrastructure, not the contender (the embedded broker).

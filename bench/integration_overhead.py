@@ -26,18 +26,16 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import logging
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import EXCLUDED_PIDS, free_port, table, tree_cpu_s  # noqa: E402
+from _common import EXCLUDED_PIDS, bench_broker, table, tree_cpu_s  # noqa: E402
 
 REPEATS = int(os.environ.get("BENCH_REPEATS", 3))
 SB3_STEPS = int(os.environ.get("BENCH_SB3_STEPS", 4096))
@@ -224,19 +222,12 @@ def hf_tensorboard(tmp: str) -> tuple[float, float]:
 def main() -> None:
     import torch
 
-    from metricbus._broker import EmbeddedBroker
-
     torch.set_num_threads(1)  # training in this thread: other threads' CPU is the integrations'
     os.environ["WANDB_MODE"] = "offline"  # before wandb's first setup reads its settings
     os.environ["WANDB_SILENT"] = "true"
-    logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("kafka").setLevel(logging.CRITICAL)
     sb3: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
     hf: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        EmbeddedBroker(free_port(), log_path=Path(tmp) / "broker.log") as broker,
-    ):
+    with bench_broker() as (tmp, broker):
         os.environ["WANDB_DIR"] = tmp  # nothing of wandb's in the working directory
         EXCLUDED_PIDS.add(broker.proc.pid)  # the broker's CPU is Kafka's, not the integration's
         for r in range(REPEATS):  # interleaved, so machine noise hits every contender alike

@@ -10,16 +10,14 @@ measured on a second, untimed pass so that the timing harness does not count.
 from __future__ import annotations
 
 import collections
-import logging
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import EXCLUDED_PIDS, free_port, table, tree_cpu_s  # noqa: E402
+from _common import EXCLUDED_PIDS, bench_broker, table, tree_cpu_s  # noqa: E402
 
 N = int(os.environ.get("BENCH_N", 20_000))
 REPEATS = int(os.environ.get("BENCH_REPEATS", 5))
@@ -106,15 +104,8 @@ def bench_tensorboard(data_dir: str) -> tuple[float, float]:
 
 
 def main() -> None:
-    from metricbus._broker import EmbeddedBroker
-
-    logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("kafka").setLevel(logging.CRITICAL)
     results: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        EmbeddedBroker(free_port(), log_path=Path(tmp) / "broker.log") as broker,
-    ):
+    with bench_broker() as (tmp, broker):
         EXCLUDED_PIDS.add(broker.proc.pid)  # the broker's CPU is Kafka's, not the producer's
         for r in range(REPEATS):  # interleaved, so machine noise hits every contender alike
             results["metricbus"].append(bench_metricbus(broker.bootstrap, f"{tmp}/mb{r}"))

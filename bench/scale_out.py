@@ -15,17 +15,15 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fill, free_port  # noqa: E402
+from _common import bench_broker, fill  # noqa: E402
 
 N = int(os.environ.get("BENCH_EVENTS", 160_000))
 RUN_EVENTS = int(os.environ.get("BENCH_RUN_EVENTS", 1_000_000))
@@ -111,15 +109,9 @@ def _end_offset(settings) -> int:
 
 
 def main() -> None:
-    from metricbus._broker import EmbeddedBroker
     from schemas import Settings, ensure_topics
 
-    logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("kafka").setLevel(logging.CRITICAL)
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        EmbeddedBroker(free_port(), log_path=Path(tmp) / "broker.log") as broker,
-    ):
+    with bench_broker() as (tmp, broker):
         rates = {}
         ids = spread_ids(PARTITIONS)
         for count in (1, 2):

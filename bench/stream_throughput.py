@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fill, free_port  # noqa: E402
+from _common import bench_broker, fill  # noqa: E402
 
 N = int(os.environ.get("BENCH_EVENTS", 200_000))
 REPEATS = int(os.environ.get("BENCH_REPEATS", 3))
@@ -148,16 +146,10 @@ def pct(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    from metricbus._broker import EmbeddedBroker
     from schemas import Settings, ensure_topics
 
-    logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("kafka").setLevel(logging.CRITICAL)
     bare, columns, full, worker = [], [], [], []
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        EmbeddedBroker(free_port(), log_path=Path(tmp) / "broker.log") as broker,
-    ):
+    with bench_broker() as (tmp, broker):
         for r in range(REPEATS):
             records = Settings(
                 bootstrap=broker.bootstrap, data_dir=Path(tmp) / f"r{r}", topic_prefix=f"r{r}.", partitions=1

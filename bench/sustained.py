@@ -17,10 +17,8 @@ from __future__ import annotations
 import array
 import collections
 import gc
-import logging
 import os
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,7 +26,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import free_port  # noqa: E402
+from _common import bench_broker  # noqa: E402
 
 RATE = int(os.environ.get("SUSTAINED_RATE", 100_000))
 SECONDS = float(os.environ.get("SUSTAINED_S", 60))
@@ -188,14 +186,7 @@ def peer_rate(name: str, log, seconds: float) -> float:  # type: ignore[no-untyp
 
 
 def main() -> None:
-    from metricbus._broker import EmbeddedBroker
-
-    logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("kafka").setLevel(logging.CRITICAL)
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        EmbeddedBroker(free_port(), log_path=Path(tmp) / "broker.log") as broker,
-    ):
+    with bench_broker() as (tmp, broker):
         assert broker.proc is not None
         ours = bench_metricbus(broker.bootstrap, Path(tmp) / "mb", broker.proc.pid)
         gc.collect()
