@@ -59,7 +59,7 @@ def oldest_needed(settings: Settings, checkpoints: dict[int, int]) -> dict[str, 
 
 
 def unread(settings: Settings, starts: dict[str, dict[int, int]]) -> list[Record]:
-    """The records from ``starts`` to the end of each topic, read until no more arrive.
+    """The records from ``starts`` to the end of each topic, in two passes.
 
     A partition no group committed on is read whole. Producers may still send while this
     reads (the consumers are stopped, the training jobs are not): a second pass reads what

@@ -309,7 +309,9 @@ class Stack:
                     time.sleep(0.5)
             ensure_topics(self.settings)
             publish(self.settings, records)
+            carried_over = True
         except Exception as exc:  # noqa: BLE001 - `up` goes on: the consumers start, the broker is watched
+            carried_over = False
             log.exception("the planned broker restart failed")
             self.report(
                 f"metricbus up: the planned broker restart failed ({type(exc).__name__}: {exc}); "
@@ -324,11 +326,12 @@ class Stack:
         self._memory_said = False
         count_restart("broker (planned)")
         log.warning(
-            "planned broker restart %d done (it held %.0f MB); %d records carried; stream checkpoints "
+            "planned broker restart %d %s (it held %.0f MB); %d records carried; stream checkpoints "
             "rebased: %s",
             self.planned_restarts,
+            "done" if carried_over else "failed",
             rss_mb,
-            len(records),
+            len(records) if carried_over else 0,
             rebased,
         )
 
