@@ -210,14 +210,9 @@ class ScalarColumns(NamedTuple):
     counts: list[int]  #: values per event
     name_index: list[int]  #: the name (an index into ``names``) of each value
     values: list[float]
-
-    def uniform(self) -> bool:
-        """Whether every event logs every name, in the order of ``names`` (the usual record).
-
-        Then name ``j``'s values are ``values[j::len(names)]``, one per event.
-        """
-        k = len(self.names)
-        return self.counts == [k] * len(self.seqs) and self.name_index == list(range(k)) * len(self.seqs)
+    #: every event logs every name, in the order of ``names`` (the usual record): then name
+    #: ``j``'s values are ``values[j::len(names)]``, one per event
+    uniform: bool
 
     def events(self) -> list[Event]:
         """One Metrics event per entry, in order."""
@@ -273,12 +268,29 @@ def _from_columns(
         raise SchemaError("columns: a name index is outside the names")
     if len(set(names)) != len(names):
         raise SchemaError("columns: a name repeats in the names")
-    cols = ScalarColumns(
-        run_id, producer_id, fingerprint, names, seqs, stamps, steps, epochs, ranks, counts, index, values
+    k = len(names)
+    uniform = counts == [k] * n and index == list(range(k)) * n
+    if not uniform:  # a name repeated within one event
+        at = 0
+        for count in counts:
+            if len(set(index[at : at + count])) != count:
+                raise SchemaError("columns: a name repeats within one event")
+            at += count
+    return ScalarColumns(
+        run_id,
+        producer_id,
+        fingerprint,
+        names,
+        seqs,
+        stamps,
+        steps,
+        epochs,
+        ranks,
+        counts,
+        index,
+        values,
+        uniform,
     )
-    if not cols.uniform():  # a repeated name within one event is checked event by event
-        cols.events()
-    return cols
 
 
 def encode_event(codec: Codec, event: Event) -> bytes:

@@ -310,7 +310,7 @@ class RunDeriver:
 
         Not: names that vary between the events, a multi-rank run.
         """
-        return self._ranks is None and bool(cols.seqs) and cols.uniform()
+        return self._ranks is None and bool(cols.seqs) and cols.uniform
 
     def feed_columns(self, cols: ScalarColumns) -> tuple[list[Point], list[Column]]:
         """:meth:`feed_many` of a record's scalars-only events straight from its columns.

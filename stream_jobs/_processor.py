@@ -97,13 +97,8 @@ class StreamProcessor:
         seqs = columns.seqs
         run = columns.run_id
         deriver = self._deriver(run)
-        if not (
-            deriver.takes_columns(columns)
-            and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
-            and self.dedupe.add_range(columns.producer_id, seqs[0], seqs[-1])
-        ):
+        if not (deriver.takes_columns(columns) and self._new_range(columns.producer_id, seqs)):
             return self.process(columns.events())
-        self.events += len(seqs)
         out = Output()
         out.alerts.extend(self.alerts.seen(run, max(columns.ts_ms), False, False))
         points, derived = deriver.feed_columns(columns)
@@ -176,6 +171,18 @@ class StreamProcessor:
             alert["seq"] = self._alert_seq.get(run, 0)
             self._alert_seq[run] = alert["seq"] + 1
 
+    def _new_range(self, producer_id: str, seqs: list[int]) -> bool:
+        """Whether ``seqs`` are one run of consecutive seqs, none seen before.
+
+        If so they are all recorded as seen and counted; False changes nothing.
+        """
+        if not seqs or seqs != list(range(seqs[0], seqs[0] + len(seqs))):
+            return False
+        if not self.dedupe.add_range(producer_id, seqs[0], seqs[-1]):
+            return False
+        self.events += len(seqs)
+        return True
+
     def _new_by_run(self, events: Iterable[Event]) -> dict[str, list[Event]]:
         """The events not seen before, by run, in order.
 
@@ -185,14 +192,10 @@ class StreamProcessor:
         batch = events if isinstance(events, list) else list(events)
         if not batch:
             return {}
-        first, last = batch[0], batch[-1]
-        if (
-            last.seq - first.seq == len(batch) - 1
-            and len(set(map(_RUN_AND_PRODUCER, batch))) == 1
-            and list(map(_SEQ, batch)) == list(range(first.seq, last.seq + 1))
-            and self.dedupe.add_range(first.producer_id, first.seq, last.seq)
+        first = batch[0]
+        if len(set(map(_RUN_AND_PRODUCER, batch))) == 1 and self._new_range(
+            first.producer_id, list(map(_SEQ, batch))
         ):
-            self.events += len(batch)
             return {first.run_id: batch}
         by_run: dict[str, list[Event]] = {}
         for e in batch:
