@@ -82,7 +82,9 @@ def test_a_full_queue_sheds_events_by_a_counted_policy_said_once_and_never_encod
     encoded = []
     encode = publisher._encode
     publisher._encode = lambda events: encoded.append(threading.current_thread().name) or encode(events)
-    with caplog.at_level(logging.WARNING, logger="metricbus.producer"):
+    # the spooler (woken by a full queue) cannot take events off it while we hold its lock:
+    # otherwise how many fit depends on how fast this loop runs
+    with caplog.at_level(logging.WARNING, logger="metricbus.producer"), publisher._lock:
         for i in range(500):
             run.log({"x": i}, step=i)
     stats = run.stats()
