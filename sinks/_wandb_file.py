@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import struct
+import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +23,58 @@ HEADER = 7
 def records(path: Path) -> Iterator[Any]:
     """The file's records in order, up to the first torn or unreadable one."""
     from google.protobuf.message import DecodeError
-    from wandb.proto import wandb_internal_pb2
 
-    data = Path(path).read_bytes()
+    for data in _pieces(Path(path).read_bytes(), path):
+        try:
+            yield _record(data)
+        except DecodeError:
+            return
+
+
+def closed(path: Path) -> bool:
+    """Whether W&B has closed the run file: its last record is the run's ``exit``.
+
+    Only the last record is decoded, so this stays cheap on a long run's file.
+    """
+    from google.protobuf.message import DecodeError
+
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return False
+    last = deque(_pieces(data, path), maxlen=1)
+    try:
+        return bool(last) and _record(last[0]).WhichOneof("record_type") == "exit"
+    except DecodeError:
+        return False
+
+
+def wait_closed(path: Path, timeout_s: float) -> bool:
+    """Wait until W&B has closed the run file (``closed``); False after ``timeout_s``.
+
+    ``run.finish()`` returns before W&B's service has written the run's buffered records
+    (it is told to close the file with a message it does not answer): a reader right after
+    ``finish()`` can find the file empty.
+    """
+    deadline = time.monotonic() + timeout_s
+    size = -1
+    while True:
+        try:
+            now = Path(path).stat().st_size
+        except FileNotFoundError:
+            now = -1
+        if now != size and closed(path):  # read again only when the file has grown
+            return True
+        size = now
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+
+
+def _pieces(data: bytes, path: Path) -> Iterator[bytes]:
+    """The serialized records of a run file's bytes, up to the first torn one."""
+    if not data:
+        return  # W&B had written nothing yet (its writer buffers until the file closes)
     if data[:4] != b":W&B":
         raise ValueError(f"{path} is not a W&B run file")
     pos, pieces = HEADER, b""
@@ -42,12 +93,15 @@ def records(path: Path) -> Iterator[Any]:
             continue
         pieces = chunk if kind in (1, 2) else pieces + chunk
         if kind in (1, 4):
-            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
-            try:
-                record.ParseFromString(pieces)
-            except DecodeError:
-                return
-            yield record
+            yield pieces
+
+
+def _record(data: bytes) -> Any:
+    from wandb.proto import wandb_internal_pb2
+
+    record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+    record.ParseFromString(data)
+    return record
 
 
 def run_files(root: Path, run_id: str) -> list[Path]:

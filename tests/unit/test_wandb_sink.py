@@ -194,3 +194,41 @@ def test_a_rebalance_releases_the_runs_and_the_next_event_reopens_them_once(tmp_
     sink.close()
     wb = read_run(tmp_path, "run-wb1", every_opening=True)
     assert [r["loss"] for r in wb["history"] if "loss" in r] == [1.0, 0.5]
+
+
+def test_a_finished_run_file_is_complete_when_finish_returns(tmp_path, offline):
+    """W&B's own finish() returns before its service writes the file (read right after, it
+    can be empty); the next opening reads that file as its ledger, so the sink waits for it."""
+    from sinks import Feeder
+    from sinks._wandb_file import closed, run_files
+
+    sink = WandbSink(tmp_path)
+    sink.open()
+    feeder = Feeder(sink)
+    events = [ev(0, RUN_STARTED, run_started("grpo", "g"))]
+    for seq in range(1, 11):  # ten openings of one run, as ten rebalances would give
+        events.append(metrics(seq, seq, {"x": float(seq)}))
+        feeder.write(feeder.fresh(events))
+        sink.flush()
+        sink.release()
+        feeder.forget()
+        assert all(closed(path) for path in run_files(tmp_path, "run-wb1"))  # at once: no waiting
+    run = read_run(tmp_path, "run-wb1", every_opening=True)
+    assert [r["x"] for r in run["history"]] == [float(seq) for seq in range(1, 11)]
+
+
+def test_a_run_file_the_writer_never_flushed_holds_no_rows(tmp_path, offline):
+    """W&B buffers a run file until it closes it: a sink killed before that leaves it empty,
+    and the restarted sink logs every row again instead of failing to read it."""
+    from sinks._wandb_file import records
+
+    path = tmp_path / "wandb" / "offline-run-20260101_000000-run-wb1" / "run-run-wb1.wandb"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"")
+    assert list(records(path)) == []
+    sink = WandbSink(tmp_path)
+    sink.open()
+    assert sink.recover("run-wb1") == {}
+    (tmp_path / "not-wandb.wandb").write_bytes(b"garbage!")
+    with pytest.raises(ValueError, match="not a W&B run file"):
+        list(records(tmp_path / "not-wandb.wandb"))
