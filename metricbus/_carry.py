@@ -1,7 +1,7 @@
 """Carry what the consumers have not read across a planned restart of the memory-only broker.
 
 Before ``metricbus up`` restarts the embedded broker to bound its memory, it stops the consumers
-and reads, per partition of the events, aggregates and alerts topics, the records from the
+and reads (``Unread``), per partition of the events, aggregates and alerts topics, the records from the
 oldest position any consumer still needs (its group's last commit; for the events topic also
 the stream worker's checkpoint) to the end; after the restart it publishes them again, to the
 same partitions. Consumers drop what they already hold by its identity, so nothing is lost
@@ -58,29 +58,39 @@ def oldest_needed(settings: Settings, checkpoints: dict[int, int]) -> dict[str, 
     return out
 
 
-def unread(settings: Settings, starts: dict[str, dict[int, int]]) -> list[Record]:
-    """The records from ``starts`` to the end of each topic, read until no more arrive.
+class Unread:
+    """The records from per-partition starts to the end of each topic, read in passes.
 
-    A partition no group committed on is read whole. Producers may still send while this
-    reads (the consumers are stopped, the training jobs are not): it reads again from where it
-    ended until a pass finds nothing new (at most 20 passes), so the broker can stop right
-    after. Two passes lost records (test_stack, 2026-11-23): a producer sending after the
-    second pass was acknowledged and verified by the old broker, so it never resent them.
-    Under a steady producer all 20 passes run, and the consumers wait that long.
+    Producers may still send while this reads (the consumers are stopped, the training jobs
+    are not). ``read`` reads from where the last pass ended until a pass finds nothing new;
+    once the broker carries the ``restarting`` marker (``mark_broker_restarting``), one more
+    pass takes everything a producer saw confirmed, and what the old broker acknowledges
+    after that its producers hold and send again to the new one (``producers._publisher``).
+    Without the marker, records acknowledged and confirmed after the last pass were lost
+    (test_stack, 2026-11-23: a producer that finished in that moment). A partition no group
+    committed on is read whole.
     """
-    out: list[Record] = []
-    starts = {topic: dict(offsets) for topic, offsets in starts.items()}
-    for _ in range(20):
-        found = 0
-        for topic, offsets in starts.items():
-            for r in read_topic(settings, topic, idle_s=0.5, timeout_s=120.0, starts=offsets):
-                if r.offset >= offsets.get(r.partition, 0):
-                    out.append((topic, r.partition, r.key, r.value))
-                    offsets[r.partition] = r.offset + 1
-                    found += 1
-        if not found:
-            break
-    return out
+
+    def __init__(self, settings: Settings, starts: dict[str, dict[int, int]]) -> None:
+        self.settings = settings
+        self.starts = {topic: dict(offsets) for topic, offsets in starts.items()}
+        self.records: list[Record] = []
+
+    def read(self, passes: int = 20) -> int:
+        """Read up to ``passes`` passes, until one finds nothing new; return how many were found."""
+        total = 0
+        for _ in range(passes):
+            found = 0
+            for topic, offsets in self.starts.items():
+                for r in read_topic(self.settings, topic, idle_s=0.5, timeout_s=120.0, starts=offsets):
+                    if r.offset >= offsets.get(r.partition, 0):
+                        self.records.append((topic, r.partition, r.key, r.value))
+                        offsets[r.partition] = r.offset + 1
+                        found += 1
+            total += found
+            if not found:
+                break
+        return total
 
 
 def publish(settings: Settings, records: list[Record], attempts: int = 5) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from schemas import MetricbusError, Settings, count_restart, ensure_topics
+from schemas import MetricbusError, Settings, count_restart, ensure_topics, mark_broker_restarting
 
 from . import _proc
 from ._broker import EmbeddedBroker
@@ -266,7 +266,7 @@ class Stack:
         """
         from stream_jobs import checkpoint_dir, group_id, offsets, rebase
 
-        from ._carry import Record, oldest_needed, publish, unread
+        from ._carry import Unread, oldest_needed, publish
 
         limit = self.settings.broker_max_mb
         for child in self.children:
@@ -282,12 +282,14 @@ class Stack:
             "read yet is carried over, consumers drop what they already hold)"
         )
         checkpoints = checkpoint_dir(self.settings, group_id(self.settings))
-        records: list[Record] = []
+        carry: Unread | None = None
         why = ""
         try:
-            records = unread(self.settings, oldest_needed(self.settings, offsets(checkpoints)))
+            carry = Unread(self.settings, oldest_needed(self.settings, offsets(checkpoints)))
+            carry.read()
         except Exception as exc:  # noqa: BLE001 - no restart without knowing what to carry
             why = f"cannot read what the consumers still need ({exc})"
+        records = carry.records if carry is not None else []
         carried = sum(len(r[3]) for r in records) / 1e6
         if carried > limit / 2:  # a restart would free little; the consumers catch up first
             why = f"the consumers are {carried:.0f} MB behind"
@@ -297,6 +299,13 @@ class Stack:
             for child in self.children:
                 self._start(child)
             return
+        try:  # from here producers hold what the old broker acknowledges, for the new one
+            mark_broker_restarting(self.settings)
+            assert carry is not None
+            carry.read(passes=1)  # what producers saw confirmed before the marker
+        except Exception as exc:  # noqa: BLE001 - the restart goes on: live producers resend their last minute
+            log.warning("planned broker restart: the last read before it failed (%s)", exc)
+        records = carry.records if carry is not None else []
         broker.stop()
         try:
             for attempt in range(20):  # the port may linger a moment after the old broker exits

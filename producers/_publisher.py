@@ -27,7 +27,7 @@ from typing import Any
 from schemas import MAX_RECORD_BYTES, Codec, EncodeError, encode_events
 
 from ._spool import Spool
-from ._transport import Transport, TransportError
+from ._transport import BrokerRestarting, Transport, TransportError
 
 log = logging.getLogger("metricbus.producer")
 
@@ -39,6 +39,8 @@ Event = tuple[int, int, str, Any]
 #: acknowledged (a memory-only broker that restarted does not); always before a flush returns.
 #: Acknowledged records are retained for ``retain_s`` (60 s) to be sent again if it lost them.
 VERIFY_INTERVAL_S = 1.0
+#: While the broker is restarting (planned), sending pauses this long between checks.
+RESTART_CHECK_S = 0.25
 
 
 class Publisher:
@@ -82,7 +84,12 @@ class Publisher:
         self.retain_bytes = retain_bytes
         self._retained: collections.deque[tuple[float, bytes]] = collections.deque()
         self._retained_size = 0
+        #: how many of the newest retained records no check has confirmed yet: kept past
+        #: ``retain_s`` (a planned broker restart can take longer than a check interval), and
+        #: put back in the spool by a stop that could not confirm them
+        self._unverified = 0
         self._resend_retained = False
+        self._restarting_said = False
         self.records_resent = 0
         self.describe_target = describe_target
         self._key = run_id.encode()
@@ -115,6 +122,7 @@ class Publisher:
         self._last_send = 0.0
         self._flushing = 0  # flush() calls waiting: verify without waiting for the interval
         self._flushing_lock = threading.Lock()  # flush() may be called from several threads
+        self._checking = threading.Lock()  # held by a check of the broker and what it decides
         self._last_sync = 0.0
         #: Counters, readable at any time.
         self.events_spooled = 0
@@ -172,11 +180,18 @@ class Publisher:
         """Events queued in memory plus bytes spooled but unacknowledged (0 means all sent).
 
         Read under the lock: the thread takes events off the queue and appends them to the
-        spool inside it, and between the two both would look empty.
+        spool inside it, and between the two both would look empty. And not during a check:
+        it clears ``unverified`` before it marks the window to resend (a flush that looked in
+        between returned with the window never resent; test_planned_restart, 1 run in 4).
         """
-        with self._lock:
-            unchecked = self.transport.unverified or self._resend_retained
-            return len(self._queue) + self.spool.unsent_bytes + int(unchecked)
+        if not self._checking.acquire(timeout=0.05):
+            return len(self._queue) + 1  # a check is under way: not done yet
+        try:
+            with self._lock:
+                unchecked = self.transport.unverified or self._resend_retained
+                return len(self._queue) + self.spool.unsent_bytes + int(unchecked)
+        finally:
+            self._checking.release()
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything submitted so far is acknowledged; False on timeout."""
@@ -225,6 +240,7 @@ class Publisher:
         if not self._closed:
             self._closed = True
             self._spool_queue_locked()
+            self._respool_unverified_locked()
             self.spool.close()
             self.transport.close()
 
@@ -354,14 +370,32 @@ class Publisher:
         if not transport.unverified or (not force and now - self._verified_at < VERIFY_INTERVAL_S):
             return
         self._verified_at = now
+        with self._checking:
+            self._check(transport, now)
+
+    def _check(self, transport: Transport, now: float) -> None:
         try:
             transport.verify()
+        except BrokerRestarting:  # `metricbus up` restarts its broker: hold on until it is back
+            if not self._restarting_said:
+                self._restarting_said = True
+                log.warning(
+                    "%s is restarting (planned): the last %d acknowledged records are held until "
+                    "the new broker has them",
+                    self.describe_target(),
+                    self._unverified,
+                )
+            self._next_attempt = now + RESTART_CHECK_S
+            return
         except TransportError:
             self._failures += 1  # as a failed send: back off, check again then
             self._next_attempt = now + min(0.25 * 2 ** (self._failures - 1), 5.0)
             return
+        self._restarting_said = False
         if transport.take_lost():
             self._resend_retained = bool(self._retained)
+        else:
+            self._unverified = 0
 
     def _send(self, records: list[bytes]) -> bool:
         """One send; on failure, back off (and note a lost topic); True when acknowledged."""
@@ -395,12 +429,37 @@ class Publisher:
         for record in records:
             retained.append((now, record))
             self._retained_size += len(record)
-        while retained and (now - retained[0][0] > self.retain_s or self._retained_size > self.retain_bytes):
+        self._unverified += len(records)
+        while retained and (
+            (len(retained) > self._unverified and now - retained[0][0] > self.retain_s)
+            or self._retained_size > self.retain_bytes
+        ):
             self._retained_size -= len(retained.popleft()[1])
+        self._unverified = min(self._unverified, len(retained))
+
+    def _respool_unverified_locked(self) -> None:
+        """At stop: what the broker acknowledged but no check confirmed goes back in the spool.
+
+        The broker was restarting or unreachable when the run stopped; ``metricbus sync`` (or
+        the next run with this spool) sends it again, and consumers drop what arrived twice.
+        """
+        if not (self.transport.unverified and self._unverified):
+            return
+        records = [record for _, record in list(self._retained)[-self._unverified :]]
+        self.spool.append(records)
+        self.spool.sync()
+        log.warning(
+            "%s acknowledged %d records that could not be checked before the run stopped (the broker "
+            "was restarting or unreachable); they are back in %s: `metricbus sync` sends them again",
+            self.describe_target(),
+            len(records),
+            self.spool.path,
+        )
 
     def _send_retained(self) -> bool:
         """Send the retained window again, oldest first; True when all of it was acknowledged."""
         window = [record for _, record in self._retained]
+        self._unverified = len(window)
         for start in range(0, len(window), 64):
             if not self._send(window[start : start + 64]):
                 return False

@@ -27,6 +27,13 @@ class TransportError(MetricbusError):
     retriable = True
 
 
+class BrokerRestarting(TransportError):
+    """The broker is being restarted on purpose (``Topics.restarting`` exists).
+
+    What it acknowledged since may not reach the new one, so nothing counts as delivered yet.
+    """
+
+
 class Transport(Protocol):
     """Where the publisher sends records. ``send`` raises TransportError unless all were acked."""
 
@@ -109,7 +116,7 @@ class KafkaTransport:
                 request_timeout_ms=timeout_ms,
                 bootstrap_timeout_ms=timeout_ms,
             )
-            previous, self._topic_id = self._topic_id, self._current_topic_id()
+            previous, self._topic_id = self._topic_id, self._current_topic_id()[0]
             if previous is not None and self._topic_id != previous:
                 self._lost = True  # reconnected to a broker that re-created the topic
         except (KafkaError, BrokerError, OSError) as exc:
@@ -157,10 +164,12 @@ class KafkaTransport:
         if self._admin is None:
             return
         try:
-            current = self._current_topic_id()
+            current, restarting = self._current_topic_id()
         except (KafkaError, OSError) as exc:
             self.close()
             raise TransportError(f"cannot check topic {self.topic}: {exc}") from exc
+        if restarting:  # `metricbus up` is carrying its broker's records over a planned restart
+            raise BrokerRestarting(f"{self.settings.bootstrap_servers} is restarting (planned)")
         self._unverified = False
         if current is None or current != self._topic_id:
             # Said once: what was acknowledged before is resent once. The clients are closed so
@@ -172,9 +181,18 @@ class KafkaTransport:
             self._topic_id = current
             self.close()
 
-    def _current_topic_id(self) -> str | None:
-        (description,) = self._admin.describe_topics([self.topic])
-        return None if description["error_code"] else str(description["topic_id"])
+    def _current_topic_id(self) -> tuple[str | None, bool]:
+        """The topic's id (None if the broker has none) and whether the broker is restarting.
+
+        Restarting: its ``restarting`` marker exists. One metadata request.
+        """
+        found = {
+            d["name"]: d
+            for d in self._admin.describe_topics([self.topic, self.settings.topics.restarting])
+            if not d["error_code"]
+        }
+        topic = found.get(self.topic)
+        return (None if topic is None else str(topic["topic_id"])), self.settings.topics.restarting in found
 
     def close(self) -> None:
         """Close the clients without waiting; unacknowledged records stay in the spool."""

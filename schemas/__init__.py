@@ -54,6 +54,7 @@ from ._kafka import (
     fetch_options,
     make_consumer,
     make_producer,
+    mark_broker_restarting,
     ssl_context,
 )
 from ._names import check_run_id, checked_ids, path_segment
@@ -127,6 +128,7 @@ __all__ = [
     "decode_record",
     "default_codec",
     "ensure_topics",
+    "mark_broker_restarting",
     "load_versions",
     "path_segment",
     "run_started",

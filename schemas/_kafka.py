@@ -61,12 +61,26 @@ def ensure_topics(settings: Settings, timeout_s: float = 10.0) -> list[str]:
     The events, aggregates and alerts topics get ``settings.partitions`` partitions; the
     dead-letter topic one. Raises BrokerError when the broker cannot be reached.
     """
+    topics = settings.topics
+    return _create_topics(
+        settings,
+        {name: 1 if name == topics.deadletter else settings.partitions for name in topics.all()},
+        timeout_s,
+    )
+
+
+def mark_broker_restarting(settings: Settings, timeout_s: float = 10.0) -> None:
+    """Create the ``restarting`` marker topic (see ``Topics.restarting``). Raises BrokerError."""
+    _create_topics(settings, {settings.topics.restarting: 1}, timeout_s)
+
+
+def _create_topics(settings: Settings, wanted: dict[str, int], timeout_s: float) -> list[str]:
+    """Create the topics of ``wanted`` (name: partitions) that are missing; return those created."""
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import KafkaError, TopicAlreadyExistsError
 
     from ._errors import BrokerError
 
-    topics = settings.topics
     try:
         admin = KafkaAdminClient(
             **client_options(settings),
@@ -81,21 +95,16 @@ def ensure_topics(settings: Settings, timeout_s: float = 10.0) -> list[str]:
         ) from exc
     try:
         existing = set(admin.list_topics())
-        wanted = [
-            NewTopic(
-                name,
-                1 if name == topics.deadletter else settings.partitions,
-                1,
-                topic_configs={"max.message.bytes": str(MAX_RECORD_BYTES + 64 * 1024)},
-            )
-            for name in topics.all()
-            if name not in existing
-        ]
         created = []
-        for topic in wanted:
+        for name, partitions in wanted.items():
+            if name in existing:
+                continue
+            topic = NewTopic(
+                name, partitions, 1, topic_configs={"max.message.bytes": str(MAX_RECORD_BYTES + 64 * 1024)}
+            )
             try:
                 admin.create_topics([topic])
-                created.append(topic.name)
+                created.append(name)
             except TopicAlreadyExistsError:
                 pass  # another process won the race: that is the state we want
         return created

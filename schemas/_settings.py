@@ -43,8 +43,18 @@ class Topics:
         """Records no consumer could process, with the reason in their headers."""
         return f"{self.prefix}deadletter"
 
+    @property
+    def restarting(self) -> str:
+        """A marker that exists only while ``metricbus up`` restarts its embedded broker.
+
+        Created on the old broker once the carry-over has begun (never by ``ensure_topics``):
+        a producer whose check finds it holds on to what that broker acknowledged since, and
+        sends it again to the new one (``producers._publisher``).
+        """
+        return f"{self.prefix}broker-restarting"
+
     def all(self) -> tuple[str, ...]:
-        """Every topic, in creation order."""
+        """Every topic, in creation order (not the ``restarting`` marker)."""
         return (self.events, self.aggregates, self.alerts, self.deadletter)
 
 
