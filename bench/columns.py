@@ -4,7 +4,9 @@
 A batch is what a training loop's producer sends: BENCH_BATCH events of BENCH_SCALARS scalars
 (``Train/metric_<j>``, float values). Reports, per event, the CPU to encode (the producer's
 publisher thread) and to decode into events (every consumer), and the bytes on the wire, as
-medians of REPEATS; then ratios. No broker: the codec alone.
+medians of REPEATS; then ratios. No broker: the codec alone. Then the archive sink's write
+rate for each layout: records decoded, deduplicated and buffered by the Parquet sink's runtime
+(what ``metricbus sink parquet`` does per polled batch), flushed to a zstd Parquet file.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ def main() -> None:
             r.setdefault("decode", []).append(decode)
             r.setdefault("bytes", []).append(len(data) / BATCH)
 
+    paths = {"columns": (True, True), "columns as events": (True, False), "records": (False, False)}
+    archive = {
+        path: [archive_rate(codec, events, *how) for _ in range(REPEATS)] for path, how in paths.items()
+    }
+
     def med(layout: str, what: str) -> float:
         return statistics.median(results[layout][what])
 
@@ -76,6 +83,53 @@ def main() -> None:
             ours,
             unit,
         )
+    ours = statistics.median(archive["columns"])
+    table(
+        "archive sink: decode + deduplicate + buffer + flush (events/s; higher is better)",
+        [
+            ("EventBatch v5 columns, buffered as columns", ours, ""),
+            (
+                "EventBatch v5 columns, an object per event",
+                statistics.median(archive["columns as events"]),
+                "",
+            ),
+            ("one Avro record per event (v4 layout)", statistics.median(archive["records"]), ""),
+        ],
+        ours,
+        "events/s",
+    )
+
+
+def archive_rate(codec, events, columnar: bool, as_columns: bool) -> float:  # type: ignore[no-untyped-def]
+    """Events/s through the Parquet sink's runtime (``sinks.SinkRunner._process`` without
+    Kafka): LOOPS records of BATCH events, then one flush."""
+    import tempfile
+
+    from schemas import decode_record, encode_events
+    from sinks import Feeder
+    from sinks.parquet import ParquetArchive
+
+    records = [
+        encode_events(
+            codec, "run", "p" * 32, [(seq + k * BATCH, *rest) for seq, *rest in events], columnar=columnar
+        )
+        for k in range(LOOPS)
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        sink = ParquetArchive(Path(tmp))
+        sink.open()
+        feeder = Feeder(sink, codec)
+        t0 = time.perf_counter()
+        for record in records:
+            logged, columns = decode_record(codec, record)
+            feeder.write(feeder.fresh(logged))
+            if columns is not None and as_columns and feeder.fresh_columns(columns):
+                feeder.write_columns(columns)
+            elif columns is not None:
+                feeder.write(feeder.fresh(columns.events()))
+        sink.flush()
+        assert sink.files_written == 1
+        return LOOPS * BATCH / (time.perf_counter() - t0)
 
 
 if __name__ == "__main__":

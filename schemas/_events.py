@@ -300,7 +300,11 @@ def encode_event(codec: Codec, event: Event) -> bytes:
 
 def decode_events(codec: Codec, value: bytes) -> list[Event]:
     """Decode one EventBatch record into its events; raises SchemaError for anything else."""
-    events, columns = decode_record(codec, value)
+    return all_events(*decode_record(codec, value))
+
+
+def all_events(events: list[Event], columns: ScalarColumns | None) -> list[Event]:
+    """What :func:`decode_record` returned as one list of events, in seq order."""
     if columns is None:
         return events
     if not events:

@@ -47,6 +47,11 @@ class Sink(Protocol):
     def close(self) -> None:
         """Release resources; called after a final flush."""
 
+    # Optional: ``write_columns(columns: ScalarColumns)`` — buffer a record's scalars-only
+    # Metrics events as its columns (``schemas.decode_record``), with no object per event; the
+    # runtime calls it instead of ``write`` when none of them was seen before. It takes every
+    # one or raises (then they go through ``write``, event by event).
+    #
     # Optional: ``release()`` — called after a flush when the consumer group moved partitions
     # away: drop per-run state held in memory (open files, ledgers, open W&B runs); the next
     # event of a run reopens it from the durable output.

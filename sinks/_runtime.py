@@ -25,11 +25,13 @@ from schemas import (
     Deduper,
     Event,
     LoopMetrics,
+    ScalarColumns,
     SchemaError,
     Settings,
+    all_events,
     dead_letter,
     decode_aggregates,
-    decode_events,
+    decode_record,
     default_codec,
     encode_event,
     make_consumer,
@@ -114,6 +116,39 @@ class Feeder:
                 if self.logged.is_new(e.producer_id, e.seq):
                     out.append(e)
         return out
+
+    def fresh_columns(self, columns: ScalarColumns) -> bool:
+        """Whether none of ``columns``' events was seen: then they are all recorded as seen.
+
+        One check for the usual record, one producer's run of consecutive seqs; False changes
+        nothing (the caller goes event by event through :meth:`fresh`).
+        """
+        seqs = columns.seqs
+        if not seqs or seqs[-1] - seqs[0] != len(seqs) - 1 or seqs != list(range(seqs[0], seqs[-1] + 1)):
+            return False
+        self.known(columns.run_id)
+        if not self.logged.add_range(columns.producer_id, seqs[0], seqs[-1]):
+            return False
+        self.logged_runs.add(columns.run_id)
+        return True
+
+    def write_columns(self, columns: ScalarColumns) -> list[tuple[Event, str]]:
+        """Hand fresh columns to the sink (``write_columns`` when it has one, else as events).
+
+        Returns the events it could not take, with the reason (as :meth:`write`).
+        """
+        write = getattr(self.sink, "write_columns", None)
+        if write is not None:
+            try:
+                write(columns)
+                return []
+            except Exception as exc:  # noqa: BLE001 - one bad record must not stop the sink
+                log.error(
+                    "sink %s: write of a record's columns failed (%.300s); event by event",
+                    self.sink.name,
+                    exc,
+                )
+        return self.write(columns.events())
 
     def fresh_derived(self, run_id: str, events: Sequence[Event], identified: bool) -> list[Event]:
         """Derived events of one record that the sink does not hold (one check per record)."""
@@ -355,6 +390,8 @@ class SinkRunner(ConsumerLoop):
         self.max_pending_events = max_pending_events
         self.codec = codec or default_codec()
         self.feeder = Feeder(sink, self.codec)
+        #: the sink takes a record's columns as they are (``Sink.write_columns``)
+        self._columnar = hasattr(sink, "write_columns")
         #: derived records of runs whose logged events (RunStarted first) this sink has not seen
         #: yet: they come from another topic and can overtake them; written once the run is
         #: known, and their partition is not committed past them meanwhile
@@ -383,6 +420,7 @@ class SinkRunner(ConsumerLoop):
 
     async def _process(self, records: list[Any]) -> None:
         fresh: list[Event] = []
+        fresh_columns: list[ScalarColumns] = []
         closing: list[str] = []
         feeder = self.feeder
         derived_records = []
@@ -392,10 +430,15 @@ class SinkRunner(ConsumerLoop):
                 if record.topic == self.settings.topics.aggregates:
                     derived_records.append((record, decode_aggregates(self.codec, record.value)))
                     continue
-                events = decode_events(self.codec, record.value)
+                events, columns = decode_record(self.codec, record.value)
             except SchemaError as exc:
                 await self._deadletter(record.value, record.key, f"{type(exc).__name__}: {exc}", record)
                 continue
+            if columns is not None and self._columnar and feeder.fresh_columns(columns):
+                fresh_columns.append(columns)  # a columnar sink: the order of rows is its own
+                self.stats.events += len(columns.seqs)
+            else:
+                events = all_events(events, columns)
             self.stats.events += len(events)
             fresh.extend(feeder.fresh(events))
         for run_id in [r for r in self._held if r in feeder.logged_runs]:
@@ -410,9 +453,11 @@ class SinkRunner(ConsumerLoop):
                 closing.append(derived.run_id)
         self._hold_back_commits()
         self.stats.duplicates = feeder.duplicates
-        if fresh:
-            rejected = feeder.write(fresh)
-            self.stats.written += len(fresh) - len(rejected)
+        rejected = feeder.write(fresh)
+        for columns in fresh_columns:
+            rejected += feeder.write_columns(columns)
+        self.stats.written += len(fresh) + sum(len(c.seqs) for c in fresh_columns) - len(rejected)
+        if rejected:
             for event, reason in rejected:
                 self.stats.rejected += 1
                 await self._deadletter(self._event_bytes(event), event.run_id.encode(), reason, None)

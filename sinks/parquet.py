@@ -35,11 +35,13 @@ import pyarrow.parquet as pq
 
 from schemas import (
     METRICS,
+    NO_EPOCH,
     RUN_FINISHED,
     RUN_STARTED,
     Codec,
     Event,
     Interval,
+    ScalarColumns,
     SeqSet,
     atomic_write,
     default_codec,
@@ -184,6 +186,47 @@ class ParquetArchive:
                 buf.samples.append(None)
                 buf.payload.append(self._payload(e))
             self._events += 1
+
+    def write_columns(self, columns: ScalarColumns) -> None:
+        """Buffer a record's scalars-only Metrics events from its columns (all, or none).
+
+        List copies, no object per event: bench/columns.py measures both paths.
+        """
+        n = len(columns.seqs)
+        names = columns.names
+        epochs: list[int | None] = list(columns.epochs)
+        if NO_EPOCH in epochs:
+            epochs = [None if e == NO_EPOCH else e for e in epochs]
+        rows = len(columns.values)
+        name = [names[i] for i in columns.name_index] if not columns.uniform else names * n
+        if len(name) != rows or sum(columns.counts) != rows:
+            raise ValueError(f"columns of run {columns.run_id}: {rows} values for {len(name)} names")
+        buf = self._buffers.get(columns.run_id)
+        if buf is None:
+            buf = self._buffers[columns.run_id] = _RunBuffer()
+        seqs = buf.seqs.get(columns.producer_id)
+        if seqs is None:
+            seqs = buf.seqs[columns.producer_id] = SeqSet()
+        buf.producer.extend([columns.producer_id] * n)
+        buf.seq.extend(columns.seqs)
+        buf.ts.extend(columns.ts_ms)
+        buf.kind.extend([METRICS] * n)
+        buf.fingerprint.extend([columns.fingerprint.hex()] * n)
+        buf.step.extend(columns.steps)
+        buf.epoch.extend(epochs)
+        buf.rank.extend(columns.ranks)
+        buf.labels.extend([None] * n)
+        buf.rows_per_event.extend(columns.counts)
+        buf.name.extend(name)
+        buf.value.extend(columns.values)
+        nothing = [None] * rows
+        buf.samples.extend(nothing)
+        buf.payload.extend(nothing)
+        first, last = columns.seqs[0], columns.seqs[-1]
+        if last - first != n - 1 or not seqs.add_range(first, last):
+            for seq in columns.seqs:
+                seqs.add(seq)
+        self._events += n
 
     def pending(self) -> int:
         """Events buffered since the last flush."""
