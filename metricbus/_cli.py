@@ -361,29 +361,39 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    import json
+
+    import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
     from sinks import tidy
 
     settings = _settings(args)
-    table = tidy(settings.archive_dir, args.run)
+    table = tidy(settings.archive_dir, args.run, labels=True)
     if table.num_rows == 0:
         raise MetricbusError(f"run {args.run!r} has no scalars in the archive at {settings.archive_dir}")
+    if table["labels"].null_count == table.num_rows:  # a run logged without labels: five columns
+        table = table.drop_columns(["labels"])
     if args.format == "parquet":
         if not args.out:
             raise MetricbusError("--format parquet needs --out FILE")
         pq.write_table(table, args.out, compression="zstd")
     elif args.format == "csv":
+        if "labels" in table.column_names:  # a CSV cell holds text: the labels as a JSON object
+            text = [None if v is None else json.dumps(dict(v)) for v in table["labels"].to_pylist()]
+            table = table.set_column(
+                table.column_names.index("labels"), "labels", pa.array(text, pa.string())
+            )
         sink: Any = args.out or sys.stdout.buffer
         pacsv.write_csv(table, sink)
     else:
-        import json
-
         out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115
         try:
             for row in table.to_pylist():
                 row["wall_time"] = row["wall_time"].isoformat()
+                if "labels" in row:
+                    row["labels"] = dict(row["labels"] or ())
                 out.write(json.dumps(row) + "\n")
         finally:
             if args.out:
@@ -571,7 +581,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", help="stream config the rules' derived series follow (YAML)")
     s.set_defaults(func=cmd_report)
 
-    s = sub.add_parser("export", help="one run's scalars as tidy rows (run, step, name, value, wall_time)")
+    s = sub.add_parser(
+        "export",
+        help="one run's scalars as tidy rows (run, step, name, value, wall_time, and labels when it has any)",
+    )
     s.add_argument("--run", required=True)
     s.add_argument("--format", choices=["csv", "json", "parquet"], default="csv", help="json = JSON Lines")
     s.add_argument("--out", help="file to write (default: stdout; required for parquet)")

@@ -196,6 +196,39 @@ def test_export_writes_json_lines_and_parquet(archive, tmp_path, capsys):
     assert main(["--data-dir", data_dir, "export", "--run", "run-1", "--format", "parquet"]) == 2
 
 
+def test_export_carries_labels_when_the_run_has_them(archive, tmp_path, capsys):
+    import json
+
+    from metricbus._cli import main
+
+    labelled = metric(2, 1, {"episode/reward": 9.5})
+    labelled.body["labels"] = {"task": "logo_a", "termination": "time_limit"}
+    archive.write([started(), metric(1, 0, {"Train/Loss": 0.5}), labelled])
+    archive.flush()
+    data_dir = str(archive.archive_dir.parent)
+    assert main(["--data-dir", data_dir, "export", "--run", "run-1", "--format", "json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["name"], r["labels"]) for r in rows] == [
+        ("Train/Loss", {}),
+        ("episode/reward", {"task": "logo_a", "termination": "time_limit"}),
+    ]
+    out = tmp_path / "rows.csv"
+    assert main(["--data-dir", data_dir, "export", "--run", "run-1", "--out", str(out)]) == 0
+    import pyarrow.csv as pacsv
+
+    csv = pacsv.read_csv(out).to_pylist()
+    assert not csv[0]["labels"] and json.loads(csv[1]["labels"]) == {
+        "task": "logo_a",
+        "termination": "time_limit",
+    }
+    out = tmp_path / "rows.parquet"
+    assert (
+        main(["--data-dir", data_dir, "export", "--run", "run-1", "--format", "parquet", "--out", str(out)])
+        == 0
+    )
+    assert pq.read_table(out).to_pylist()[1]["labels"] == [("task", "logo_a"), ("termination", "time_limit")]
+
+
 def test_columns_are_archived_exactly_as_their_events(tmp_path):
     """A record's columns (``write_columns``, no object per event) give the same table as the
     same events written one by one: uniform rows, rows with other names, no epoch, NaN."""
