@@ -446,8 +446,12 @@ class Publisher:
         if not (self.transport.unverified and self._unverified):
             return
         records = [record for _, record in list(self._retained)[-self._unverified :]]
-        self.spool.append(records)
-        self.spool.sync()
+        try:
+            self.spool.append(records)
+            self.spool.sync()
+        except OSError as exc:
+            log.error("cannot put %d unchecked records back in %s (%s)", len(records), self.spool.path, exc)
+            return
         log.warning(
             "%s acknowledged %d records that could not be checked before the run stopped (the broker "
             "was restarting or unreachable); they are back in %s: `metricbus sync` sends them again",

@@ -237,6 +237,7 @@ def test_columns_are_archived_exactly_as_their_events(tmp_path):
     codec = default_codec()
     rows = [(i, None if i % 3 else i // 3, 0, {"loss": 1.0 / (i + 1), "lr": 1e-3}, None) for i in range(40)]
     rows += [(40, 4, 1, {"loss": float("nan")}, None), (41, 4, 1, {"kl": 0.5, "loss": -0.0}, None)]
+    rows += [(42, 4, 1, {}, None)]  # every name dropped by the producer (not a str): still one row
     events = [(i + 1, 1_700_000_000_000 + i, SCALARS, row) for i, row in enumerate(rows)]
     tables = []
     for how in ("columns", "events"):
@@ -247,10 +248,10 @@ def test_columns_are_archived_exactly_as_their_events(tmp_path):
             logged, columns = decode_record(codec, encode_events(codec, "run-1", "p1", part))
             assert not logged and columns is not None
             sink.write_columns(columns) if how == "columns" else sink.write(columns.events())
-        assert sink.pending() == 43
+        assert sink.pending() == 44
         sink.flush()
         tables.append(read_table(sink.archive_dir, "run-1"))
-    assert tables[0].num_rows == 1 + 80 + 3
+    assert tables[0].num_rows == 1 + 80 + 3 + 1
     assert repr(tables[0].to_pylist()) == repr(tables[1].to_pylist())  # by text: NaN != NaN
     assert (
         pq.read_metadata(next((tmp_path / "columns").rglob("*.parquet"))).metadata

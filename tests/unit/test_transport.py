@@ -1,22 +1,30 @@
 """The Kafka transport's lost-topic check (the broker itself is exercised by the integration tests)."""
 
-from producers._transport import KafkaTransport
+import pytest
+
+from producers._transport import BrokerRestarting, KafkaTransport
 from schemas import Settings
 
 
 class Admin:
     """describe_topics of a broker whose events topic was re-created (a memory-only restart), or
-    does not exist (topic_id None)."""
+    does not exist (topic_id None); ``restarting``: `metricbus up`'s marker topic exists."""
 
-    def __init__(self, topic_id):
+    def __init__(self, topic_id, restarting=False):
         self.topic_id = topic_id
+        self.restarting = restarting
         self.calls = 0
 
     def describe_topics(self, topics):
         self.calls += 1
-        if self.topic_id is None:  # UNKNOWN_TOPIC_OR_PARTITION
-            return [{"error_code": 3, "topic_id": None}]
-        return [{"error_code": 0, "topic_id": self.topic_id}]
+        out = []
+        for name in topics:
+            exists = self.restarting if name.endswith("broker-restarting") else self.topic_id is not None
+            if exists:
+                out.append({"name": name, "error_code": 0, "topic_id": self.topic_id or "marker-id"})
+            else:  # UNKNOWN_TOPIC_OR_PARTITION
+                out.append({"name": name, "error_code": 3, "topic_id": None})
+        return out
 
 
 def test_a_recreated_topic_is_reported_lost_once_then_the_new_one_is_trusted(tmp_path):
@@ -44,3 +52,18 @@ def test_a_topic_missing_after_acknowledgements_is_lost_every_time_until_it_exis
         transport._unverified = True
         transport.verify()
         assert transport.take_lost() and transport._admin is None
+
+
+def test_while_the_broker_restarts_nothing_acknowledged_counts_as_checked(tmp_path):
+    """`metricbus up` marks a planned restart before its last read of the old broker: records
+    acknowledged after that may never reach the new one, so they stay unchecked (held)."""
+    transport = KafkaTransport(Settings(data_dir=tmp_path, bootstrap="127.0.0.1:1"))
+    transport._admin = Admin("old-id", restarting=True)
+    transport._topic_id = "old-id"
+    transport._unverified = True
+    with pytest.raises(BrokerRestarting):
+        transport.verify()
+    assert transport.unverified and not transport.take_lost() and transport._admin is not None
+    transport._admin = Admin("new-id")  # the new broker: no marker, the topic re-created
+    transport.verify()
+    assert transport.take_lost() and not transport.unverified  # the held window is resent
