@@ -14,6 +14,7 @@ from typing import Any
 from ._errors import ConfigError
 
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_COMPRESSIONS = ("zstd", "gzip", "none")
 _MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
@@ -100,6 +101,10 @@ class Settings:
     #: produced), carrying over what the consumers have not read (README, "The local stack";
     #: ``make soak``). 0: never.
     broker_max_mb: float = 1024.0
+    #: How training jobs compress what they send: ``zstd`` (Kafka 2.1 and later), ``gzip`` or
+    #: ``none``. zstd holds the embedded broker to about a third of the memory per event
+    #: (bench/producer_overhead.py measures it); consumers decompress.
+    compression: str = "zstd"
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
     sasl_username: str | None = None
@@ -126,6 +131,10 @@ class Settings:
                 )
         if not 0 < self.local_port < 65536:
             raise ConfigError(f"local port {self.local_port} is not a TCP port (1-65535).")
+        if self.compression not in _COMPRESSIONS:
+            raise ConfigError(
+                f"METRICBUS_COMPRESSION={self.compression!r} is not one of {', '.join(_COMPRESSIONS)}."
+            )
         if self.partitions < 1:
             raise ConfigError(f"partitions must be at least 1 (got {self.partitions}).")
 
