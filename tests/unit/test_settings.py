@@ -44,6 +44,10 @@ def test_secrets_never_show_in_repr():
         ({"METRICBUS_SECURITY_PROTOCOL": "TLS"}, "SASL_SSL"),
         ({"METRICBUS_SECURITY_PROTOCOL": "SASL_SSL"}, "METRICBUS_SASL_MECHANISM"),
         ({"METRICBUS_LOCAL_PORT": "70000"}, "not a TCP port"),
+        (
+            {"METRICBUS_COMPRESSION": "snappy"},
+            "METRICBUS_COMPRESSION='snappy' is not one of zstd, gzip, none",
+        ),
     ],
 )
 def test_bad_settings_name_the_variable_and_the_fix(env, fragment):
@@ -61,3 +65,13 @@ def test_path_segments_are_safe_and_deterministic():
     assert path_segment("my project/v2") == "my project%2Fv2"
     assert path_segment("..") == "%2E%2E" and path_segment(".") == "%2E"
     assert path_segment("grpo-gemma") == "grpo-gemma"
+
+
+def test_training_jobs_compress_with_zstd_unless_told_otherwise():
+    assert Settings().compression == "zstd"
+    assert Settings.from_env({"METRICBUS_COMPRESSION": "none"}).compression == "none"
+    # kafka-python and aiokafka both need their codec library installed for zstd batches
+    import cramjam  # noqa: F401  (aiokafka: every consumer reads them)
+    from kafka.codec import has_zstd
+
+    assert has_zstd()
