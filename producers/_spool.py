@@ -76,15 +76,19 @@ class Spool:
             os.fsync(self._file.fileno())
             self._dirty = False
 
-    def read_unsent(self, max_records: int) -> list[tuple[bytes, int]]:
-        """Up to ``max_records`` records after the cursor, each with the offset just past it."""
+    def read_unsent(self, max_records: int, start: int | None = None) -> list[tuple[bytes, int]]:
+        """Up to ``max_records`` records after the cursor, each with the offset just past it.
+
+        ``start``: read from there instead (an offset a previous read returned).
+        """
         out: list[tuple[bytes, int]] = []
         limit = self._size if self.torn_at is None else self.torn_at
-        for record, end in _frames(self.path, self._cursor, limit):
+        start = self._cursor if start is None else start
+        for record, end in _frames(self.path, start, limit):
             out.append((record, end))
             if len(out) >= max_records:
                 return out
-        reached = out[-1][1] if out else self._cursor
+        reached = out[-1][1] if out else start
         if reached < limit:
             self._report_corrupt(reached)
         return out

@@ -24,11 +24,29 @@ class SyncReport:
     spools_failed: dict[Path, str] = dataclasses.field(default_factory=dict)
 
 
+#: records sent between two checks that the broker still holds what it acknowledged
+CHECK_EVERY = 4096
+
+
+def _checked(transport: Transport, spool: Spool, sent: int) -> None:
+    """Move the spool's cursor to ``sent`` once the broker is seen to hold it.
+
+    As a live publisher checks: a memory-only broker that restarted, or is restarting on
+    purpose, does not. Raises TransportError, leaving the cursor where it was: the next sync
+    sends again.
+    """
+    transport.verify()
+    if transport.take_lost():
+        raise TransportError("the broker lost what it acknowledged (it restarted); run sync again")
+    spool.commit(sent)
+
+
 def sync_spools(settings: Settings, transport: Transport | None = None) -> SyncReport:
     """Publish every spool under ``settings.spool_dir`` that a live process does not own.
 
     A spool whose run is still live is skipped (its own publisher sends it). A failure
-    leaves the spool as it was after its last acknowledged record; run sync again.
+    leaves the spool as it was after its last checked record; run sync again (consumers drop
+    what arrives twice).
     """
     transport = transport or KafkaTransport(settings)
     report = SyncReport()
@@ -41,10 +59,15 @@ def sync_spools(settings: Settings, transport: Transport | None = None) -> SyncR
                 continue
             key = path.parent.name.encode()  # the run id: records keep their partition
             try:
-                while batch := spool.read_unsent(max_records=64):
+                sent = None  # sent and acknowledged up to here, not yet checked
+                while batch := spool.read_unsent(max_records=64, start=sent):
                     transport.send(key, [record for record, _ in batch])
-                    spool.commit(batch[-1][1])
+                    sent = batch[-1][1]
                     report.records_sent += len(batch)
+                    if report.records_sent % CHECK_EVERY < len(batch):
+                        _checked(transport, spool, sent)
+                if sent is not None:
+                    _checked(transport, spool, sent)
                 report.spools_done.append(path)
             except TransportError as exc:
                 report.spools_failed[path] = str(exc)

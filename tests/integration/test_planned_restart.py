@@ -107,6 +107,10 @@ def test_a_run_that_stops_while_the_broker_restarts_leaves_what_was_not_confirme
     for step in range(30):
         run.log({"Train/Loss": 3.0}, step=step)
     assert not run.finish(timeout=2)  # the broker acknowledged, nothing confirmed it
+    early = sync_spools(stack.settings)  # `metricbus sync` meanwhile: sent, not checked, kept
+    assert early.records_sent and list(early.spools_failed.values()) == [
+        f"{stack.settings.bootstrap_servers} is restarting (planned)"
+    ]
     restart_empty(stack)
     assert steps_on_broker(stack.settings, run.run_id) == []
     report = sync_spools(stack.settings)  # `metricbus sync`
