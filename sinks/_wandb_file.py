@@ -42,10 +42,10 @@ def closed(path: Path) -> bool:
         data = Path(path).read_bytes()
     except FileNotFoundError:
         return False
-    last = deque(_pieces(data, path), maxlen=1)
     try:
+        last = deque(_pieces(data, path), maxlen=1)
         return bool(last) and _record(last[0]).WhichOneof("record_type") == "exit"
-    except DecodeError:
+    except (DecodeError, ValueError):  # not a W&B run file: never closed by W&B
         return False
 
 
@@ -73,8 +73,8 @@ def wait_closed(path: Path, timeout_s: float) -> bool:
 
 def _pieces(data: bytes, path: Path) -> Iterator[bytes]:
     """The serialized records of a run file's bytes, up to the first torn one."""
-    if not data:
-        return  # W&B had written nothing yet (its writer buffers until the file closes)
+    if len(data) < HEADER and b":W&B\xe1\xbe".startswith(data[:6]):
+        return  # W&B had not written its header yet (its writer buffers until the file closes)
     if data[:4] != b":W&B":
         raise ValueError(f"{path} is not a W&B run file")
     pos, pieces = HEADER, b""

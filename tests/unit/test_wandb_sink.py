@@ -220,15 +220,17 @@ def test_a_finished_run_file_is_complete_when_finish_returns(tmp_path, offline):
 def test_a_run_file_the_writer_never_flushed_holds_no_rows(tmp_path, offline):
     """W&B buffers a run file until it closes it: a sink killed before that leaves it empty,
     and the restarted sink logs every row again instead of failing to read it."""
-    from sinks._wandb_file import records
+    from sinks._wandb_file import closed, records
 
     path = tmp_path / "wandb" / "offline-run-20260101_000000-run-wb1" / "run-run-wb1.wandb"
     path.parent.mkdir(parents=True)
-    path.write_bytes(b"")
-    assert list(records(path)) == []
+    for written in (b"", b":W&"):  # nothing yet, or killed within the header
+        path.write_bytes(written)
+        assert list(records(path)) == [] and not closed(path)
     sink = WandbSink(tmp_path)
     sink.open()
     assert sink.recover("run-wb1") == {}
     (tmp_path / "not-wandb.wandb").write_bytes(b"garbage!")
     with pytest.raises(ValueError, match="not a W&B run file"):
         list(records(tmp_path / "not-wandb.wandb"))
+    assert not closed(tmp_path / "not-wandb.wandb")
