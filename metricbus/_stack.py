@@ -266,7 +266,7 @@ class Stack:
         """
         from stream_jobs import checkpoint_dir, group_id, offsets, rebase
 
-        from ._carry import Unread, oldest_needed, publish
+        from ._carry import Unread, oldest_needed, publish, stored_mb
 
         limit = self.settings.broker_max_mb
         for child in self.children:
@@ -290,9 +290,9 @@ class Stack:
         except Exception as exc:  # noqa: BLE001 - no restart without knowing what to carry
             why = f"cannot read what the consumers still need ({exc})"
         records = carry.records if carry is not None else []
-        carried = sum(len(r[3]) for r in records) / 1e6
+        carried = stored_mb(self.settings, records)
         if carried > limit / 2:  # a restart would free little; the consumers catch up first
-            why = f"the consumers are {carried:.0f} MB behind"
+            why = f"what the consumers still need would take {carried:.0f} MB of it again"
         if why:
             self._memory_said = False
             self._put_off(rss_mb, why, now)

@@ -302,11 +302,15 @@ def test_up_restarts_a_broker_over_its_memory_bound_and_nothing_is_lost_or_deriv
         wait_line(proc, "metricbus is up")
         settings = Settings(bootstrap=f"127.0.0.1:{port}", data_dir=tmp_path)
         run = Run("memory", settings=settings, system_metrics=False, max_block_s=5.0)
-        big = [0.5] * 4_000  # 32 kB an event: the broker's memory grows fast, the archive stays small
+        # 32 kB an event: the broker's memory grows fast (random doubles: the producer's zstd
+        # batches cannot shrink them much), the archive stays small
+        import numpy as np
+
+        big = np.random.default_rng(14).random((2_100, 4_000)).tolist()
 
         def log(n: int, step: int) -> int:
             for _ in range(n):
-                run.log({"Train/Loss": 1.0 / (step + 1), "big": big}, step=step, epoch=step // 300)
+                run.log({"Train/Loss": 1.0 / (step + 1), "big": big[step]}, step=step, epoch=step // 300)
                 step += 1
             assert run._publisher.flush(60)
             return step
