@@ -120,6 +120,16 @@ class Deduper:
             seqs = self.sets[producer_id] = SeqSet()
         return seqs.add_range(start, end)
 
+    def add_run(self, producer_id: str, seqs: list[int]) -> bool:
+        """True if ``seqs`` are one run of consecutive seqs, none seen (and now all are).
+
+        The check of a usual record, one producer's batch; False changes nothing (the caller
+        goes seq by seq with :meth:`is_new`).
+        """
+        if not seqs or seqs != list(range(seqs[0], seqs[0] + len(seqs))):
+            return False
+        return self.add_range(producer_id, seqs[0], seqs[-1])
+
     def gaps(self) -> dict[str, int]:
         """Producers with seqs missing below their highest seen seq, and how many."""
         return {p: n for p, s in self.sets.items() if (n := s.missing())}

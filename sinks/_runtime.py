@@ -123,11 +123,8 @@ class Feeder:
         One check for the usual record, one producer's run of consecutive seqs; False changes
         nothing (the caller goes event by event through :meth:`fresh`).
         """
-        seqs = columns.seqs
-        if not seqs or seqs[-1] - seqs[0] != len(seqs) - 1 or seqs != list(range(seqs[0], seqs[-1] + 1)):
-            return False
         self.known(columns.run_id)
-        if not self.logged.add_range(columns.producer_id, seqs[0], seqs[-1]):
+        if not self.logged.add_run(columns.producer_id, columns.seqs):
             return False
         self.logged_runs.add(columns.run_id)
         return True

@@ -10,7 +10,7 @@ import operator
 from collections.abc import Iterable
 from typing import Any
 
-from schemas import RUN_FINISHED, RUN_STARTED, Deduper, Event, ScalarColumns, derived_event_count
+from schemas import RUN_FINISHED, RUN_STARTED, Deduper, Event, ScalarColumns, all_events, derived_event_count
 
 from ._alerts import AlertEngine
 from ._config import StreamConfig
@@ -93,7 +93,7 @@ class StreamProcessor:
         if columns is None:
             return self.process(events)
         if events:
-            return self.process(sorted(events + columns.events(), key=_SEQ))
+            return self.process(all_events(events, columns))
         seqs = columns.seqs
         run = columns.run_id
         deriver = self._deriver(run)
@@ -176,9 +176,7 @@ class StreamProcessor:
 
         If so they are all recorded as seen and counted; False changes nothing.
         """
-        if not seqs or seqs != list(range(seqs[0], seqs[0] + len(seqs))):
-            return False
-        if not self.dedupe.add_range(producer_id, seqs[0], seqs[-1]):
+        if not self.dedupe.add_run(producer_id, seqs):
             return False
         self.events += len(seqs)
         return True

@@ -35,3 +35,11 @@ def test_deduper_counts_duplicates_and_reports_gaps():
     assert d.is_new("p2", 0) and d.is_new("p2", 3)
     assert d.duplicates == 1
     assert d.gaps() == {"p2": 2}
+
+
+def test_a_run_of_seqs_is_taken_whole_or_not_at_all():
+    d = Deduper()
+    assert d.add_run("p", [5, 6, 7])
+    assert not d.add_run("p", [5, 6, 7]) and not d.add_run("p", [7, 8])  # seen, in whole or part
+    assert not d.add_run("p", [9, 11]) and not d.add_run("p", []) and not d.add_run("p", [10, 9])
+    assert [s for s in range(4, 12) if d.is_new("p", s)] == [4, 8, 9, 10, 11]  # nothing else recorded
