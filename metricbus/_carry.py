@@ -76,9 +76,8 @@ class Unread:
         self.starts = {topic: dict(offsets) for topic, offsets in starts.items()}
         self.records: list[Record] = []
 
-    def read(self, passes: int = 20) -> int:
-        """Read up to ``passes`` passes, until one finds nothing new; return how many were found."""
-        total = 0
+    def read(self, passes: int = 20) -> None:
+        """Read up to ``passes`` passes, until one finds nothing new."""
         for _ in range(passes):
             found = 0
             for topic, offsets in self.starts.items():
@@ -87,10 +86,8 @@ class Unread:
                         self.records.append((topic, r.partition, r.key, r.value))
                         offsets[r.partition] = r.offset + 1
                         found += 1
-            total += found
             if not found:
                 break
-        return total
 
 
 def stored_mb(settings: Settings, records: list[Record]) -> float:
@@ -131,7 +128,7 @@ def publish(settings: Settings, records: list[Record], attempts: int = 5) -> Non
             settings,
             client_id="metricbus-up-carry",
             acks="all",
-            compression_type=None if settings.compression == "none" else settings.compression,
+            compression_type=settings.compression_type,
         )
         await producer.start()
         try:

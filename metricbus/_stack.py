@@ -299,13 +299,13 @@ class Stack:
             for child in self.children:
                 self._start(child)
             return
+        assert carry is not None  # else `why` says why not
         try:  # from here producers hold what the old broker acknowledges, for the new one
             mark_broker_restarting(self.settings)
-            assert carry is not None
             carry.read(passes=1)  # what producers saw confirmed before the marker
         except Exception as exc:  # noqa: BLE001 - the restart goes on: live producers resend their last minute
             log.warning("planned broker restart: the last read before it failed (%s)", exc)
-        records = carry.records if carry is not None else []
+        records = carry.records
         broker.stop()
         try:
             for attempt in range(20):  # the port may linger a moment after the old broker exits

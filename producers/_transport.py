@@ -102,7 +102,7 @@ class KafkaTransport:
                 bootstrap_timeout_ms=timeout_ms,
                 max_request_size=MAX_RECORD_BYTES + 64 * 1024,
                 allow_auto_create_topics=False,
-                compression_type=None if self.settings.compression == "none" else self.settings.compression,
+                compression_type=self.settings.compression_type,
             )
             # kafka-python closes each producer at interpreter exit; atexit runs last-registered
             # first, so that would close it before a run's own exit-time finish() (registered at

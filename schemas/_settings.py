@@ -164,6 +164,11 @@ class Settings:
         return out
 
     @property
+    def compression_type(self) -> str | None:
+        """``compression`` as the Kafka clients' ``compression_type`` (None: uncompressed)."""
+        return None if self.compression == "none" else self.compression
+
+    @property
     def is_local(self) -> bool:
         """True when no cluster is configured and the embedded stack is the broker."""
         return self.bootstrap is None
