@@ -9,6 +9,7 @@ A file whose writer was killed may end inside a record: reading stops there.
 from __future__ import annotations
 
 import json
+import logging
 import struct
 import time
 from collections import deque
@@ -18,6 +19,25 @@ from typing import Any
 
 BLOCK = 32768
 HEADER = 7
+#: how long a finish waits for W&B's service to close the run file
+FILE_CLOSE_TIMEOUT_S = 30.0
+
+log = logging.getLogger("metricbus.sinks")
+
+
+def finish(run: Any, exit_code: int = 0, timeout_s: float = FILE_CLOSE_TIMEOUT_S) -> bool:
+    """``run.finish(exit_code)``, then wait until W&B has closed its file (:func:`wait_closed`).
+
+    The W&B sink reads that file back as its ledger on a run's next opening, and anyone
+    reading the run right after (``wandb sync``, a test) needs it whole. False, with a
+    warning, when it was not closed within ``timeout_s``.
+    """
+    path = run.settings.sync_file
+    run.finish(exit_code=exit_code)
+    if wait_closed(path, timeout_s):
+        return True
+    log.warning("W&B run %s: %s was not closed %.0fs after finish", run.id, path, timeout_s)
+    return False
 
 
 def records(path: Path) -> Iterator[Any]:

@@ -143,9 +143,11 @@ class WandbAlerts:
         return True
 
     def close(self) -> None:
-        """Finish the W&B runs this consumer opened."""
+        """Finish the W&B runs this consumer opened, each once W&B has written its file."""
+        from ._wandb_file import finish
+
         for run in self._runs.values():
-            run.finish()
+            finish(run)
         self._runs.clear()
 
 

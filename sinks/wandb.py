@@ -56,7 +56,7 @@ from schemas import (
     config_object,
 )
 
-from ._wandb_file import logged_ids, wait_closed
+from ._wandb_file import finish, logged_ids
 
 log = logging.getLogger("metricbus.sink.wandb")
 SEQS_DIR = ".metricbus-seqs"
@@ -69,8 +69,6 @@ ID_KEY = "_metricbus_id"
 #: what W&B refuses in a project name (UsageError), and its length limit
 _NOT_IN_PROJECT = re.compile(r"[/\\#?%:\x00-\x1f\x7f]")
 _PROJECT_MAX = 128
-#: how long a finish waits for W&B's service to close the run file
-FILE_CLOSE_TIMEOUT_S = 30.0
 
 
 def wandb_project(project: str) -> str:
@@ -239,14 +237,7 @@ class WandbSink:
         run = self._runs.pop(run_id, None)
         if run is not None:
             _, code = self._finished.get(run_id, (0.0, 0))
-            path = run.settings.sync_file
-            run.finish(exit_code=code)
-            # finish() returns before W&B's service has written the file, and that file is the
-            # ledger the run's next opening (a rebalance, a resumed run) reads back
-            if not wait_closed(path, FILE_CLOSE_TIMEOUT_S):
-                log.warning(
-                    "run %s: W&B had not closed %s %.0fs after finish", run_id, path, FILE_CLOSE_TIMEOUT_S
-                )
+            finish(run, exit_code=code)  # the file is the ledger the run's next opening reads
 
     def _wanted(self, name: str) -> bool:
         keep = self._keep.get(name)
