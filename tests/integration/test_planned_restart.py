@@ -24,7 +24,11 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def stack(tmp_path, monkeypatch):
     # the stack points prometheus_client at its directory for its restart counter: this
-    # test's own, put back afterwards
+    # test's own, put back afterwards. prometheus_client picks its value class once, at import,
+    # from that variable: imported first under it, every later test's metric would be a
+    # multiprocess one whose directory is gone (test_fetch_wait failed so, run after this)
+    import prometheus_client  # noqa: F401
+
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "prometheus"))
     lines: list[str] = []
     s = Stack(Settings(data_dir=tmp_path, local_port=free_port()), consumers={}, report=lines.append).start()
