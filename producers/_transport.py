@@ -87,7 +87,14 @@ class KafkaTransport:
 
         timeout_ms = int(self.send_timeout_s * 1000)
         try:
-            ensure_topics(self.settings, timeout_s=min(self.send_timeout_s, 3.0))
+            # one admin client: creates the topics now, checks them after each send later
+            self._admin = KafkaAdminClient(
+                **client_options(self.settings),
+                client_id="metricbus-producer-check",
+                request_timeout_ms=timeout_ms,
+                bootstrap_timeout_ms=min(timeout_ms, 3000),
+            )
+            ensure_topics(self.settings, admin=self._admin)
             self._producer = KafkaProducer(
                 **client_options(self.settings),
                 client_id="metricbus-producer",
@@ -111,12 +118,6 @@ class KafkaTransport:
             cleanup = getattr(self._producer, "_cleanup", None)
             if cleanup is not None:
                 atexit.unregister(cleanup)
-            self._admin = KafkaAdminClient(
-                **client_options(self.settings),
-                client_id="metricbus-producer-check",
-                request_timeout_ms=timeout_ms,
-                bootstrap_timeout_ms=timeout_ms,
-            )
             previous, self._topic_id = self._topic_id, self._current_topic_id()[0]
             if previous is not None and self._topic_id != previous:
                 self._lost = True  # reconnected to a broker that re-created the topic

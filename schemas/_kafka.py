@@ -55,17 +55,19 @@ def fetch_options(settings: Settings) -> dict[str, Any]:
     return {"fetch_max_wait_ms": settings.fetch_max_wait_ms}
 
 
-def ensure_topics(settings: Settings, timeout_s: float = 10.0) -> list[str]:
+def ensure_topics(settings: Settings, timeout_s: float = 10.0, admin: Any = None) -> list[str]:
     """Create any missing metricbus topic (idempotent); return the names it created.
 
     The events, aggregates and alerts topics get ``settings.partitions`` partitions; the
-    dead-letter topic one. Raises BrokerError when the broker cannot be reached.
+    dead-letter topic one. Raises BrokerError when the broker cannot be reached. ``admin``:
+    a KafkaAdminClient of the caller's to use (and leave open) instead of connecting one.
     """
     topics = settings.topics
     return _create_topics(
         settings,
         {name: 1 if name == topics.deadletter else settings.partitions for name in topics.all()},
         timeout_s,
+        admin,
     )
 
 
@@ -74,20 +76,24 @@ def mark_broker_restarting(settings: Settings, timeout_s: float = 10.0) -> None:
     _create_topics(settings, {settings.topics.restarting: 1}, timeout_s)
 
 
-def _create_topics(settings: Settings, wanted: dict[str, int], timeout_s: float) -> list[str]:
+def _create_topics(
+    settings: Settings, wanted: dict[str, int], timeout_s: float, admin: Any = None
+) -> list[str]:
     """Create the topics of ``wanted`` (name: partitions) that are missing; return those created."""
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import KafkaError, TopicAlreadyExistsError
 
     from ._errors import BrokerError
 
+    own = admin is None
     try:
-        admin = KafkaAdminClient(
-            **client_options(settings),
-            request_timeout_ms=int(timeout_s * 1000),
-            bootstrap_timeout_ms=int(timeout_s * 1000),
-            client_id="metricbus-admin",
-        )
+        if own:
+            admin = KafkaAdminClient(
+                **client_options(settings),
+                request_timeout_ms=int(timeout_s * 1000),
+                bootstrap_timeout_ms=int(timeout_s * 1000),
+                client_id="metricbus-admin",
+            )
     except KafkaError as exc:
         raise BrokerError(
             f"cannot reach Kafka at {settings.bootstrap_servers} to create topics: {exc}. "
@@ -111,7 +117,8 @@ def _create_topics(settings: Settings, wanted: dict[str, int], timeout_s: float)
     except KafkaError as exc:
         raise BrokerError(f"creating topics on {settings.bootstrap_servers} failed: {exc}") from exc
     finally:
-        admin.close()
+        if own:
+            admin.close()
 
 
 #: The largest record metricbus writes or reads (the producer caps its batches below it);
