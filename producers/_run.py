@@ -18,7 +18,8 @@ import uuid
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from operator import itemgetter
+from itertools import repeat
+from operator import floordiv
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ from schemas import (
     run_started,
 )
 
-from ._publisher import Publisher
+from ._publisher import Publisher, Queued
 from ._spool import SUFFIX, Spool
 from ._system import SystemSampler
 from ._transport import KafkaTransport, Transport, TransportError
@@ -209,9 +210,7 @@ class Run:
                 return  # shed (counted, said once): the loop outruns encoding
             tags = self._gate.labels(labels) if labels else None
             if plain:  # names checked, ints converted and ns made ms on the publisher's thread
-                queue.append(
-                    (next(self._seq), time.time_ns(), PLAIN, (step, epoch, self.rank, dict(data), tags))
-                )
+                queue.append((next(self._seq), time.time_ns(), PLAIN, step, epoch, tags, dict(data)))
                 return
             body = {
                 "step": step,
@@ -221,31 +220,35 @@ class Run:
                 "samples": samples,
                 "labels": tags or {},
             }
-            queue.append((next(self._seq), time.time_ns() // 1_000_000, METRICS, body))
+            queue.append((next(self._seq), time.time_ns() // 1_000_000, METRICS, None, None, None, body))
         except MetricValueError:
             raise
         except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
             self._internal_error("log", exc)
 
-    def _bodies(self, events: list[Any]) -> list[Any]:
-        """The queued events with :meth:`log`'s plain ones as checked SCALARS rows (publisher's thread).
+    def _bodies(self, queued: list[Queued]) -> list[Any]:
+        """The queued events, log()'s plain ones as checked SCALARS rows (publisher's thread).
 
         The common batch, all plain with names seen before, is checked in C loops
-        (:meth:`ValueGate.all_plain`); otherwise event by event.
+        (:meth:`ValueGate.all_plain`) and zipped into rows column by column; otherwise event
+        by event.
         """
+        if not queued:
+            return []
         gate = self._gate
-        if set(map(itemgetter(2), events)) == _PLAIN_ONLY and gate.all_plain([e[3][3] for e in events]):
-            return [(seq, ts // 1_000_000, SCALARS, body) for seq, ts, _, body in events]
+        seqs, stamps, kinds, steps, epochs, tags, bodies = zip(*queued, strict=True)
+        if set(kinds) == _PLAIN_ONLY and gate.all_plain(bodies):
+            rows = zip(steps, epochs, repeat(self.rank), bodies, tags)
+            return list(zip(seqs, map(floordiv, stamps, repeat(1_000_000)), repeat(SCALARS), rows))
         out = []
-        for seq, ts, kind, body in events:
+        for seq, ts, kind, step, epoch, labels, body in queued:
             if kind is PLAIN:
-                step, epoch, rank, values, tags = body
                 try:
-                    scalars = gate.split_owned(values)  # ints as floats; a name that is not a str dropped
+                    scalars = gate.split_owned(body)  # ints as floats; a name that is not a str dropped
                 except Exception as exc:  # noqa: BLE001 - the event keeps its seq, with no values
                     self._internal_error("log (on the publisher's thread)", exc)
                     scalars = {}
-                out.append((seq, ts // 1_000_000, SCALARS, (step, epoch, rank, scalars, tags)))
+                out.append((seq, ts // 1_000_000, SCALARS, (step, epoch, self.rank, scalars, labels)))
             else:
                 out.append((seq, ts, kind, body))
         return out

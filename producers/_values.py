@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from schemas import MetricValueError
@@ -80,7 +80,7 @@ class ValueGate:
             self._str_names.add(tuple(data))
         return scalars
 
-    def all_plain(self, dicts: list[dict[Any, Any]]) -> bool:
+    def all_plain(self, dicts: Sequence[dict[Any, Any]]) -> bool:
         """True when every dict's values sum to a float and its names were all str before.
 
         Then each value is an int, float or bool that a float holds (a float plus an int too
