@@ -350,7 +350,8 @@ def test_scalars_rows_encode_exactly_as_their_metrics_bodies_in_both_layouts():
         if kind == METRICS and not body["samples"] and i % 3:
             labels = {"task": "a"} if i % 7 == 0 else None
             scalars = {**body["scalars"], "int": i}  # an int, as log() passes them on
-            rows.append((seq, ts, SCALARS, (body["step"], body["epoch"], body["rank"], scalars, labels)))
+            epoch = body["epoch"] if i % 2 else i // 4  # some with an epoch, some without
+            rows.append((seq, ts, SCALARS, (body["step"], epoch, body["rank"], scalars, labels)))
         else:
             rows.append(event)
     assert any(r[2] == SCALARS and r[3][4] for r in rows) and any(
@@ -381,13 +382,17 @@ def test_scalars_rows_encode_exactly_as_their_metrics_bodies_in_both_layouts():
         scalars = {k: struct.pack("<d", v) for k, v in e.body.get("scalars", {}).items()}
         return e.seq, e.kind, {**e.body, "scalars": scalars}
 
-    for columnar in (True, False):
-        got = decode_events(codec, encode_events(codec, "run-1", "p" * 32, rows, "0.1.0", columnar))
-        want = decode_events(
-            codec, encode_events(codec, "run-1", "p" * 32, [as_bodies(r) for r in rows], "0.1.0", columnar)
-        )
-        assert [bits(e) for e in got] == [bits(e) for e in want]
-        assert all(type(v) is float for e in got if e.kind == METRICS for v in e.body["scalars"].values())
+    plain = [r for r in rows if r[2] == SCALARS and not r[3][4]]  # the common batch: columns only
+    assert len({tuple(r[3][3]) for r in plain}) > 1 and {r[3][1] is None for r in plain} == {True, False}
+    for batch in (rows, plain):
+        for columnar in (True, False):
+            got = decode_events(codec, encode_events(codec, "run-1", "p" * 32, batch, "0.1.0", columnar))
+            want = decode_events(
+                codec,
+                encode_events(codec, "run-1", "p" * 32, [as_bodies(r) for r in batch], "0.1.0", columnar),
+            )
+            assert [bits(e) for e in got] == [bits(e) for e in want]
+            assert all(type(v) is float for e in got if e.kind == METRICS for v in e.body["scalars"].values())
 
 
 def test_apache_avro_reads_a_columnar_batch():
