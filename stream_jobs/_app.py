@@ -108,6 +108,7 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
         broker_rebalance_timeout=settings.rebalance_timeout_ms / 1000,
         consumer_auto_offset_reset="earliest",
         producer_acks=1,
+        producer_compression_type=settings.compression_type,  # as the training jobs send
         producer_max_request_size=MAX_RECORD_BYTES + 64 * 1024,
         consumer_max_fetch_size=MAX_RECORD_BYTES + 64 * 1024,
         datadir=str(datadir),  # never the user's working directory

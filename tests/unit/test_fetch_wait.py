@@ -25,3 +25,19 @@ def test_the_faust_worker_consumer_uses_it_instead_of_fausts_fixed_1500_ms():
             await consumer.stop()
 
     assert asyncio.run(main()) == 70
+
+
+def test_the_faust_worker_producer_compresses_as_the_training_jobs_do():
+    """Aggregates, alerts and dead letters go out zstd-compressed by default (the embedded
+    broker keeps every byte in memory), uncompressed with METRICBUS_COMPRESSION=none."""
+    from stream_jobs import build_app
+
+    async def codec(settings):
+        producer = build_app(settings).producer._new_producer()  # aiokafka's: refuses a codec it lacks
+        try:
+            return producer._compression_type
+        finally:
+            await producer.stop()
+
+    assert asyncio.run(codec(Settings(bootstrap="127.0.0.1:9"))) == "zstd"
+    assert asyncio.run(codec(Settings(bootstrap="127.0.0.1:9", compression="none"))) is None
