@@ -34,13 +34,16 @@ log = logging.getLogger("metricbus.producer")
 
 #: (seq, ts_ms, body kind, body): what ``prepare`` makes of the queued events, the body a dict
 Event = tuple[int, int, str, Any]
-#: A queued event: ``(seq, ts, kind, step, epoch, labels, body)``, step, epoch and labels None
-#: but in log()'s plain events (Run's ``prepare`` turns those into rows). One flat tuple, so a
-#: log() call leaves two objects for the garbage collector to track (the tuple and its dict)
-#: where an event tuple holding a row tuple left three: in a training process with a large
-#: heap, the collections those survivors caused were a third of the producer's CPU per event
-#: (bench/producer_overhead.py: 11.0 -> 7.0 us, medians of 5 runs; log() itself no slower).
-Queued = tuple[int, int, str, Any, Any, Any, Any]
+#: The queue holds each event as two items, a head ``(seq, ts, kind, step, epoch, labels)``
+#: (step, epoch and labels None but in log()'s plain events, which Run's ``prepare`` turns into
+#: rows) and its body, added by one ``deque.extend`` (atomic under the GIL: two threads' items
+#: never interleave). Why not one tuple: a tuple holding a dict stays tracked by the garbage
+#: collector, and one queued for the spooler's linger (20 ms) outlives two young collections,
+#: so every queued event was promoted to the oldest generation and the full collections that
+#: followed (~150 ms each with a training job's heap) were most of the producer's CPU. A head of
+#: numbers is untracked at its first young collection and log()'s dict copy never is tracked,
+#: so a log() call now promotes nothing (measured: 3 full collections per 100k calls -> 0).
+PER_EVENT = 2
 
 #: While sending, the broker is asked at most this often whether it still holds what it
 #: acknowledged (a memory-only broker that restarted does not); always before a flush returns.
@@ -50,9 +53,10 @@ VERIFY_INTERVAL_S = 1.0
 RESTART_CHECK_S = 0.25
 
 
-def events_of(queued: list[Queued]) -> list[Event]:
-    """``(seq, ts, kind, body)`` of queued events (the default ``prepare``)."""
-    return [(seq, ts, kind, body) for seq, ts, kind, _, _, _, body in queued]
+def events_of(items: list[Any]) -> list[Event]:
+    """``(seq, ts, kind, body)`` of the queue's items (the default ``prepare``)."""
+    heads, bodies = items[0::PER_EVENT], items[1::PER_EVENT]
+    return [(h[0], h[1], h[2], body) for h, body in zip(heads, bodies, strict=True)]
 
 
 class Publisher:
@@ -105,14 +109,16 @@ class Publisher:
         self.records_resent = 0
         self.describe_target = describe_target
         self._key = run_id.encode()
-        #: Events waiting for the thread. Run.log appends here directly when below max_queue.
-        self.queue: collections.deque[Queued] = collections.deque()
+        #: Events waiting for the thread, PER_EVENT items each. Run.log extends it directly
+        #: while it holds fewer than ``max_items`` (max_queue events).
+        self.queue: collections.deque[Any] = collections.deque()
         self._queue = self.queue
+        self.max_items = max_queue * PER_EVENT
         #: EventBatch v5's columns for scalars-only Metrics events (False: one Avro record per
         #: event, the v4 layout; bench/stream_throughput.py compares the two)
         self.columnar = True
         #: turns queued events into encodable ones on this thread (Run: log()'s plain values)
-        self.prepare: Callable[[list[Queued]], list[Event]] = events_of
+        self.prepare: Callable[[list[Any]], list[Event]] = events_of
         self._lock = threading.Lock()
         self._wake = threading.Event()  # the spooler's
         self._send_wake = threading.Event()
@@ -155,8 +161,8 @@ class Publisher:
     def submit(self, event: Event) -> None:
         """Queue one event, whatever the queue holds (control events). Never blocks; never raises."""
         seq, ts_ms, kind, body = event
-        self._queue.append((seq, ts_ms, kind, None, None, None, body))
-        if len(self._queue) >= self.max_queue:
+        self._queue.extend(((seq, ts_ms, kind, None, None, None), body))
+        if len(self._queue) >= self.max_items:
             self._wake.set()
 
     def room(self) -> bool:
@@ -169,9 +175,9 @@ class Publisher:
         deadline = time.monotonic() + self.max_block_s
         while time.monotonic() < deadline:
             time.sleep(0.0002)
-            if len(self._queue) < self.max_queue:
+            if len(self._queue) < self.max_items:
                 return True
-        if len(self._queue) < self.max_queue:
+        if len(self._queue) < self.max_items:
             return True
         self.dropped_events += 1
         if self.dropped_events == 1:
@@ -179,14 +185,14 @@ class Publisher:
                 "metricbus: log() is outrunning the encoder (%d events queued): events are being "
                 "dropped and counted in run.stats()['dropped_events']. Log less often, or pass "
                 "max_block_s= to metricbus.init to wait for room instead.",
-                len(self._queue),
+                len(self._queue) // PER_EVENT,
             )
         return False
 
     @property
     def events_submitted(self) -> int:
         """Events accepted so far (queued in memory or already in the spool)."""
-        return self.events_spooled + len(self._queue)
+        return self.events_spooled + len(self._queue) // PER_EVENT
 
     @property
     def backlog(self) -> int:
@@ -198,11 +204,11 @@ class Publisher:
         between returned with the window never resent; test_planned_restart, 1 run in 4).
         """
         if not self._checking.acquire(timeout=0.05):
-            return len(self._queue) + 1  # a check is under way: not done yet
+            return len(self._queue) // PER_EVENT + 1  # a check is under way: not done yet
         try:
             with self._lock:
                 unchecked = self.transport.unverified or self._resend_retained
-                return len(self._queue) + self.spool.unsent_bytes + int(unchecked)
+                return len(self._queue) // PER_EVENT + self.spool.unsent_bytes + int(unchecked)
         finally:
             self._checking.release()
 
@@ -289,9 +295,9 @@ class Publisher:
 
     def _spool_queue_locked(self) -> None:
         queue = self._queue
-        while queue:
-            n = min(len(queue), self.max_batch_events)
-            records = self._encode(self.prepare(list(starmap(queue.popleft, repeat((), n)))))
+        while len(queue) >= PER_EVENT:
+            n = min(len(queue) // PER_EVENT, self.max_batch_events)
+            records = self._encode(self.prepare(list(starmap(queue.popleft, repeat((), n * PER_EVENT)))))
             try:
                 self.spool.append(records)
                 self.events_spooled += n

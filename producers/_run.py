@@ -43,7 +43,7 @@ from schemas import (
     run_started,
 )
 
-from ._publisher import Publisher, Queued
+from ._publisher import PER_EVENT, Publisher
 from ._spool import SUFFIX, Spool
 from ._system import SystemSampler
 from ._transport import KafkaTransport, Transport, TransportError
@@ -150,7 +150,7 @@ class Run:
         self._fast = not strict  # strict: every value checked in the caller, to raise there
         self._publisher.prepare = self._bodies
         self._queue = self._publisher.queue
-        self._max_queue = self._publisher.max_queue
+        self._max_items = self._publisher.max_items
         self._watchers: list[Any] = []
         if self.settings.offline:
             log.warning(
@@ -206,11 +206,11 @@ class Run:
                 epoch = _long(epoch, "epoch")
             self._step = step + 1
             queue = self._queue
-            if len(queue) >= self._max_queue and not self._publisher.room():
+            if len(queue) >= self._max_items and not self._publisher.room():
                 return  # shed (counted, said once): the loop outruns encoding
             tags = self._gate.labels(labels) if labels else None
             if plain:  # names checked, ints converted and ns made ms on the publisher's thread
-                queue.append((next(self._seq), time.time_ns(), PLAIN, step, epoch, tags, dict(data)))
+                queue.extend(((next(self._seq), time.time_ns(), PLAIN, step, epoch, tags), dict(data)))
                 return
             body = {
                 "step": step,
@@ -220,28 +220,29 @@ class Run:
                 "samples": samples,
                 "labels": tags or {},
             }
-            queue.append((next(self._seq), time.time_ns() // 1_000_000, METRICS, None, None, None, body))
+            queue.extend(((next(self._seq), time.time_ns() // 1_000_000, METRICS, None, None, None), body))
         except MetricValueError:
             raise
         except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
             self._internal_error("log", exc)
 
-    def _bodies(self, queued: list[Queued]) -> list[Any]:
-        """The queued events, log()'s plain ones as checked SCALARS rows (publisher's thread).
+    def _bodies(self, items: list[Any]) -> list[Any]:
+        """The queue's items as events, log()'s plain ones as checked SCALARS rows (publisher's thread).
 
-        The common batch, all plain with names seen before, is checked in C loops
-        (:meth:`ValueGate.all_plain`) and zipped into rows column by column; otherwise event
-        by event.
+        ``items``: a head and a body per event (see ``PER_EVENT``). The common batch,
+        all plain with names seen before, is checked in C loops (:meth:`ValueGate.all_plain`)
+        and zipped into rows column by column; otherwise event by event.
         """
-        if not queued:
+        heads, bodies = items[0::PER_EVENT], items[1::PER_EVENT]
+        if not heads:
             return []
         gate = self._gate
-        seqs, stamps, kinds, steps, epochs, tags, bodies = zip(*queued, strict=True)
+        seqs, stamps, kinds, steps, epochs, tags = zip(*heads, strict=True)
         if set(kinds) == _PLAIN_ONLY and gate.all_plain(bodies):
             rows = zip(steps, epochs, repeat(self.rank), bodies, tags)
             return list(zip(seqs, map(floordiv, stamps, repeat(1_000_000)), repeat(SCALARS), rows))
         out = []
-        for seq, ts, kind, step, epoch, labels, body in queued:
+        for (seq, ts, kind, step, epoch, labels), body in zip(heads, bodies, strict=True):
             if kind is PLAIN:
                 try:
                     scalars = gate.split_owned(body)  # ints as floats; a name that is not a str dropped

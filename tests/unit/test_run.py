@@ -1,11 +1,12 @@
 import logging
+import sys
 import threading
 import time
 
 import pytest
 
 from producers import Run
-from schemas import METRICS, RUN_FINISHED, RUN_STARTED, InvalidNameError, Settings
+from schemas import CONFIG_UPDATE, METRICS, RUN_FINISHED, RUN_STARTED, InvalidNameError, Settings
 from tests.fakes import FakeTransport
 
 
@@ -31,6 +32,38 @@ def test_events_arrive_in_order_with_contiguous_seq(settings):
     assert steps == list(range(5000))
     assert metrics(events)[1234][1]["scalars"] == {"Train/Loss": 1.0 / 1235, "i": 1234.0}
     assert metrics(events)[1234][1]["epoch"] == 1
+
+
+def test_events_queued_from_several_threads_at_once_each_arrive_whole(settings):
+    """log() and the control events of other threads (config updates, system samples) queue
+    two items per event: they must never interleave (one deque.extend each)."""
+    fake = FakeTransport()
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    n = 20_000
+
+    def configure() -> None:
+        for i in range(n // 10):
+            run.config.update({"k": i})
+
+    other = threading.Thread(target=configure)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the threads switch as often as the interpreter allows
+    try:
+        other.start()
+        for i in range(n):
+            run.log({"Train/Loss": float(i)}, step=i, labels={"task": "a"} if i % 7 == 0 else None)
+        other.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert run.finish(timeout=30)
+    events = fake.events()
+    assert sorted(seq for _, seq, _ in events) == list(range(len(events)))
+    logged = metrics(events)
+    assert [body["step"] for _, body in logged] == list(range(n))
+    assert all(body["scalars"] == {"Train/Loss": float(body["step"])} for _, body in logged)
+    assert all((body["labels"] == {"task": "a"}) == (body["step"] % 7 == 0) for _, body in logged)
+    updates = [body for _, _, (kind, body) in events if kind == CONFIG_UPDATE]
+    assert len(updates) == n // 10
 
 
 def test_auto_step_counts_from_the_last_step(settings):
