@@ -25,7 +25,7 @@ from collections.abc import Callable
 from itertools import repeat, starmap
 from typing import Any
 
-from schemas import MAX_RECORD_BYTES, Codec, EncodeError, encode_events
+from schemas import MAX_RECORD_BYTES, Codec, EncodeError, ScalarRows, encode_events
 
 from ._spool import Spool
 from ._transport import BrokerRestarting, Transport, TransportError
@@ -118,7 +118,7 @@ class Publisher:
         #: event, the v4 layout; bench/stream_throughput.py compares the two)
         self.columnar = True
         #: turns queued events into encodable ones on this thread (Run: log()'s plain values)
-        self.prepare: Callable[[list[Any]], list[Event]] = events_of
+        self.prepare: Callable[[list[Any]], list[Event] | ScalarRows] = events_of
         self._lock = threading.Lock()
         self._wake = threading.Event()  # the spooler's
         self._send_wake = threading.Event()
@@ -311,18 +311,21 @@ class Publisher:
                     n,
                 )
 
-    def _encode(self, events: list[Event]) -> list[bytes]:
+    def _encode(self, events: list[Event] | ScalarRows) -> list[bytes]:
         """Records for ``events``, each under MAX_RECORD_BYTES; what cannot be encoded is dropped.
 
         A batch that encodes too large is cut in halves until each part fits, so the spool
         never holds a record the broker would refuse; one event too large for any record is
-        dropped with an error naming it (counted in ``lost_events``).
+        dropped with an error naming it (counted in ``lost_events``). A ScalarRows batch that
+        does not encode whole goes the same way as its events.
         """
         try:
             record = encode_events(
                 self.codec, self.run_id, self.producer_id, events, self.sdk_version, self.columnar
             )
         except EncodeError:
+            if isinstance(events, ScalarRows):
+                return self._encode(events.events())
             if len(events) > 1:  # one bad event must not take its batch with it
                 return [r for e in events for r in self._encode([e])]
             self.encode_errors += 1
@@ -336,6 +339,8 @@ class Publisher:
             return []
         if len(record) <= self.max_record_bytes:
             return [record]
+        if isinstance(events, ScalarRows):
+            return self._encode(events.events())
         if len(events) > 1:
             half = len(events) // 2
             return self._encode(events[:half]) + self._encode(events[half:])

@@ -19,7 +19,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
-from operator import floordiv
+from operator import floordiv, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from schemas import (
     ConfigError,
     MetricbusError,
     MetricValueError,
+    ScalarRows,
     Settings,
     check_run_id,
     config_update,
@@ -226,21 +227,28 @@ class Run:
         except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
             self._internal_error("log", exc)
 
-    def _bodies(self, items: list[Any]) -> list[Any]:
+    def _bodies(self, items: list[Any]) -> list[Any] | ScalarRows:
         """The queue's items as events, log()'s plain ones as checked SCALARS rows (publisher's thread).
 
-        ``items``: a head and a body per event (see ``PER_EVENT``). The common batch,
-        all plain with names seen before, is checked in C loops (:meth:`ValueGate.all_plain`)
-        and zipped into rows column by column; otherwise event by event.
+        ``items``: a head and a body per event (see ``PER_EVENT``). The common batch, all plain
+        without labels and with names seen before, is checked in C loops
+        (:meth:`ValueGate.all_plain`) and returned as its columns (ScalarRows: no tuple per
+        event for the garbage collector); otherwise event by event.
         """
         heads, bodies = items[0::PER_EVENT], items[1::PER_EVENT]
         if not heads:
             return []
         gate = self._gate
-        seqs, stamps, kinds, steps, epochs, tags = zip(*heads, strict=True)
-        if set(kinds) == _PLAIN_ONLY and gate.all_plain(bodies):
-            rows = zip(steps, epochs, repeat(self.rank), bodies, tags)
-            return list(zip(seqs, map(floordiv, stamps, repeat(1_000_000)), repeat(SCALARS), rows))
+        # columns by itemgetter, not zip(*heads): that makes an iterator per event, which the
+        # collector promoted (most of what a paced run promoted, measured)
+        if (
+            set(map(itemgetter(2), heads)) == _PLAIN_ONLY
+            and not any(map(itemgetter(5), heads))
+            and gate.all_plain(bodies)
+        ):
+            seqs, stamps, steps, epochs = (list(map(itemgetter(i), heads)) for i in (0, 1, 3, 4))
+            ts_ms = list(map(floordiv, stamps, repeat(1_000_000)))
+            return ScalarRows(seqs, ts_ms, steps, epochs, self.rank, bodies)
         out = []
         for (seq, ts, kind, step, epoch, labels), body in zip(heads, bodies, strict=True):
             if kind is PLAIN:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import array
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import chain
+from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -31,6 +31,28 @@ CONFIG_UPDATE = "metricbus.ConfigUpdate"
 #: it as a Metrics event (into the columns when it has no labels); it never leaves the producer.
 SCALARS = "metricbus.Metrics#scalars"
 _SCALARS_ONLY = {SCALARS}
+
+
+class ScalarRows(NamedTuple):
+    """A batch of scalars-only Metrics events of one rank, no labels, held as columns.
+
+    What the producer's spooler hands :func:`encode_events` for its common batch (log()'s plain
+    numbers): no tuple per event, so encoding a batch leaves the garbage collector nothing to
+    promote. :meth:`events` is the same batch as SCALARS events, for the general path.
+    """
+
+    seqs: Sequence[int]
+    ts_ms: Sequence[int]
+    steps: Sequence[int]
+    epochs: Sequence[int | None]
+    rank: int
+    scalars: Sequence[dict[str, float]]
+
+    def events(self) -> list[tuple[int, int, str, Any]]:
+        """The batch as ``(seq, ts_ms, SCALARS, (step, epoch, rank, scalars, None))`` events."""
+        rows = zip(self.steps, self.epochs, repeat(self.rank), self.scalars, repeat(None))
+        return list(zip(self.seqs, self.ts_ms, repeat(SCALARS), rows))
+
 
 #: producer_id of the events decoded from the aggregates topic (derived series). Their seqs
 #: count per run (not per producer, as logged events' do): deduplicate them by (run, seq).
@@ -63,7 +85,7 @@ def encode_events(
     codec: Codec,
     run_id: str,
     producer_id: str,
-    events: Iterable[tuple[int, int, str, Any]],
+    events: Iterable[tuple[int, int, str, Any]] | ScalarRows,
     sdk_version: str | None = None,
     columnar: bool = True,
 ) -> bytes:
@@ -72,11 +94,17 @@ def encode_events(
     With ``columnar`` (the default), Metrics events with scalars only (no samples, no labels:
     what training loops log most) go into the record's ``columns`` as packed arrays (about a
     fifth of the CPU to encode and far less to decode than one Avro record per event); the
-    rest into ``events``. Raises EncodeError (naming the schema) when a body does not fit its kind.
+    rest into ``events``. ``events`` may also be a :class:`ScalarRows` batch (columns as they
+    are). Raises EncodeError (naming the schema) when a body does not fit its kind.
     """
-    events = events if isinstance(events, list) else list(events)
     columns = None
-    if columnar:
+    if isinstance(events, ScalarRows):
+        if columnar:
+            columns, events = _packed_columns(events), []
+        else:
+            events = events.events()
+    events = events if isinstance(events, list) else list(events)
+    if columnar and events:
         flat, events = _split_flat(events)
         if flat:
             columns = _columns(flat)
@@ -173,8 +201,7 @@ def _columns(events: list[tuple[int, int, str, Any]]) -> dict[str, Any]:
     """The MetricColumns record of Metrics events with scalars only (SCALARS rows or bodies).
 
     Column by column, each a C-level loop over the events (a Python loop over the events
-    building every column at once cost 1.5 us per ten-scalar event; this, 0.6); the name
-    indices of each set of names are packed once per batch and repeated.
+    building every column at once cost 1.5 us per ten-scalar event; this, 0.6).
     """
     if set(map(itemgetter(2), events)) == _SCALARS_ONLY:
         rows: Sequence[Any] = list(map(itemgetter(3), events))
@@ -183,7 +210,17 @@ def _columns(events: list[tuple[int, int, str, Any]]) -> dict[str, Any]:
             e[3] if e[2] is SCALARS else (e[3]["step"], e[3]["epoch"], e[3]["rank"], e[3]["scalars"], None)
             for e in events
         ]
-    steps, epochs, ranks, scalars, _ = zip(*rows, strict=True)
+    seqs, stamps = list(map(itemgetter(0), events)), list(map(itemgetter(1), events))
+    steps, epochs, ranks, scalars = (list(map(itemgetter(i), rows)) for i in range(4))
+    return _packed_columns(ScalarRows(seqs, stamps, steps, epochs, 0, scalars), ranks)
+
+
+def _packed_columns(rows: ScalarRows, ranks: Sequence[int] | None = None) -> dict[str, Any]:
+    """The MetricColumns record of ``rows`` (``ranks``: one per event, else ``rows.rank`` for all).
+
+    The name indices of each set of names are packed once per batch and repeated.
+    """
+    scalars = rows.scalars
     names: dict[str, int] = {}
     known: dict[tuple[str, ...], bytes] = {}  # the packed name indices of each set of names seen
 
@@ -197,11 +234,11 @@ def _columns(events: list[tuple[int, int, str, Any]]) -> dict[str, Any]:
         index = b"".join(map(positions, map(tuple, scalars)))
         return {
             "names": list(names),
-            "seq": _packed("q", list(map(itemgetter(0), events))),
-            "ts_ms": _packed("q", list(map(itemgetter(1), events))),
-            "step": _packed("q", steps),
-            "epoch": _packed("q", [NO_EPOCH if e is None else e for e in epochs]),
-            "rank": _packed("i", ranks),
+            "seq": _packed("q", rows.seqs),
+            "ts_ms": _packed("q", rows.ts_ms),
+            "step": _packed("q", rows.steps),
+            "epoch": _packed("q", [NO_EPOCH if e is None else e for e in rows.epochs]),
+            "rank": _packed("i", [rows.rank] * len(scalars) if ranks is None else ranks),
             "counts": _packed("i", list(map(len, scalars))),
             "name_index": index,
             "values": _packed("d", list(chain.from_iterable(map(dict.values, scalars)))),

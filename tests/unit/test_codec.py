@@ -341,7 +341,7 @@ def test_scalars_rows_encode_exactly_as_their_metrics_bodies_in_both_layouts():
     the same events, ints as doubles, labelled rows through the events array, order kept."""
     import struct
 
-    from schemas import SCALARS, decode_events, encode_events
+    from schemas import SCALARS, ScalarRows, decode_events, encode_events
 
     codec = default_codec()
     rows = []
@@ -393,6 +393,17 @@ def test_scalars_rows_encode_exactly_as_their_metrics_bodies_in_both_layouts():
             )
             assert [bits(e) for e in got] == [bits(e) for e in want]
             assert all(type(v) is float for e in got if e.kind == METRICS for v in e.body["scalars"].values())
+    # the producer's common batch as columns (ScalarRows: one rank, no tuple per event)
+    rank = plain[0][3][2]
+    one_rank = [r for r in plain if r[3][2] == rank]
+    seqs, stamps, _, bodies = zip(*one_rank, strict=True)
+    steps, epochs, _, scalars, _ = zip(*bodies, strict=True)
+    batch = ScalarRows(seqs, stamps, steps, epochs, rank, scalars)
+    assert batch.events() == one_rank
+    for columnar in (True, False):
+        data = encode_events(codec, "run-1", "p" * 32, batch, "0.1.0", columnar)
+        want = encode_events(codec, "run-1", "p" * 32, [as_bodies(r) for r in one_rank], "0.1.0", columnar)
+        assert [bits(e) for e in decode_events(codec, data)] == [bits(e) for e in decode_events(codec, want)]
 
 
 def test_apache_avro_reads_a_columnar_batch():

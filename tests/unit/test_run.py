@@ -273,6 +273,27 @@ def test_batches_are_cut_to_fit_a_kafka_record_and_an_event_too_large_for_any_is
     assert sum("over the 8 MB a Kafka record may hold" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_a_batch_of_columns_too_large_for_a_record_is_cut_like_its_events(settings):
+    """log()'s common batch reaches the encoder as columns (ScalarRows); past the record size
+    it is halved as its events, and an unencodable one goes the events' way too."""
+    from schemas import ScalarRows, decode_events, default_codec
+
+    run = Run("p", settings=settings, transport=FakeTransport(), system_metrics=False)
+    publisher = run._publisher
+    rows = [{f"m{j}": float(i * j) for j in range(50)} for i in range(40)]
+    batch = ScalarRows(list(range(40)), [1_700_000_000_000] * 40, list(range(40)), [None] * 40, 0, rows)
+    whole = publisher._encode(batch)
+    assert len(whole) == 1
+    publisher.max_record_bytes = len(whole[0]) // 3
+    cut = publisher._encode(batch)
+    assert len(cut) > 3 and all(len(r) <= publisher.max_record_bytes for r in cut)
+    got = [e for r in cut for e in decode_events(default_codec(), r)]
+    assert [(e.seq, e.body["step"], e.body["scalars"]) for e in got] == [(i, i, rows[i]) for i in range(40)]
+    bad = batch._replace(rank=2**40)  # no Avro int: each event is tried alone, each dropped, counted
+    assert publisher._encode(bad) == [] and publisher.encode_errors == 40
+    run.finish(timeout=5)
+
+
 def test_an_out_of_range_step_is_said_once_and_counted_not_a_traceback_per_event(settings, caplog):
     fake = FakeTransport()
     run = Run("p", settings=settings, transport=fake, system_metrics=False)
