@@ -42,6 +42,7 @@ soak: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/producer_overhead.py
 	$(PY) bench/sustained.py
+	$(PY) bench/broker_memory.py
 	$(PY) bench/archive_size.py
 	$(PY) bench/stream_throughput.py
 	$(PY) bench/replay.py

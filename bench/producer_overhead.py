@@ -118,7 +118,8 @@ def main() -> None:
 
     print(
         f"log 10 scalars per call, {N} calls, median of {REPEATS} interleaved runs "
-        f"(per-run values: {[round(v[0], 2) for v in results['metricbus']]} µs)"
+        f"(per-run values: {[round(v[0], 2) for v in results['metricbus']]} µs per call, "
+        f"{[round(v[1], 1) for v in results['metricbus']]} µs of CPU per event)"
     )
     ours = med("metricbus", 0)
     table(

@@ -23,6 +23,8 @@ archived once; 1,000 events/s for 10 min through an 80 MB bound: 3 planned resta
 84 MB, 597,602 of 597,602 archived once. With the restart marker (producers hold what the old
 broker acknowledged once the carry's last read began): 2,000 events/s for 6 min through 60 MB,
 3 planned restarts, at most 140 MB (tests were running beside it), 714,202 of 714,202 once.
+With zstd batches and the carry weighed compressed (third session): 2,000 events/s for 6 min
+through 30 MB, 3 planned restarts, at most 32 MB, 715,602 of 715,602 once.
 """
 
 from __future__ import annotations
