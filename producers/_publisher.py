@@ -54,12 +54,6 @@ VERIFY_INTERVAL_S = 1.0
 RESTART_CHECK_S = 0.25
 
 
-def events_of(items: list[Any]) -> list[Event]:
-    """``(seq, ts, kind, body)`` of the queue's items (the default ``prepare``)."""
-    heads, bodies = items[0::PER_EVENT], items[1::PER_EVENT]
-    return [(h[0], h[1], h[2], body) for h, body in zip(heads, bodies, strict=True)]
-
-
 class Publisher:
     """Owns the publisher thread of one Run; start / flush / stop, stop is idempotent."""
 
@@ -72,6 +66,7 @@ class Publisher:
         transport: Transport,
         codec: Codec,
         sdk_version: str,
+        prepare: Callable[[list[Any]], list[Event] | ScalarRows],
         linger_s: float = 0.02,
         send_linger_s: float = 0.1,
         send_batch_bytes: int = 256 * 1024,
@@ -118,8 +113,8 @@ class Publisher:
         #: EventBatch v5's columns for scalars-only Metrics events (False: one Avro record per
         #: event, the v4 layout; bench/stream_throughput.py compares the two)
         self.columnar = True
-        #: turns queued events into encodable ones on this thread (Run: log()'s plain values)
-        self.prepare: Callable[[list[Any]], list[Event] | ScalarRows] = events_of
+        #: turns the queue's items into encodable events on this thread (Run._bodies)
+        self.prepare = prepare
         self._lock = threading.Lock()
         self._wake = threading.Event()  # the spooler's
         self._send_wake = threading.Event()

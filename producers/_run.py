@@ -141,6 +141,7 @@ class Run:
             transport=transport,
             codec=default_codec(),
             sdk_version=SDK_VERSION,
+            prepare=self._bodies,
             describe_target=self._describe_target,
             max_queue=max_queue,
             linger_s=linger_s,
@@ -149,7 +150,6 @@ class Run:
         self._publisher.start()
         self._split = self._gate.split
         self._fast = not strict  # strict: every value checked in the caller, to raise there
-        self._publisher.prepare = self._bodies
         self._queue = self._publisher.queue
         self._max_items = self._publisher.max_items
         self._watchers: list[Any] = []

@@ -100,7 +100,11 @@ def encode_events(
     columns = None
     if isinstance(events, ScalarRows):
         if columnar:
-            columns, events = _packed_columns(events), []
+            n = len(events.scalars)
+            columns = _packed_columns(
+                events.seqs, events.ts_ms, events.steps, events.epochs, [events.rank] * n, events.scalars
+            )
+            events = []
         else:
             events = events.events()
     events = events if isinstance(events, list) else list(events)
@@ -212,15 +216,21 @@ def _columns(events: list[tuple[int, int, str, Any]]) -> dict[str, Any]:
         ]
     seqs, stamps = list(map(itemgetter(0), events)), list(map(itemgetter(1), events))
     steps, epochs, ranks, scalars = (list(map(itemgetter(i), rows)) for i in range(4))
-    return _packed_columns(ScalarRows(seqs, stamps, steps, epochs, 0, scalars), ranks)
+    return _packed_columns(seqs, stamps, steps, epochs, ranks, scalars)
 
 
-def _packed_columns(rows: ScalarRows, ranks: Sequence[int] | None = None) -> dict[str, Any]:
-    """The MetricColumns record of ``rows`` (``ranks``: one per event, else ``rows.rank`` for all).
+def _packed_columns(
+    seqs: Sequence[int],
+    stamps: Sequence[int],
+    steps: Sequence[int],
+    epochs: Sequence[int | None],
+    ranks: Sequence[int],
+    scalars: Sequence[dict[str, float]],
+) -> dict[str, Any]:
+    """The MetricColumns record of these columns, one value per event in each.
 
     The name indices of each set of names are packed once per batch and repeated.
     """
-    scalars = rows.scalars
     names: dict[str, int] = {}
     known: dict[tuple[str, ...], bytes] = {}  # the packed name indices of each set of names seen
 
@@ -234,11 +244,11 @@ def _packed_columns(rows: ScalarRows, ranks: Sequence[int] | None = None) -> dic
         index = b"".join(map(positions, map(tuple, scalars)))
         return {
             "names": list(names),
-            "seq": _packed("q", rows.seqs),
-            "ts_ms": _packed("q", rows.ts_ms),
-            "step": _packed("q", rows.steps),
-            "epoch": _packed("q", [NO_EPOCH if e is None else e for e in rows.epochs]),
-            "rank": _packed("i", [rows.rank] * len(scalars) if ranks is None else ranks),
+            "seq": _packed("q", seqs),
+            "ts_ms": _packed("q", stamps),
+            "step": _packed("q", steps),
+            "epoch": _packed("q", [NO_EPOCH if e is None else e for e in epochs]),
+            "rank": _packed("i", ranks),
             "counts": _packed("i", list(map(len, scalars))),
             "name_index": index,
             "values": _packed("d", list(chain.from_iterable(map(dict.values, scalars)))),
