@@ -30,7 +30,6 @@ CONFIG_UPDATE = "metricbus.ConfigUpdate"
 #: event: body ``(step, epoch, rank, scalars, labels or None)``. :func:`encode_events` writes
 #: it as a Metrics event (into the columns when it has no labels); it never leaves the producer.
 SCALARS = "metricbus.Metrics#scalars"
-_SCALARS_ONLY = {SCALARS}
 
 
 class ScalarRows(NamedTuple):
@@ -109,9 +108,10 @@ def encode_events(
             events = events.events()
     events = events if isinstance(events, list) else list(events)
     if columnar and events:
-        flat, events = _split_flat(events)
-        if flat:
-            columns = _columns(flat)
+        flat = [_flat(e) for e in events]
+        if any(flat):
+            columns = _columns([e for e, f in zip(events, flat, strict=True) if f])
+            events = [e for e, f in zip(events, flat, strict=True) if not f]
     events = [(s, t, METRICS, _metrics_body(b)) if k is SCALARS else (s, t, k, b) for s, t, k, b in events]
     items = [{"seq": s, "ts_ms": t, "body": (k, b)} for s, t, k, b in events]
     batch = {
@@ -164,21 +164,6 @@ def _unpacked(code: str, raw: bytes, what: str) -> list[Any]:
     return packed.tolist()
 
 
-def _split_flat(events: list[tuple[int, int, str, Any]]) -> tuple[list[Any], list[Any]]:
-    """``(the events that go into the columns, the rest)``, each in order (see :func:`_flat`).
-
-    The common batch, SCALARS rows without labels only, is told by two C loops.
-    """
-    if set(map(itemgetter(2), events)) == _SCALARS_ONLY and not any(
-        map(itemgetter(4), map(itemgetter(3), events))
-    ):
-        return events, []
-    flat = [_flat(e) for e in events]
-    return [e for e, f in zip(events, flat, strict=True) if f], [
-        e for e, f in zip(events, flat, strict=True) if not f
-    ]
-
-
 def _flat(event: tuple[int, int, str, Any]) -> bool:
     """Whether an event goes into the columns: scalars only, no labels."""
     kind, body = event[2], event[3]
@@ -207,13 +192,10 @@ def _columns(events: list[tuple[int, int, str, Any]]) -> dict[str, Any]:
     Column by column, each a C-level loop over the events (a Python loop over the events
     building every column at once cost 1.5 us per ten-scalar event; this, 0.6).
     """
-    if set(map(itemgetter(2), events)) == _SCALARS_ONLY:
-        rows: Sequence[Any] = list(map(itemgetter(3), events))
-    else:
-        rows = [
-            e[3] if e[2] is SCALARS else (e[3]["step"], e[3]["epoch"], e[3]["rank"], e[3]["scalars"], None)
-            for e in events
-        ]
+    rows = [
+        e[3] if e[2] is SCALARS else (e[3]["step"], e[3]["epoch"], e[3]["rank"], e[3]["scalars"], None)
+        for e in events
+    ]
     seqs, stamps = list(map(itemgetter(0), events)), list(map(itemgetter(1), events))
     steps, epochs, ranks, scalars = (list(map(itemgetter(i), rows)) for i in range(4))
     return _packed_columns(seqs, stamps, steps, epochs, ranks, scalars)
