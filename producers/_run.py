@@ -232,7 +232,7 @@ class Run:
 
         ``items``: a head and a body per event (see ``PER_EVENT``). The common batch, all plain
         without labels and with names seen before, is checked in C loops
-        (:meth:`ValueGate.all_plain`) and returned as its columns (ScalarRows: no tuple per
+        (:meth:`ValueGate.plain_names`) and returned as its columns (ScalarRows: no tuple per
         event for the garbage collector); otherwise event by event.
         """
         heads, bodies = items[0::PER_EVENT], items[1::PER_EVENT]
@@ -244,11 +244,11 @@ class Run:
         if (
             set(map(itemgetter(2), heads)) == _PLAIN_ONLY
             and not any(map(itemgetter(5), heads))
-            and gate.all_plain(bodies)
+            and (names := gate.plain_names(bodies)) is not None
         ):
             seqs, stamps, steps, epochs = (list(map(itemgetter(i), heads)) for i in (0, 1, 3, 4))
             ts_ms = list(map(floordiv, stamps, repeat(1_000_000)))
-            return ScalarRows(seqs, ts_ms, steps, epochs, self.rank, bodies)
+            return ScalarRows(seqs, ts_ms, steps, epochs, self.rank, bodies, names)
         out = []
         for (seq, ts, kind, step, epoch, labels), body in zip(heads, bodies, strict=True):
             if kind is PLAIN:

@@ -46,6 +46,8 @@ class ScalarRows(NamedTuple):
     epochs: Sequence[int | None]
     rank: int
     scalars: Sequence[dict[str, float]]
+    #: each event's names, ``tuple(scalars[i])``, when the caller has them already
+    names: Sequence[tuple[str, ...]] | None = None
 
     def events(self) -> list[tuple[int, int, str, Any]]:
         """The batch as ``(seq, ts_ms, SCALARS, (step, epoch, rank, scalars, None))`` events."""
@@ -101,7 +103,13 @@ def encode_events(
         if columnar:
             n = len(events.scalars)
             columns = _packed_columns(
-                events.seqs, events.ts_ms, events.steps, events.epochs, [events.rank] * n, events.scalars
+                events.seqs,
+                events.ts_ms,
+                events.steps,
+                events.epochs,
+                [events.rank] * n,
+                events.scalars,
+                events.names,
             )
             events = []
         else:
@@ -208,22 +216,28 @@ def _packed_columns(
     epochs: Sequence[int | None],
     ranks: Sequence[int],
     scalars: Sequence[dict[str, float]],
+    keys: Sequence[tuple[str, ...]] | None = None,
 ) -> dict[str, Any]:
     """The MetricColumns record of these columns, one value per event in each.
 
-    The name indices of each set of names are packed once per batch and repeated.
+    ``keys``: each event's names (``tuple(scalars[i])``), if the caller has them. The name
+    indices of each set of names are packed once per batch and repeated.
     """
     names: dict[str, int] = {}
     known: dict[tuple[str, ...], bytes] = {}  # the packed name indices of each set of names seen
 
-    def positions(keys: tuple[str, ...]) -> bytes:
-        found = known.get(keys)
+    def positions(event_names: tuple[str, ...]) -> bytes:
+        found = known.get(event_names)
         if found is None:
-            found = known[keys] = _packed("i", [names.setdefault(k, len(names)) for k in keys])
+            found = known[event_names] = _packed("i", [names.setdefault(k, len(names)) for k in event_names])
         return found
 
     try:
-        index = b"".join(map(positions, map(tuple, scalars)))
+        keys = list(map(tuple, scalars)) if keys is None else keys
+        if keys and keys.count(keys[0]) == len(keys):  # the usual batch: one set of names
+            index, counts = positions(keys[0]) * len(keys), [len(keys[0])] * len(keys)
+        else:
+            index, counts = b"".join(map(positions, keys)), list(map(len, keys))
         return {
             "names": list(names),
             "seq": _packed("q", seqs),
@@ -231,7 +245,7 @@ def _packed_columns(
             "step": _packed("q", steps),
             "epoch": _packed("q", [NO_EPOCH if e is None else e for e in epochs]),
             "rank": _packed("i", ranks),
-            "counts": _packed("i", list(map(len, scalars))),
+            "counts": _packed("i", counts),
             "name_index": index,
             "values": _packed("d", list(chain.from_iterable(map(dict.values, scalars)))),
         }

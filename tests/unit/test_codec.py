@@ -400,10 +400,24 @@ def test_scalars_rows_encode_exactly_as_their_metrics_bodies_in_both_layouts():
     steps, epochs, _, scalars, _ = zip(*bodies, strict=True)
     batch = ScalarRows(seqs, stamps, steps, epochs, rank, scalars)
     assert batch.events() == one_rank
-    for columnar in (True, False):
-        data = encode_events(codec, "run-1", "p" * 32, batch, "0.1.0", columnar)
-        want = encode_events(codec, "run-1", "p" * 32, [as_bodies(r) for r in one_rank], "0.1.0", columnar)
-        assert [bits(e) for e in decode_events(codec, data)] == [bits(e) for e in decode_events(codec, want)]
+    # ... with each event's names given, as the spooler does, and a batch of one set of names
+    # (its name indices packed once): the same events as the general path
+    first = tuple(one_rank[0][3][3])
+    uniform = [r for r in one_rank if tuple(r[3][3]) == first]
+    assert 1 < len(uniform) < len(one_rank)
+    cols = [list(c) for c in zip(*((s, t, *b[:2], b[3]) for s, t, _, b in uniform), strict=True)]
+    named = ScalarRows(*cols[:4], rank, cols[4], [tuple(d) for d in cols[4]])
+    for rows_, batch_ in (
+        (one_rank, batch),
+        (one_rank, batch._replace(names=list(map(tuple, scalars)))),
+        (uniform, named),
+    ):
+        for columnar in (True, False):
+            data = encode_events(codec, "run-1", "p" * 32, batch_, "0.1.0", columnar)
+            want = encode_events(codec, "run-1", "p" * 32, [as_bodies(r) for r in rows_], "0.1.0", columnar)
+            assert [bits(e) for e in decode_events(codec, data)] == [
+                bits(e) for e in decode_events(codec, want)
+            ]
 
 
 def test_apache_avro_reads_a_columnar_batch():

@@ -108,6 +108,12 @@ def test_split_owned_keeps_a_checked_dict_and_sends_anything_else_the_careful_wa
     assert gate.all_plain([values, {"Train/Loss": 1.0, "step_count": 4, "done": False}])
     assert not gate.all_plain([{"Train/Loss": 1, "step_count": 4, "done": False}])  # an int sum
     assert not gate.all_plain([{"new": 1.0}])
+    # plain_names: each dict's names, for one set of names (the usual batch) or several seen
+    assert gate.plain_names([values, values]) == [tuple(values)] * 2
+    gate.split_owned({"other": 1.0})
+    assert gate.plain_names([values, {"other": 2.0}]) == [tuple(values), ("other",)]
+    assert gate.plain_names([values, {"other": 2.0}, {"new": 1.0}]) is None
+    assert gate.plain_names([{"Train/Loss": 0.5, "done": True, "step_count": 3}]) is None  # another order
     with caplog.at_level(logging.WARNING, logger="metricbus.producer"):
         assert not gate.all_plain([{"big": 10**400, "ok": 1.0}])  # sum raises: no exception out
         assert gate.split_owned({"big": 10**400, "ok": 1.0}) == {"ok": 1.0}
