@@ -34,16 +34,17 @@ log = logging.getLogger("metricbus.producer")
 
 #: (seq, ts_ms, body kind, body): what ``prepare`` makes of the queued events, the body a dict
 Event = tuple[int, int, str, Any]
-#: The queue holds each event as two items, a head ``(seq, ts, kind, step, epoch, labels)``
-#: (step, epoch and labels None but in log()'s plain events, which Run's ``prepare`` turns into
-#: columns or rows) and its body, added by one ``deque.extend`` (atomic under the GIL: two
-#: threads' items never interleave). Why not one tuple: a tuple holding a dict stays tracked by
-#: the garbage collector, and one queued for the spooler's linger (20 ms) outlives two young
-#: collections, so every queued event was promoted to the oldest generation and the full
-#: collections that followed (~150 ms each with a training job's heap) were a third of the
-#: producer's CPU. A head of numbers is untracked at its first young collection and log()'s
-#: dict copy of floats is never tracked, so a log() call now promotes nothing (measured: 3 full
-#: collections per 100k calls -> 0).
+#: The queue holds each event as two items, a head ``(ts, kind, step, epoch, labels)`` (step,
+#: epoch and labels None but in log()'s plain events, which Run's ``prepare`` turns into columns
+#: or rows) and its body, added by one ``deque.extend`` (atomic under the GIL: two threads'
+#: items never interleave). Seqs are given as the spooler takes events off the queue, so they
+#: count in the spool's order whichever threads logged (and log() does not count them).
+#: Why not one tuple: a tuple holding a dict stays tracked by the garbage collector, and one
+#: queued for the spooler's linger (20 ms) outlives two young collections, so every queued
+#: event was promoted to the oldest generation and the full collections that followed (~150 ms
+#: each with a training job's heap) were a third of the producer's CPU. A head of numbers is
+#: untracked at its first young collection and log()'s dict copy of floats is never tracked,
+#: so a log() call now promotes nothing (measured: 3 full collections per 100k calls -> 0).
 PER_EVENT = 2
 
 #: While sending, the broker is asked at most this often whether it still holds what it
@@ -66,7 +67,7 @@ class Publisher:
         transport: Transport,
         codec: Codec,
         sdk_version: str,
-        prepare: Callable[[list[Any]], list[Event] | ScalarRows],
+        prepare: Callable[[list[Any], int], list[Event] | ScalarRows],
         linger_s: float = 0.02,
         send_linger_s: float = 0.1,
         send_batch_bytes: int = 256 * 1024,
@@ -113,8 +114,10 @@ class Publisher:
         #: EventBatch v5's columns for scalars-only Metrics events (False: one Avro record per
         #: event, the v4 layout; bench/stream_throughput.py compares the two)
         self.columnar = True
-        #: turns the queue's items into encodable events on this thread (Run._bodies)
+        #: turns the queue's items into encodable events on this thread, given the first's seq
+        #: (Run._bodies)
         self.prepare = prepare
+        self._next_seq = 0  #: the seq of the next event taken off the queue
         self._lock = threading.Lock()
         self._wake = threading.Event()  # the spooler's
         self._send_wake = threading.Event()
@@ -154,10 +157,9 @@ class Publisher:
         self._thread.start()
         self._sender.start()
 
-    def submit(self, event: Event) -> None:
+    def submit(self, ts_ms: int, kind: str, body: Any) -> None:
         """Queue one event, whatever the queue holds (control events). Never blocks; never raises."""
-        seq, ts_ms, kind, body = event
-        self._queue.extend(((seq, ts_ms, kind, None, None, None), body))
+        self._queue.extend(((ts_ms, kind, None, None, None), body))
         if len(self._queue) >= self.max_items:
             self._wake.set()
 
@@ -293,7 +295,9 @@ class Publisher:
         queue = self._queue
         while len(queue) >= PER_EVENT:
             n = min(len(queue) // PER_EVENT, self.max_batch_events)
-            records = self._encode(self.prepare(list(starmap(queue.popleft, repeat((), n * PER_EVENT)))))
+            items = list(starmap(queue.popleft, repeat((), n * PER_EVENT)))
+            records = self._encode(self.prepare(items, self._next_seq))
+            self._next_seq += n
             try:
                 self.spool.append(records)
                 self.events_spooled += n
