@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from schemas import Event, MetricbusError, Settings, default_codec, ensure_topics
+from schemas import Event, MetricbusError, Settings, default_codec
 
 log = logging.getLogger("metricbus.replay")
 
@@ -99,19 +99,25 @@ def replay_to_sink(
 def replay_to_kafka(settings: Settings, target: Settings, runs: Iterable[str]) -> int:
     """Republish archived runs, as EventBatch records keyed by run id, into ``target``'s topics.
 
-    Only what was logged: the stream worker on the target topics derives the rest again.
+    Only what was logged: the stream worker on the target topics derives the rest again. Sent
+    as the producer hook sends (its transport: compressed batches, records cut to fit
+    MAX_RECORD_BYTES, each send acknowledged before the next). Returns the events republished;
+    an archived event that does not encode again is left out with an error naming it.
     """
-    from kafka import KafkaProducer
-
-    from schemas import client_options, encode_events
+    from producers import KafkaTransport
+    from schemas import MAX_RECORD_BYTES, encode_fitting
     from sinks import read_events
 
-    ensure_topics(target)
     codec = default_codec()
-    producer = KafkaProducer(
-        **client_options(target), enable_idempotence=False, acks=1, max_in_flight_requests_per_connection=1
-    )
+    transport = KafkaTransport(target, send_timeout_s=30.0)
     total = 0
+
+    def rejected(event: tuple[int, int, str, Any], why: Exception | int) -> None:
+        nonlocal total
+        total -= 1
+        what = f"{why / 1e6:.1f} MB encoded, over the record limit" if isinstance(why, int) else str(why)
+        log.error("run %s: archived event seq %d is not republished: %s", run_id, event[0], what)
+
     try:
         for run_id in runs:
             events = read_events(settings.archive_dir, run_id)
@@ -120,17 +126,12 @@ def replay_to_kafka(settings: Settings, target: Settings, runs: Iterable[str]) -
                 by_producer.setdefault(e.producer_id, []).append(e)
             for producer_id, evs in by_producer.items():
                 for start in range(0, len(evs), 500):
-                    value = encode_events(
-                        codec,
-                        run_id,
-                        producer_id,
-                        [(e.seq, e.ts_ms, e.kind, e.body) for e in evs[start : start + 500]],
-                    )
-                    producer.send(target.topics.events, key=run_id.encode(), value=value)
+                    batch = [(e.seq, e.ts_ms, e.kind, e.body) for e in evs[start : start + 500]]
+                    records = encode_fitting(codec, run_id, producer_id, batch, MAX_RECORD_BYTES, rejected)
+                    transport.send(run_id.encode(), records)
             total += len(events)
-        producer.flush(timeout=60)
     finally:
-        producer.close()
+        transport.close()
     return total
 
 

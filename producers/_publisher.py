@@ -25,7 +25,7 @@ from collections.abc import Callable
 from itertools import repeat, starmap
 from typing import Any
 
-from schemas import MAX_RECORD_BYTES, Codec, EncodeError, ScalarRows, encode_events
+from schemas import MAX_RECORD_BYTES, Codec, EncodeError, ScalarRows, encode_fitting
 
 from ._spool import Spool
 from ._transport import BrokerRestarting, Transport, TransportError
@@ -312,48 +312,42 @@ class Publisher:
                 )
 
     def _encode(self, events: list[Event] | ScalarRows) -> list[bytes]:
-        """Records for ``events``, each under MAX_RECORD_BYTES; what cannot be encoded is dropped.
+        """Records for ``events``, each under ``max_record_bytes``; what cannot be encoded is dropped.
 
-        A batch that encodes too large is cut in halves until each part fits, so the spool
-        never holds a record the broker would refuse; one event too large for any record is
-        dropped with an error naming it (counted in ``lost_events``). A ScalarRows batch that
-        does not encode whole goes the same way as its events.
+        The spool never holds a record the broker would refuse (see :func:`encode_fitting`);
+        an event that cannot be encoded, or is too large for any record, is dropped with an
+        error naming it (counted in ``lost_events``).
         """
-        try:
-            record = encode_events(
-                self.codec, self.run_id, self.producer_id, events, self.sdk_version, self.columnar
-            )
-        except EncodeError:
-            if isinstance(events, ScalarRows):
-                return self._encode(events.events())
-            if len(events) > 1:  # one bad event must not take its batch with it
-                return [r for e in events for r in self._encode([e])]
+        return encode_fitting(
+            self.codec,
+            self.run_id,
+            self.producer_id,
+            events,
+            self.max_record_bytes,
+            self._rejected,
+            self.sdk_version,
+            self.columnar,
+        )
+
+    def _rejected(self, event: Event, why: EncodeError | int) -> None:
+        self.lost_events += 1
+        if isinstance(why, EncodeError):
             self.encode_errors += 1
-            self.lost_events += 1
             log.error(
                 "event seq %d cannot be encoded and is dropped%s",
-                events[0][0],
+                event[0],
                 "" if self.encode_errors == 1 else f" ({self.encode_errors} so far)",
-                exc_info=self.encode_errors == 1,
+                exc_info=(type(why), why, why.__traceback__) if self.encode_errors == 1 else None,
             )
-            return []
-        if len(record) <= self.max_record_bytes:
-            return [record]
-        if isinstance(events, ScalarRows):
-            return self._encode(events.events())
-        if len(events) > 1:
-            half = len(events) // 2
-            return self._encode(events[:half]) + self._encode(events[half:])
+            return
         self.oversize_events += 1
-        self.lost_events += 1
         log.error(
             "event seq %d is %.1f MB encoded, over the %.0f MB a Kafka record may hold: dropped. "
             "Log fewer values per call, or large arrays as a histogram.",
-            events[0][0],
-            len(record) / 1e6,
+            event[0],
+            why / 1e6,
             self.max_record_bytes / 1e6,
         )
-        return []
 
     def _send_spooled(self) -> None:
         while time.monotonic() >= self._next_attempt:

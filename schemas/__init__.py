@@ -46,6 +46,7 @@ from ._events import (
     encode_aggregates,
     encode_event,
     encode_events,
+    encode_fitting,
 )
 from ._files import Ledger, atomic_write, fsync_dir, read_yaml
 from ._kafka import (
@@ -125,6 +126,7 @@ __all__ = [
     "encode_aggregates",
     "encode_event",
     "encode_events",
+    "encode_fitting",
     "fsync_dir",
     "all_events",
     "decode_aggregates",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import array
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -152,6 +152,45 @@ def encode_events(
 #: MetricColumns' epoch of an event logged without one.
 NO_EPOCH = -(2**63)
 _SWAP = sys.byteorder != "little"
+
+
+def encode_fitting(
+    codec: Codec,
+    run_id: str,
+    producer_id: str,
+    events: list[tuple[int, int, str, Any]] | ScalarRows,
+    max_bytes: int,
+    rejected: Callable[[tuple[int, int, str, Any], EncodeError | int], None],
+    sdk_version: str | None = None,
+    columnar: bool = True,
+) -> list[bytes]:
+    """:func:`encode_events` as records of at most ``max_bytes``, in order; none is lost silently.
+
+    A batch that encodes too large is cut in halves until each part fits (a ScalarRows batch
+    goes as its events), and one that does not encode is encoded event by event, so one bad
+    event does not take its batch with it. An event that cannot be encoded, or is larger than
+    ``max_bytes`` alone, is left out and given to ``rejected`` with its EncodeError or its size.
+    """
+
+    def fitting(part: list[tuple[int, int, str, Any]]) -> list[bytes]:
+        return encode_fitting(codec, run_id, producer_id, part, max_bytes, rejected, sdk_version, columnar)
+
+    try:
+        record = encode_events(codec, run_id, producer_id, events, sdk_version, columnar)
+    except EncodeError as exc:
+        events = events.events() if isinstance(events, ScalarRows) else events
+        if len(events) == 1:
+            rejected(events[0], exc)
+            return []
+        return [r for e in events for r in fitting([e])]
+    if len(record) <= max_bytes:
+        return [record]
+    events = events.events() if isinstance(events, ScalarRows) else events
+    if len(events) == 1:
+        rejected(events[0], len(record))
+        return []
+    half = len(events) // 2
+    return fitting(events[:half]) + fitting(events[half:])
 
 
 def _packed(code: str, values: Sequence[Any]) -> bytes:

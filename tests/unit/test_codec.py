@@ -456,3 +456,25 @@ def test_a_hostile_columnar_batch_is_a_schema_error_not_a_crash(damage, why):
     bad = codec.encode("EventBatch", {**raw, "columns": columns})
     with pytest.raises(SchemaError, match=why):
         decode_events(codec, bad)
+
+
+def test_encode_fitting_cuts_batches_to_fit_and_hands_back_what_cannot_go():
+    """The one home of cut-to-fit (the producer's spool and `replay --to kafka`): records in
+    order, each within the limit; an event too large alone, or one that does not encode, is
+    given to ``rejected`` and the rest of its batch still goes."""
+    from schemas import METRICS, SCALARS, EncodeError, decode_events, encode_fitting
+
+    codec = default_codec()
+    big = {"step": 1, "epoch": None, "rank": 0, "scalars": {}, "samples": {"x": [0.5] * 20_000}, "labels": {}}
+    events = [(seq, 0, SCALARS, (seq, None, 0, {"loss": float(seq)}, None)) for seq in range(300)]
+    events[100] = (100, 0, METRICS, big)  # ~160 KB alone
+    events[200] = (200, 0, SCALARS, (200, None, 0, {"loss": "not a number"}, None))
+    rejected: list = []
+    records = encode_fitting(
+        codec, "run-1", "p" * 32, events, 100_000, lambda e, why: rejected.append((e[0], why))
+    )
+    assert all(len(r) <= 100_000 for r in records) and len(records) > 1
+    seqs = [e.seq for r in records for e in decode_events(codec, r)]
+    assert seqs == [s for s in range(300) if s not in (100, 200)]
+    (first, size), (second, error) = rejected
+    assert (first, second) == (100, 200) and size > 100_000 and isinstance(error, EncodeError)
