@@ -25,10 +25,12 @@ log = logging.getLogger("metricbus.up")
 Record = tuple[str, int, bytes | None, bytes]
 
 
-def committed(settings: Settings) -> list[PartitionLag]:
-    """Every group's committed position and the end, per partition it committed on.
+def committed(settings: Settings) -> dict[str, list[PartitionLag]]:
+    """Per group, its committed position and the end of each partition it committed on.
 
-    Raises RuntimeError when the groups' offsets cannot be read (then nothing may be restarted).
+    A group with no commit is left out (consumers commit where their partitions start as soon
+    as they are assigned them: ``sinks._runtime.ConsumerLoop``). Raises RuntimeError when the
+    groups' offsets cannot be read (then nothing may be restarted).
     """
     probe = LagProbe(settings)
     try:
@@ -38,17 +40,25 @@ def committed(settings: Settings) -> list[PartitionLag]:
     errors = [s.error for s in samples.values() if s.error]
     if errors:
         raise RuntimeError(errors[0])
-    return [lag for s in samples.values() for lag in s.partitions.values() if lag.committed is not None]
+    out = {
+        group: [lag for lag in s.partitions.values() if lag.committed is not None]
+        for group, s in samples.items()
+    }
+    return {group: lags for group, lags in out.items() if lags}
 
 
-def oldest_needed(settings: Settings, checkpoints: dict[int, int]) -> dict[str, dict[int, int]]:
+def oldest_needed(
+    settings: Settings, checkpoints: dict[int, int], positions: dict[str, list[PartitionLag]] | None = None
+) -> dict[str, dict[int, int]]:
     """Per topic and partition, the oldest offset a consumer still needs.
 
-    ``checkpoints``: the stream worker's checkpoint offset per events partition.
+    ``checkpoints``: the stream worker's checkpoint offset per events partition; ``positions``:
+    :func:`committed`'s (read now if not given).
     """
     topics = settings.topics
     out: dict[str, dict[int, int]] = {t: {} for t in (topics.events, topics.aggregates, topics.alerts)}
-    for lag in committed(settings):
+    groups = committed(settings) if positions is None else positions
+    for lag in (lag for lags in groups.values() for lag in lags):
         if lag.topic in out and lag.committed is not None:
             held = out[lag.topic].get(lag.partition)
             out[lag.topic][lag.partition] = lag.committed if held is None else min(held, lag.committed)

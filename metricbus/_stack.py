@@ -33,6 +33,10 @@ log = logging.getLogger("metricbus.up")
 MEMORY_CHECK_S = 10.0
 #: Seconds before a put-off planned restart is tried again.
 MEMORY_RETRY_S = 60.0
+#: After a planned restart, the next waits until every group that had committed before it
+#: has committed on the new broker (its consumer is back), for at most this long: a group
+#: whose consumer is gone for good (a one-off alerts consumer) does not hold it forever.
+GROUPS_BACK_S = 300.0
 
 #: Consumer processes `up` runs: name -> CLI arguments after `metricbus`.
 #: Optional ones run only when their extra is installed (see OPTIONAL).
@@ -136,6 +140,10 @@ class Stack:
         self._memory_next_check = 0.0
         self._memory_retry_at = 0.0
         self._memory_said = False
+        #: the groups that had committed before the last planned restart, and until when the
+        #: next waits for them to commit on the new broker
+        self._groups_before: set[str] = set()
+        self._groups_wait_until = 0.0
 
     def start(self) -> Stack:
         """Start the broker, create the topics, start every consumer."""
@@ -245,10 +253,14 @@ class Stack:
             positions = committed(self.settings)
         except RuntimeError as exc:
             return f"cannot read the consumer groups ({exc})"
+        missing = sorted(self._groups_before - positions.keys())
+        if missing and time.monotonic() < self._groups_wait_until:
+            # each would lose what it had not read: the carry goes by the groups' commits
+            return f"not every consumer is back on the restarted broker yet ({', '.join(missing)})"
         events = self.settings.topics.events
         ends: dict[int, int] = {}
         needed: dict[int, int] = {}
-        for lag in positions:
+        for lag in (lag for lags in positions.values() for lag in lags):
             if lag.topic == events and lag.committed is not None:
                 ends[lag.partition] = max(ends.get(lag.partition, 0), lag.end)
                 needed[lag.partition] = min(needed.get(lag.partition, lag.committed), lag.committed)
@@ -266,7 +278,7 @@ class Stack:
         """
         from stream_jobs import checkpoint_dir, group_id, offsets, rebase
 
-        from ._carry import Unread, oldest_needed, publish, stored_mb
+        from ._carry import Unread, committed, oldest_needed, publish, stored_mb
 
         limit = self.settings.broker_max_mb
         for child in self.children:
@@ -284,8 +296,11 @@ class Stack:
         checkpoints = checkpoint_dir(self.settings, group_id(self.settings))
         carry: Unread | None = None
         why = ""
+        groups: set[str] = set()
         try:
-            carry = Unread(self.settings, oldest_needed(self.settings, offsets(checkpoints)))
+            positions = committed(self.settings)
+            groups = set(positions)
+            carry = Unread(self.settings, oldest_needed(self.settings, offsets(checkpoints), positions))
             carry.read()
         except Exception as exc:  # noqa: BLE001 - no restart without knowing what to carry
             why = f"cannot read what the consumers still need ({exc})"
@@ -329,6 +344,7 @@ class Stack:
                 "running is restarted as after a crash."
             )
         rebased = rebase(checkpoints)  # the old broker is gone either way: its offsets with it
+        self._groups_before, self._groups_wait_until = groups, time.monotonic() + GROUPS_BACK_S
         for child in self.children:
             self._start(child)
         self.planned_restarts += 1
