@@ -152,6 +152,25 @@ def main() -> None:
     print(
         f"archive: {held:,} of {events:,} logged events, each once: {'OK' if held == events else 'MISSING'}"
     )
+    for kind in ("tensorboard", "wandb"):
+        print(f"{kind} sink: {sink_held(kind, tmp / kind, run.run_id, events)}")
+
+
+def sink_held(kind: str, out: Path, run_id: str, events: int) -> str:
+    """What a sink holds of the run's logged events, by its own record of them (``recover``):
+    holes below the highest seq it holds were lost; a shortfall past it, not yet read."""
+    from sinks import make_sink
+
+    try:
+        held = make_sink(kind, out).recover(run_id)
+    except Exception as exc:  # noqa: BLE001 - a sink that is not installed or wrote nothing
+        return f"cannot read it ({exc})"
+    intervals = sorted(iv for producer, ivs in held.items() if producer != "metricbus.stream" for iv in ivs)
+    count = sum(end - start + 1 for start, end in intervals)
+    top = max((end for _, end in intervals), default=-1)
+    holes = top + 1 - count
+    verdict = "OK" if count == events else ("MISSING" if holes else "behind")
+    return f"{count:,} of {events:,} held; {holes:,} missing below its highest seq: {verdict}"
 
 
 if __name__ == "__main__":
