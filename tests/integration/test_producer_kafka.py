@@ -6,8 +6,7 @@ import pytest
 
 from metricbus._broker import EmbeddedBroker
 from producers import Run, sync_spools
-from producers._transport import KafkaTransport
-from schemas import METRICS, RUN_FINISHED, RUN_STARTED, SCALARS, Settings, default_codec, encode_events
+from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Settings
 
 from .conftest import free_port, read_events
 
@@ -30,30 +29,6 @@ def test_100k_scalars_arrive_in_order_with_contiguous_seq(settings):
     ]
     assert len(scalars) == 100_000
     assert scalars[12_345] == (1234, "m5", 1234.5)
-
-
-def test_the_records_of_one_send_go_in_one_request_and_arrive_in_order(settings):
-    """kafka-python's sender took a send's first record before the next was queued: a request
-    per record, 40 % of the producer's CPU per event (measured). One batch per send now."""
-    codec = default_codec()
-    scalars = {f"m{i}": float(i) for i in range(2000)}  # ~30 KB a record, over kafka-python's 16 KB default
-    records = [
-        encode_events(
-            codec, "r1", "p" * 32, [(seq, 0, SCALARS, (seq, None, 0, {**scalars, "x": float(seq)}, None))]
-        )
-        for seq in range(5)
-    ]
-    assert min(map(len, records)) > 16 * 1024
-    transport = KafkaTransport(settings)
-    try:
-        transport.send(b"r1", records)
-        assert transport._producer.metrics()["producer-metrics"]["records-per-request-avg"] == 5.0
-    finally:
-        transport.close()
-    events = read_events(settings, 5)
-    assert [(seq, body["scalars"]["x"], len(body["scalars"])) for _, seq, _, body in events] == [
-        (s, float(s), 2001) for s in range(5)
-    ]
 
 
 def _own_broker_settings(settings, port):
