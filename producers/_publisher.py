@@ -91,7 +91,9 @@ class Publisher:
         #: request), and the stream worker paid Faust's cost per record four times: 2,000 took
         #: the worker from ~2.7x to ~4-5x its bench's bare loop (bench/stream_throughput.py).
         #: Putting several records in one Kafka batch instead (a producer linger) halved the
-        #: worker's rate: measured and undone.
+        #: worker's rate: measured and undone. A 2,000-event batch is ~2 ms of the spooler's
+        #: work: it lets a waiting training thread have the GIL between its two stages (calls
+        #: over 1 ms at 1M scalars/s for 20 s: 120 -> 45; bench/sustained.py).
         self.max_batch_events = max_batch_events
         self.max_queue = max_queue
         self.max_record_bytes = max_record_bytes
@@ -302,7 +304,9 @@ class Publisher:
         while len(queue) >= PER_EVENT:
             n = min(len(queue) // PER_EVENT, self.max_batch_events)
             items = list(starmap(queue.popleft, repeat((), n * PER_EVENT)))
-            records = self._encode(self.prepare(items, self._next_seq))
+            prepared = self.prepare(items, self._next_seq)
+            time.sleep(0)  # a training thread waiting for the GIL gets it between the two stages
+            records = self._encode(prepared)
             self._next_seq += n
             try:
                 self.spool.append(records)
