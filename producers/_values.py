@@ -103,7 +103,7 @@ class ValueGate:
             return None
         names = list(map(tuple, dicts))
         first = names[0]
-        # one set of names: compared by identity of the interned strings, hashed once
+        # one set of names: each tuple compared with the first (its strings by identity first), one hash
         known = (
             first in self._str_names
             if names.count(first) == len(names)
