@@ -28,7 +28,8 @@ through 30 MB, 3 planned restarts, at most 32 MB, 715,602 of 715,602 once. Fourt
 45 min at 2,000 events/s through 30 MB: 27 planned restarts, at most 107 MB, the archive
 5,365,202 of 5,365,202 once, but the W&B sink 2,317,503 with holes: a group with no commit on
 the current broker was not carried (fixed after; README "Its memory"). It now also prints what
-the TensorBoard and W&B sinks hold.
+the TensorBoard and W&B sinks hold: after the fix, 12 min the same way, 5 planned restarts, at
+most 40 MB, the archive and TensorBoard every event once, W&B no hole (a tail not yet read).
 """
 
 from __future__ import annotations
