@@ -31,10 +31,15 @@ def group(snap: dict, name: str) -> dict:
 
 
 def wait_status(settings, name: str, want: str, timeout: float = 60.0, *flags: str) -> tuple[int, dict]:
+    """Until ``name`` has status ``want`` (and, for OK, has read everything: a sink commits where
+    its partitions start as soon as it joins, so it is listed, OK, before its first flush)."""
     deadline = time.monotonic() + timeout
     rc, snap = status(settings, *flags)
     while time.monotonic() < deadline:
-        if any(g["group"] == name and g["status"] == want for g in snap["groups"]):
+        if any(
+            g["group"] == name and g["status"] == want and (want != "OK" or g["lag"] == 0)
+            for g in snap["groups"]
+        ):
             return rc, snap
         time.sleep(0.5)
         rc, snap = status(settings, *flags)
