@@ -231,7 +231,7 @@ class Run:
 
         ``items``: a head and a body per event (see ``PER_EVENT``), their seqs counting from
         ``first_seq``. The common batch, all plain without labels and with names seen before, is
-        checked in C loops (:meth:`ValueGate.plain_names`) and returned as its columns
+        checked in C loops (:meth:`ValueGate.plain_columns`) and returned as its columns
         (ScalarRows: no tuple per event for the garbage collector); otherwise event by event.
         """
         heads, bodies = items[0::PER_EVENT], items[1::PER_EVENT]
@@ -243,12 +243,12 @@ class Run:
         if (
             set(map(itemgetter(1), heads)) == _PLAIN_ONLY
             and not any(map(itemgetter(4), heads))
-            and (names := gate.plain_names(bodies)) is not None
+            and (columns := gate.plain_columns(bodies)) is not None
         ):
             stamps, steps, epochs = (list(map(itemgetter(i), heads)) for i in (0, 2, 3))
             seqs = range(first_seq, first_seq + len(heads))
             ts_ms = list(map(floordiv, stamps, repeat(1_000_000)))
-            return ScalarRows(seqs, ts_ms, steps, epochs, self.rank, bodies, names)
+            return ScalarRows(seqs, ts_ms, steps, epochs, self.rank, bodies, *columns)
         out = []
         for seq, ((ts, kind, step, epoch, labels), body) in enumerate(
             zip(heads, bodies, strict=True), first_seq

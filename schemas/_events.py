@@ -7,6 +7,7 @@ events topic, :func:`encode_aggregates` / :func:`decode_aggregates` for the aggr
 from __future__ import annotations
 
 import array
+import struct
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import chain, repeat
@@ -46,8 +47,12 @@ class ScalarRows(NamedTuple):
     epochs: Sequence[int | None]
     rank: int
     scalars: Sequence[dict[str, float]]
-    #: each event's names, ``tuple(scalars[i])``, when the caller has them already
+    #: each event's names, ``tuple(scalars[i])``, when the caller has them already (one tuple
+    #: object repeated for a batch of one set of names: then it is checked by identity)
     names: Sequence[tuple[str, ...]] | None = None
+    #: every event's values in order, ``chain.from_iterable(map(dict.values, scalars))``, when
+    #: the caller has them already
+    values: Sequence[float] | None = None
 
     def events(self) -> list[tuple[int, int, str, Any]]:
         """The batch as ``(seq, ts_ms, SCALARS, (step, epoch, rank, scalars, None))`` events."""
@@ -110,6 +115,7 @@ def encode_events(
                 [events.rank] * n,
                 events.scalars,
                 events.names,
+                events.values,
             )
             events = []
         else:
@@ -151,6 +157,7 @@ def encode_events(
 
 #: MetricColumns' epoch of an event logged without one.
 NO_EPOCH = -(2**63)
+_NO_EPOCH_PACKED = NO_EPOCH.to_bytes(8, "little", signed=True)
 _SWAP = sys.byteorder != "little"
 
 
@@ -194,10 +201,14 @@ def encode_fitting(
 
 
 def _packed(code: str, values: Sequence[Any]) -> bytes:
-    packed = array.array(code, values)
-    if _SWAP:
-        packed.byteswap()
-    return packed.tobytes()
+    """``values`` as little-endian ``code``s ("q", "i", "d"): struct packs twice as fast as array.
+
+    Raises OverflowError for a value out of range and TypeError for one that is not a number.
+    """
+    try:
+        return struct.pack(f"<{len(values)}{code}", *values)
+    except struct.error as exc:
+        raise (OverflowError if "range" in str(exc) else TypeError)(str(exc)) from None
 
 
 def _unpacked(code: str, raw: bytes, what: str) -> list[Any]:
@@ -256,11 +267,13 @@ def _packed_columns(
     ranks: Sequence[int],
     scalars: Sequence[dict[str, float]],
     keys: Sequence[tuple[str, ...]] | None = None,
+    values: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """The MetricColumns record of these columns, one value per event in each.
 
-    ``keys``: each event's names (``tuple(scalars[i])``), if the caller has them. The name
-    indices of each set of names are packed once per batch and repeated.
+    ``keys``: each event's names (``tuple(scalars[i])``), and ``values``: all their values in
+    order, if the caller has them. The name indices of each set of names are packed once per
+    batch and repeated.
     """
     names: dict[str, int] = {}
     known: dict[tuple[str, ...], bytes] = {}  # the packed name indices of each set of names seen
@@ -273,20 +286,28 @@ def _packed_columns(
 
     try:
         keys = list(map(tuple, scalars)) if keys is None else keys
-        if keys and keys.count(keys[0]) == len(keys):  # the usual batch: one set of names
-            index, counts = positions(keys[0]) * len(keys), [len(keys[0])] * len(keys)
+        n = len(keys)
+        if keys and keys.count(keys[0]) == n:  # the usual batch: one set of names
+            index, counts = positions(keys[0]) * n, _packed("i", [len(keys[0])]) * n
         else:
-            index, counts = b"".join(map(positions, keys)), list(map(len, keys))
+            index, counts = b"".join(map(positions, keys)), _packed("i", list(map(len, keys)))
+        if values is None:
+            values = list(chain.from_iterable(map(dict.values, scalars)))
+        uniform_rank = ranks.count(ranks[0]) == n if n else True
         return {
             "names": list(names),
             "seq": _packed("q", seqs),
             "ts_ms": _packed("q", stamps),
             "step": _packed("q", steps),
-            "epoch": _packed("q", [NO_EPOCH if e is None else e for e in epochs]),
-            "rank": _packed("i", ranks),
-            "counts": _packed("i", counts),
+            "epoch": (
+                _NO_EPOCH_PACKED * n
+                if epochs.count(None) == n
+                else _packed("q", [NO_EPOCH if e is None else e for e in epochs])
+            ),
+            "rank": _packed("i", ranks[:1]) * n if uniform_rank else _packed("i", ranks),
+            "counts": counts,
             "name_index": index,
-            "values": _packed("d", list(chain.from_iterable(map(dict.values, scalars)))),
+            "values": _packed("d", values),
         }
     except (TypeError, OverflowError) as exc:
         raise EncodeError(f"cannot encode a Metrics event as columns: {exc}") from exc

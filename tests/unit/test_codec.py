@@ -406,11 +406,13 @@ def test_scalars_rows_encode_exactly_as_their_metrics_bodies_in_both_layouts():
     uniform = [r for r in one_rank if tuple(r[3][3]) == first]
     assert 1 < len(uniform) < len(one_rank)
     cols = [list(c) for c in zip(*((s, t, *b[:2], b[3]) for s, t, _, b in uniform), strict=True)]
-    named = ScalarRows(*cols[:4], rank, cols[4], [tuple(d) for d in cols[4]])
+    named = ScalarRows(*cols[:4], rank, cols[4], [first] * len(cols[4]))
+    flat = [v for d in cols[4] for v in d.values()]
     for rows_, batch_ in (
         (one_rank, batch),
         (one_rank, batch._replace(names=list(map(tuple, scalars)))),
         (uniform, named),
+        (uniform, named._replace(values=flat)),  # the values given too, as the spooler does
     ):
         for columnar in (True, False):
             data = encode_events(codec, "run-1", "p" * 32, batch_, "0.1.0", columnar)

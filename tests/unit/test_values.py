@@ -108,12 +108,27 @@ def test_split_owned_keeps_a_checked_dict_and_sends_anything_else_the_careful_wa
     assert gate.all_plain([values, {"Train/Loss": 1.0, "step_count": 4, "done": False}])
     assert not gate.all_plain([{"Train/Loss": 1, "step_count": 4, "done": False}])  # an int sum
     assert not gate.all_plain([{"new": 1.0}])
-    # plain_names: each dict's names, for one set of names (the usual batch) or several seen
-    assert gate.plain_names([values, values]) == [tuple(values)] * 2
+    # plain_columns: each dict's names (one tuple, checked once, for a batch of one set of
+    # names) or several seen, and every value in order
+    names, flat = gate.plain_columns([values, values])
+    assert names == [tuple(values)] * 2 and names[0] is names[1] and flat == [0.5, 3, True] * 2
     gate.split_owned({"other": 1.0})
-    assert gate.plain_names([values, {"other": 2.0}]) == [tuple(values), ("other",)]
-    assert gate.plain_names([values, {"other": 2.0}, {"new": 1.0}]) is None
-    assert gate.plain_names([{"Train/Loss": 0.5, "done": True, "step_count": 3}]) is None  # another order
+    assert gate.plain_columns([values, {"other": 2.0}]) == ([tuple(values), ("other",)], [0.5, 3, True, 2.0])
+    assert gate.plain_columns([values, {"other": 2.0}, {"new": 1.0}]) is None
+    assert gate.plain_columns([{"Train/Loss": 0.5, "done": True, "step_count": 3}]) is None  # another order
+    # same length, same names, other order in one dict: not the one-set batch
+    swapped = {"Train/Loss": 0.5, "done": True, "step_count": 3}
+    gate.split_owned(swapped)
+    assert gate.plain_columns([values, swapped])[0] == [tuple(values), tuple(swapped)]
+    assert gate.all_plain([{"Train/Loss": 1, "step_count": 4, "done": False}, values])  # ints beside a float
+
+    class Hostile(str):
+        __hash__ = str.__hash__
+
+        def __eq__(self, other):
+            raise RuntimeError("no")
+
+    assert gate.plain_columns([values, {Hostile("Train/Loss"): 1.0, "step_count": 2, "done": 1}]) is None
     with caplog.at_level(logging.WARNING, logger="metricbus.producer"):
         assert not gate.all_plain([{"big": 10**400, "ok": 1.0}])  # sum raises: no exception out
         assert gate.split_owned({"big": 10**400, "ok": 1.0}) == {"ok": 1.0}
