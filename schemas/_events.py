@@ -203,12 +203,13 @@ def encode_fitting(
 def _packed(code: str, values: Sequence[Any]) -> bytes:
     """``values`` as little-endian ``code``s ("q", "i", "d"): struct packs twice as fast as array.
 
-    Raises OverflowError for a value out of range and TypeError for one that is not a number.
+    Raises TypeError, with struct's reason, for a value that is not such a number or is out of
+    its range.
     """
     try:
         return struct.pack(f"<{len(values)}{code}", *values)
     except struct.error as exc:
-        raise (OverflowError if "range" in str(exc) else TypeError)(str(exc)) from None
+        raise TypeError(f"{code!r} column: {exc}") from None
 
 
 def _unpacked(code: str, raw: bytes, what: str) -> list[Any]:
