@@ -230,7 +230,7 @@ class Stack:
             return
         if now < self._memory_retry_at:
             return
-        behind = self._far_behind()
+        behind = self._far_behind(rss)
         if behind:
             self._put_off(rss, behind, now)
             return
@@ -245,8 +245,15 @@ class Stack:
                 f"{self.settings.broker_max_mb:.0f}); its restart is put off: {why}"
             )
 
-    def _far_behind(self) -> str:
-        """Why a restart now would free little or cannot be planned ('' when it can)."""
+    def _far_behind(self, rss_mb: float) -> str:
+        """Why a restart now would free little or cannot be planned ('' when it can).
+
+        Judged before the consumers are stopped, from their commits: a restart must free at
+        least half of ``broker_max_mb``, and what the slowest consumer has not read (its share
+        of the events topic's records, of ``rss_mb``) is carried over. A consumer slower than
+        the training jobs thus holds the broker at its backlog plus that half, not at the bound:
+        the restarts go on freeing what everyone has read.
+        """
         from ._carry import committed
 
         try:
@@ -265,8 +272,11 @@ class Stack:
                 ends[lag.partition] = max(ends.get(lag.partition, 0), lag.end)
                 needed[lag.partition] = min(needed.get(lag.partition, lag.committed), lag.committed)
         total, unread = sum(ends.values()), sum(ends[p] - needed[p] for p in ends)
-        if total and unread > total / 2:
-            return f"the consumers have {unread} of the {total} records of {events} still to read"
+        if total and rss_mb * (1 - unread / total) < self.settings.broker_max_mb / 2:
+            return (
+                f"the consumers have {unread} of the {total} records of {events} still to read: "
+                "a restart would free little"
+            )
         return ""
 
     def _planned_restart(self, broker: EmbeddedBroker, rss_mb: float, now: float) -> None:
@@ -306,8 +316,8 @@ class Stack:
             why = f"cannot read what the consumers still need ({exc})"
         records = carry.records if carry is not None else []
         carried = stored_mb(self.settings, records)
-        if carried > limit / 2:  # a restart would free little; the consumers catch up first
-            why = f"what the consumers still need would take {carried:.0f} MB of it again"
+        if rss_mb - carried < limit / 2:  # a restart would free little; the consumers catch up first
+            why = f"what the consumers still need would take {carried:.0f} of its {rss_mb:.0f} MB again"
         if why:
             self._memory_said = False
             self._put_off(rss_mb, why, now)
