@@ -3,7 +3,8 @@
 No network is needed to open it: the charts are drawn by uPlot, the dashboard's own chart
 library, inlined with its MIT licence note; the data is inlined as JSON. Sections: the run
 (config), health (``_health``) with its evidence, learning curves (each logged series with its
-derived ``_recent_mean``/``_ema`` on the same axes; a compared run's as a dashed line), loss
+derived ``_recent_mean``/``_ema`` on the same axes; a compared run's as a dashed line; the x axis
+the step, the minutes since each run started, or the wall clock in UTC, chosen on the page), loss
 parts (policy, value, entropy, KL), the learning-rate schedule, gradient norms early / middle /
 late, the reward distribution per epoch, the Epoch/* table, the alert timeline (the rules run
 over the archived events, as ``metricbus backtest`` does), the per-label breakdown (health's
@@ -32,7 +33,9 @@ _MAX_CHARTS = 24
 EPISODE_REWARD = "episode/reward"  #: what run.log_episode logs per episode
 
 
-Points = list[tuple[int, float | None]]  # (step, value; None for NaN/inf: a gap in the chart)
+#: (step, value, ts_ms): value None for NaN/inf (a gap in the chart); ts_ms the event's time, for
+#: the charts' wall-clock and time-since-start axes
+Points = list[tuple[int, float | None, int]]
 
 
 def _series(events: Sequence[Event], derived: bool) -> dict[str, Points]:
@@ -40,8 +43,17 @@ def _series(events: Sequence[Event], derived: bool) -> dict[str, Points]:
     for e in events:
         if e.kind == METRICS and (e.producer_id == DERIVED_PRODUCER) == derived:
             for name, value in e.body["scalars"].items():
-                out.setdefault(name, []).append((e.body["step"], value if math.isfinite(value) else None))
+                point = (e.body["step"], value if math.isfinite(value) else None, e.ts_ms)
+                out.setdefault(name, []).append(point)
     return out
+
+
+def _start_ms(events: Sequence[Event]) -> int | None:
+    """When a run started: its RunStarted's time, else its first event's."""
+    started = [e.ts_ms for e in events if e.kind == RUN_STARTED]
+    if started:
+        return min(started)
+    return min((e.ts_ms for e in events), default=None)
 
 
 def _samples(events: Sequence[Event]) -> dict[str, dict[int, list[float]]]:
@@ -82,9 +94,19 @@ def build(
 
     charts: list[dict[str, Any]] = []
 
-    def chart(section: str, name: str, lines: dict[str, Points], stepped: bool = False) -> None:
+    starts = {run_id: _start_ms(events), **{r: _start_ms(ev) for r, ev in others.items()}}
+
+    def chart(
+        section: str,
+        name: str,
+        lines: dict[str, Points],
+        stepped: bool = False,
+        overlays: Mapping[str, str] | None = None,
+    ) -> None:
+        """``overlays``: the run of each line that is not this run's (a compared run's)."""
         if lines and len(charts) < _MAX_CHARTS * 4:
-            charts.append({"section": section, "title": name, "lines": lines, "stepped": stepped})
+            t0 = {line: starts[(overlays or {}).get(line, run_id)] for line in lines}
+            charts.append({"section": section, "title": name, "lines": lines, "stepped": stepped, "t0": t0})
 
     loss = next((n for n in LOSS_ALIASES if n in logged), None)
     reward = next((n for n in REWARD_ALIASES if n in logged), None)
@@ -92,7 +114,7 @@ def build(
         n for n in logged if n not in (loss, reward) and not n.startswith(("System/", "grad/", "lr/"))
     )
     for name in main[:_MAX_CHARTS]:
-        lines = {name: logged[name]}
+        lines, overlays = {name: logged[name]}, {}
         for stat in ("_recent_mean", "_ema"):
             if name + stat in derived:
                 lines[name + stat] = derived[name + stat]
@@ -100,7 +122,8 @@ def build(
             overlay = _series(other_events, False).get(name)
             if overlay:
                 lines[f"{name} ({other})"] = overlay
-        chart("Learning curves", name, lines)
+                overlays[f"{name} ({other})"] = other
+        chart("Learning curves", name, lines, overlays=overlays)
     parts = {n: logged[n] for n in logged if any(w in n.lower() for w in _LOSS_PARTS) and n != loss}
     chart("Loss parts", "policy, value, entropy, KL", parts)
     lr = {n: v for n, v in logged.items() if n.startswith("lr/") or "learning_rate" in n}
@@ -112,7 +135,7 @@ def build(
                 if n.startswith("Epoch/"):
                     epochs.setdefault(e.body["epoch"], {})[n[len("Epoch/") :]] = v
 
-    grad = [v for _, v in logged.get("grad/total_norm", []) if v is not None]
+    grad = [v for _, v, _ in logged.get("grad/total_norm", []) if v is not None]
     grad_rows = []
     if len(grad) >= 3:
         third = len(grad) // 3
@@ -161,7 +184,7 @@ def build(
     for a in alerts:
         if a.get("step") is not None:
             timeline.setdefault(f"{a['rule']} ({a['metric']})", []).append(
-                (a["step"], 1.0 if a["state"] == "firing" else 0.0)
+                (a["step"], 1.0 if a["state"] == "firing" else 0.0, a["ts_ms"])
             )
     chart(
         "Alert timeline",
@@ -189,6 +212,11 @@ def build(
             [[p.name, f"{p.deducted:.1f}", p.weight, "; ".join(p.evidence) or "-"] for p in health.parts],
             "health",
         ),
+        "<p class='muted'><label>x axis <select id='xaxis'>"
+        "<option value='step'>step</option>"
+        "<option value='relative'>time since the run started (minutes)</option>"
+        "<option value='wall'>wall clock (UTC)</option>"
+        "</select></label></p>",
         "<div id='charts'></div>",
         "<h2>Epochs</h2>",
         _epoch_table(epochs) if epochs else "<p class='muted'>no Epoch/* series (log with epoch=)</p>",
@@ -321,30 +349,55 @@ th { background: #f2f4f7; text-align: left; } td { font-variant-numeric: tabular
 
 _JS = """
 const COLORS = ["#2f6fde", "#e0732c", "#2a9d5b", "#b53fb1", "#8a6d1f", "#555"];
+const AXES = { step: "step", relative: "minutes since the run started", wall: "UTC" };
 const root = document.getElementById("charts");
-let section = null, grid = null;
-for (const c of DATA.charts) {
-  if (c.section !== section) {
-    section = c.section;
-    const h = document.createElement("h2"); h.textContent = section; root.appendChild(h);
-    grid = document.createElement("div"); grid.className = "charts"; root.appendChild(grid);
+const choice = document.getElementById("xaxis");
+// a point is [step, value, ts_ms]; each line's run started at c.t0[line] (ms)
+const xOf = {
+  step: (p) => p[0],
+  relative: (p, t0) => (p[2] - t0) / 60000,
+  wall: (p) => p[2] / 1000,
+};
+function draw(mode) {
+  root.replaceChildren();
+  let section = null, grid = null;
+  for (const c of DATA.charts) {
+    if (c.section !== section) {
+      section = c.section;
+      const h = document.createElement("h2"); h.textContent = section; root.appendChild(h);
+      grid = document.createElement("div"); grid.className = "charts"; root.appendChild(grid);
+    }
+    const box = document.createElement("div"); box.className = "chart"; box.dataset.series = c.title;
+    const h = document.createElement("h3"); h.textContent = c.title;
+    box.appendChild(h); grid.appendChild(box);
+    const names = Object.keys(c.lines);
+    const x = xOf[mode];
+    const lines = names.map((n) => c.lines[n].map((p) => [x(p, c.t0[n]), p[1]]));
+    const xs = [...new Set(lines.flatMap((l) => l.map((p) => p[0])))].sort((a, b) => a - b);
+    const columns = lines.map((l) => {
+      const m = new Map(l);
+      return xs.map((v) => (m.has(v) ? m.get(v) : null));
+    });
+    const series = [{ label: AXES[mode] }, ...names.map((n, i) => ({
+      label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
+      dash: n.endsWith(")") && !c.stepped ? [6, 4] : undefined,
+      paths: c.stepped ? uPlot.paths.stepped({ align: 1 }) : undefined,
+    }))];
+    const opts = {
+      width: 380, height: 200, scales: { x: { time: mode === "wall" } }, series,
+      axes: [{ label: AXES[mode], labelSize: 18, size: 40 }, { size: 56 }],
+      tzDate: (ts) => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"),
+    };
+    new uPlot(opts, [xs, ...columns], box);
+    box.dataset.points = String(xs.length);
+    box.dataset.xmin = String(xs[0]);
+    box.dataset.xmax = String(xs[xs.length - 1]);
   }
-  const box = document.createElement("div"); box.className = "chart"; box.dataset.series = c.title;
-  const h = document.createElement("h3"); h.textContent = c.title; box.appendChild(h); grid.appendChild(box);
-  const names = Object.keys(c.lines);
-  const xs = [...new Set(names.flatMap((n) => c.lines[n].map((p) => p[0])))].sort((a, b) => a - b);
-  const columns = names.map((n) => {
-    const m = new Map(c.lines[n]);
-    return xs.map((x) => (m.has(x) ? m.get(x) : null));
-  });
-  const series = [{ label: "step" }, ...names.map((n, i) => ({
-    label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
-    dash: n.endsWith(")") && !c.stepped ? [6, 4] : undefined,
-    paths: c.stepped ? uPlot.paths.stepped({ align: 1 }) : undefined,
-  }))];
-  const opts = { width: 380, height: 200, scales: { x: { time: false } }, series, axes: [{}, { size: 56 }] };
-  new uPlot(opts, [xs, ...columns], box);
-  box.dataset.points = String(xs.length);
+  document.body.dataset.xaxis = mode;
 }
+const asked = new URLSearchParams(location.hash.slice(1)).get("x");
+choice.value = asked in AXES ? asked : "step";
+choice.addEventListener("change", () => { location.hash = "x=" + choice.value; draw(choice.value); });
+draw(choice.value);
 document.body.dataset.ready = "1";
 """

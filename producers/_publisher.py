@@ -91,9 +91,10 @@ class Publisher:
         #: request), and the stream worker paid Faust's cost per record four times: 2,000 took
         #: the worker from ~2.7x to ~4-5x its bench's bare loop (bench/stream_throughput.py).
         #: Putting several records in one Kafka batch instead (a producer linger) halved the
-        #: worker's rate: measured and undone. A 2,000-event batch is ~2 ms of the spooler's
-        #: work: it lets a waiting training thread have the GIL between its two stages (calls
-        #: over 1 ms at 1M scalars/s for 20 s: 120 -> 45; bench/sustained.py).
+        #: worker's rate: measured and undone. A 2,000-event batch is ~3 ms of the spooler's
+        #: work (its check and encoding): it lets a waiting training thread have the GIL
+        #: between its two stages (calls over 1 ms at 1M scalars/s for 20 s: 120 -> 45;
+        #: bench/sustained.py).
         self.max_batch_events = max_batch_events
         self.max_queue = max_queue
         self.max_record_bytes = max_record_bytes

@@ -19,10 +19,8 @@ FP = default_codec().newest("EventBatch").fingerprint
 HOSTILE = "</script><script>alert(1)</script>"
 
 
-def archive_run(archive, run, lr, level):
-    events = [
-        Event(run, "p", 0, 1_700_000_000_000, RUN_STARTED, run_started("proj", f"name-{run}", {"lr": lr}), FP)
-    ]
+def archive_run(archive, run, lr, level, t0=1_700_000_000_000):
+    events = [Event(run, "p", 0, t0, RUN_STARTED, run_started("proj", f"name-{run}", {"lr": lr}), FP)]
     derived = []
     for step in range(60):
         scalars = {
@@ -36,7 +34,7 @@ def archive_run(archive, run, lr, level):
         }
         samples = {"Train/Reward": [step / 60 - 0.1, step / 60 + 0.1]}
         body = {"step": step, "epoch": step // 20, "rank": 0, "scalars": scalars, "samples": samples}
-        events.append(Event(run, "p", step + 1, 1_700_000_000_000 + step * 1000, METRICS, body, FP))
+        events.append(Event(run, "p", step + 1, t0 + step * 1000, METRICS, body, FP))
         task = ("logo_a", "logo_b")[step % 2]
         episode = {
             "episode/reward": step / 60 if task == "logo_a" else 0.2,
@@ -48,7 +46,7 @@ def archive_run(archive, run, lr, level):
                 run,
                 "p",
                 100 + step,
-                1_700_000_000_000 + step * 1000,
+                t0 + step * 1000,
                 METRICS,
                 {
                     "step": step,
@@ -71,15 +69,13 @@ def archive_run(archive, run, lr, level):
                 run,
                 "metricbus.stream",
                 step,
-                1_700_000_000_000 + step * 1000,
+                t0 + step * 1000,
                 METRICS,
                 {"step": step, "epoch": step // 20, "rank": 0, "scalars": point, "samples": {}},
                 FP,
             )
         )
-    events.append(
-        Event(run, "p", 161, 1_700_000_061_000, RUN_FINISHED, {"status": "finished", "summary": {}}, FP)
-    )
+    events.append(Event(run, "p", 161, t0 + 61_000, RUN_FINISHED, {"status": "finished", "summary": {}}, FP))
     archive.write(events + derived)
 
 
@@ -90,7 +86,7 @@ def test_the_report_renders_offline_with_charts_tables_and_the_comparison(settin
     archive = ParquetArchive(settings.archive_dir)
     archive.open()
     archive_run(archive, "run-a", 0.1, 1.0)
-    archive_run(archive, "run-b", 0.01, 1.5)
+    archive_run(archive, "run-b", 0.01, 1.5, t0=1_700_003_600_000)  # an hour later
     archive.flush()
     out = tmp_path / "report.html"
     done = subprocess.run(
@@ -151,6 +147,21 @@ def test_the_report_renders_offline_with_charts_tables_and_the_comparison(settin
             assert len(labels) == 2 and labels[0].startswith("task=logo_a\t30")
             success = page.locator(".chart[data-series='task: success rate']")
             assert "logo_a" in success.inner_text() and "logo_b" in success.inner_text()
+            # the x axis: time since each run started lines the runs up; wall clock shows them apart
+            page.select_option("#xaxis", "relative")
+            assert page.locator("body").get_attribute("data-xaxis") == "relative"
+            assert loss.get_attribute("data-points") == "60"
+            assert float(loss.get_attribute("data-xmin")) == 0.0
+            assert float(loss.get_attribute("data-xmax")) == 59 / 60  # step 59, 59 s after the start
+            page.select_option("#xaxis", "wall")
+            assert loss.get_attribute("data-points") == "120"
+            assert float(loss.get_attribute("data-xmin")) == 1_700_000_000.0
+            assert float(loss.get_attribute("data-xmax")) == 1_700_003_659.0
+            page.goto(out.as_uri() + "#x=relative")  # the choice is kept in the address
+            page.reload()
+            page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+            assert page.locator("body").get_attribute("data-xaxis") == "relative"
+            assert page.locator("#xaxis").input_value() == "relative"
             shot = tmp_path / "report.png"
             page.screenshot(path=str(shot), full_page=True)
             assert shot.stat().st_size > 20_000
