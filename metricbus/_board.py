@@ -69,7 +69,10 @@ class RunView:
     events: int = 0
     #: per-second event counts of the last minute (event time): (second, count)
     recent: collections.deque[list[int]] = dataclasses.field(default_factory=lambda: collections.deque())
-    series: dict[str, collections.deque[tuple[int, float]]] = dataclasses.field(default_factory=dict)
+    #: per series its last points: (step, value or None, ts_ms)
+    series: dict[str, collections.deque[tuple[int, float | None, int]]] = dataclasses.field(
+        default_factory=dict
+    )
     epochs: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
     #: rule/metric -> the latest alert of that key
     alerts: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
@@ -110,16 +113,20 @@ class RunView:
         }
 
     def detail(self, now_ms: int, since: dict[str, int] | None = None) -> dict[str, Any]:
-        """Everything of the run for its page; ``since`` (series -> step) keeps only newer points."""
+        """Everything of the run for its page; ``since`` (series -> step) keeps only newer points.
+
+        A point is ``[step, value, ts_ms]``; ``max_points`` is how many a page keeps per series.
+        """
         since = since or {}
         return {
             **self.summary(now_ms),
             "config": self.config,
             "finished": self.finished,
             "series": {
-                name: [[s, v] for s, v in points if s > since.get(name, -(2**63))]
+                name: [[s, v, t] for s, v, t in points if s > since.get(name, -(2**63))]
                 for name, points in sorted(self.series.items())
             },
+            "max_points": MAX_POINTS,
             "epochs": [{"epoch": e, **vals} for e, vals in sorted(self.epochs.items())],
             "alerts": sorted(self.alerts.values(), key=lambda a: a["ts_ms"]),
         }
@@ -211,7 +218,7 @@ class RunBoard:
                 view.last_step = step if view.last_step is None else max(view.last_step, step)
             epoch = body.get("epoch")
             for name, value in (body.get("scalars") or {}).items():
-                self._point(view, name, step, value)
+                self._point(view, name, step, value, ts_ms)
                 if derived and epoch is not None and name.startswith("Epoch/"):
                     row = view.epochs.setdefault(int(epoch), {})
                     if len(row) < 64:
@@ -253,14 +260,14 @@ class RunBoard:
         if len(json.dumps(merged, default=str)) <= MAX_CONFIG_BYTES:
             view.config = merged
 
-    def _point(self, view: RunView, name: str, step: int, value: float) -> None:
+    def _point(self, view: RunView, name: str, step: int, value: float, ts_ms: int) -> None:
         points = view.series.get(name)
         if points is None:
             if len(view.series) >= MAX_SERIES:
                 return
             points = view.series[name] = collections.deque(maxlen=MAX_POINTS)
         # JSON has no NaN: a non-finite value is drawn as a gap (and the run's alerts say why)
-        points.append((step, value if math.isfinite(value) else None))  # type: ignore[arg-type]
+        points.append((step, value if math.isfinite(value) else None, ts_ms))
 
     def _alert(self, alert: dict[str, Any]) -> None:
         view = self._run(alert["run_id"][:128])

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from metricbus._board import MAX_POINTS
 from producers import Run
 
 from .conftest import cli, free_port
@@ -72,6 +73,7 @@ def test_a_live_run_in_the_browser_gains_points_and_shows_a_nan_alert(
 ):
     from playwright.sync_api import expect, sync_playwright
 
+    run_started_s = time.time()
     run = Run("ops", name="browser-run", settings=settings, system_metrics=False, config={"lr": 0.001})
     for step in range(5):
         run.log({"Train/Loss": 1.0 / (step + 1), "Train/Reward": 0.1 * step}, step=step)
@@ -99,6 +101,20 @@ def test_a_live_run_in_the_browser_gains_points_and_shows_a_nan_alert(
                 time.sleep(0.05)
             assert run._publisher.flush(20)
             expect(chart).to_have_attribute("data-points", "12", timeout=20_000)
+            # the x axis: the step (above), minutes since the run started, the wall clock
+            page.select_option("#xaxis", "relative")
+            expect(page.locator("body")).to_have_attribute("data-xaxis", "relative")
+            assert chart.get_attribute("data-points") == "12"
+            assert 0 <= float(chart.get_attribute("data-xmin")) < float(chart.get_attribute("data-xmax")) < 2
+            page.select_option("#xaxis", "wall")
+            expect(page.locator("body")).to_have_attribute("data-xaxis", "wall")
+            assert abs(float(chart.get_attribute("data-xmin")) - run_started_s) < 5
+            assert page.url.endswith("#x=wall")
+            page.reload()  # the choice is kept in the address
+            expect(chart).to_have_attribute("data-points", "12", timeout=20_000)
+            assert page.locator("#xaxis").input_value() == "wall"
+            page.select_option("#xaxis", "step")
+            assert chart.get_attribute("data-xmax") == "11"
 
             run.log({"Train/Loss": math.nan, "Train/Reward": 1.2}, step=12)
             assert run._publisher.flush(20)
@@ -115,6 +131,12 @@ def test_a_live_run_in_the_browser_gains_points_and_shows_a_nan_alert(
                 "Train/Loss: 1 of 13 values NaN", timeout=40_000
             )
             page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
+            # a page left open holds at most the server's points per series (MAX_POINTS)
+            for step in range(13, 13 + MAX_POINTS):
+                run.log({"Train/Loss": 1.0 / (step + 1)}, step=step)
+            assert run._publisher.flush(20)
+            expect(chart).to_have_attribute("data-xmax", str(12 + MAX_POINTS), timeout=30_000)
+            assert chart.get_attribute("data-points") == str(MAX_POINTS)
             page.goto(dashboard + "/pipeline")
             expect(page.locator("#groups")).to_contain_text(f"{settings.topic_prefix}stream", timeout=30_000)
             page.goto(dashboard + "/alerts")
@@ -132,6 +154,7 @@ def test_api_refuses_unknown_runs_and_paths_outside_and_serves_metrics(settings,
     from prometheus_client.parser import text_string_to_metric_families
 
     run = Run("ops", name="api-run", settings=settings, system_metrics=False)
+    logged_ms = time.time_ns() // 1_000_000
     run.log({"Train/Loss": 0.5}, step=0)
     assert run.finish(timeout=20)
     deadline = time.monotonic() + 30
@@ -141,7 +164,9 @@ def test_api_refuses_unknown_runs_and_paths_outside_and_serves_metrics(settings,
             break
         time.sleep(0.3)
     detail = json.loads(body)
-    assert detail["series"]["Train/Loss"] == [[0, 0.5]] and detail["state"] == "finished"
+    [[step, value, ts_ms]] = detail["series"]["Train/Loss"]  # a point: step, value, event time
+    assert (step, value) == (0, 0.5) and detail["state"] == "finished"
+    assert 0 <= ts_ms - logged_ms < 1000
 
     assert get(f"{dashboard}/runs/no-such-run")[0] == 404
     assert get(f"{dashboard}/api/runs/no-such-run")[0] == 404

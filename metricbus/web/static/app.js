@@ -127,9 +127,42 @@ function overview(render) {
 
 // -- one run: live charts ------------------------------------------------------------------
 
-const charts = {}; // series name -> {plot, data, box}
+const charts = {}; // series name -> {plot, points, box}
 window.mbCharts = charts;
 let filterText = "";
+// the x axis: the step, minutes since the run started, or the wall clock (kept in the address)
+const AXES = { step: "step", relative: "minutes since the run started", wall: "local time" };
+let xMode = new URLSearchParams(location.hash.slice(1)).get("x");
+if (!(xMode in AXES)) xMode = "step";
+let runStartMs = null;
+const xOf = {
+  step: (p) => p[0],
+  relative: (p) => (p[2] - (runStartMs ?? p[2])) / 60000,
+  wall: (p) => p[2] / 1000,
+};
+
+function makePlot(c) {
+  if (c.plot) c.plot.destroy();
+  const opts = {
+    width: Math.max(300, c.box.clientWidth - 14),
+    height: 180,
+    scales: { x: { time: xMode === "wall" } },
+    legend: { show: false },
+    series: [{ label: AXES[xMode] }, { label: c.name, stroke: "#2f6fde", width: 1.5, spanGaps: false }],
+    axes: [{}, { size: 60 }],
+  };
+  c.plot = new uPlot(opts, plotData(c), c.box);
+}
+
+// a point is [step, value, ts_ms]; drawn sorted by the chosen x
+function plotData(c) {
+  const x = xOf[xMode];
+  const pairs = c.points.map((p) => [x(p), p[1]]).sort((a, b) => a[0] - b[0]);
+  c.box.dataset.points = String(pairs.length);
+  c.box.dataset.xmin = pairs.length ? String(pairs[0][0]) : "";
+  c.box.dataset.xmax = pairs.length ? String(pairs[pairs.length - 1][0]) : "";
+  return [pairs.map((p) => p[0]), pairs.map((p) => p[1])];
+}
 
 function chartFor(grid, name) {
   let c = charts[name];
@@ -137,17 +170,8 @@ function chartFor(grid, name) {
   const box = el("div", { class: "chart", "data-series": name, "data-points": "0" });
   box.append(el("div", { class: "title" }, name));
   grid.append(box);
-  const data = [[], []];
-  const opts = {
-    width: Math.max(300, box.clientWidth - 14),
-    height: 180,
-    scales: { x: { time: false } },
-    legend: { show: false },
-    series: [{ label: "step" }, { label: name, stroke: "#2f6fde", width: 1.5, spanGaps: false }],
-    axes: [{}, { size: 60 }],
-  };
-  const plot = new uPlot(opts, data, box);
-  c = charts[name] = { plot, data, box };
+  c = charts[name] = { name, box, points: [], plot: null };
+  makePlot(c);
   box.hidden = filterText && !name.toLowerCase().includes(filterText);
   return c;
 }
@@ -156,12 +180,21 @@ function runView(runId) {
   const head = el("h2", {}, `Run ${runId}`);
   const facts = el("p", { class: "muted", id: "facts" });
   const filter = el("input", { class: "filter", placeholder: "filter series (e.g. Train/, Epoch/)" });
+  const axis = el("select", { id: "xaxis" }, ...Object.entries(AXES).map(([v, label]) => el("option", { value: v }, label)));
+  axis.value = xMode;
+  axis.addEventListener("change", () => {
+    xMode = axis.value;
+    history.replaceState(null, "", "#x=" + xMode);
+    document.body.dataset.xaxis = xMode;
+    for (const c of Object.values(charts)) makePlot(c);
+  });
+  document.body.dataset.xaxis = xMode;
   const grid = el("div", { class: "charts", id: "charts" });
   const epochs = el("div", { id: "epochs" });
   const alerts = el("div", { id: "run-alerts" });
   const config = el("pre", { id: "config" });
   const health = el("div", { id: "health" });
-  main.replaceChildren(head, facts, el("h3", {}, "Health"), health, el("h3", {}, "Alerts"), alerts, el("h3", {}, "Series"), filter, grid, el("h3", {}, "Epochs"), epochs, el("h3", {}, "Config"), config);
+  main.replaceChildren(head, facts, el("h3", {}, "Health"), health, el("h3", {}, "Alerts"), alerts, el("h3", {}, "Series"), el("p", {}, filter, " x axis ", axis), grid, el("h3", {}, "Epochs"), epochs, el("h3", {}, "Config"), config);
   showHealth(runId, health);
   setInterval(() => showHealth(runId, health), 15000);
   filter.addEventListener("input", () => {
@@ -176,14 +209,18 @@ function runView(runId) {
       badge(run.state),
       ` project ${run.project} · name ${run.name} · host ${run.host} · ranks ${run.ranks.length}/${run.world_size} · last step ${run.last_step ?? "-"} · ${run.events_per_s.toFixed(1)} events/s · last event ${age(run.since_last_event_s)} ago`,
     );
+    if (run.started_ms != null && runStartMs !== run.started_ms) {
+      runStartMs = run.started_ms;
+      if (xMode === "relative") for (const c of Object.values(charts)) c.plot.setData(plotData(c));
+    }
     for (const [name, points] of Object.entries(run.series)) {
       const c = chartFor(grid, name);
-      for (const [step, value] of points) {
-        c.data[0].push(step);
-        c.data[1].push(value);
-      }
-      c.plot.setData(c.data);
-      c.box.dataset.points = String(c.data[0].length);
+      // newer steps only, as the server sends them: a reconnected stream starts over
+      const last = c.points.length ? c.points[c.points.length - 1][0] : -Infinity;
+      for (const p of points) if (p[0] > last) c.points.push(p);
+      // as many as the server keeps: a page left open for a week holds no more than a fresh one
+      if (c.points.length > run.max_points) c.points.splice(0, c.points.length - run.max_points);
+      c.plot.setData(plotData(c));
     }
     alerts.replaceChildren(run.alerts.length ? alertsTable(run.alerts, false) : el("p", { class: "muted" }, "no alerts"));
     const cols = [...new Set(run.epochs.flatMap((e) => Object.keys(e).filter((k) => k !== "epoch")))].sort();
