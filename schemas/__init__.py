@@ -61,7 +61,7 @@ from ._kafka import (
     ssl_context,
 )
 from ._names import check_run_id, checked_ids, path_segment
-from ._registry import SCHEMA_DIR, SchemaVersion, crc64_avro, load_versions
+from ._registry import SCHEMA_DIR, SchemaVersion, load_versions
 from ._settings import Settings, Topics
 from ._telemetry import LoopMetrics, count_restart, multiprocess_dir
 
@@ -118,7 +118,6 @@ __all__ = [
     "fetch_options",
     "atomic_write",
     "read_yaml",
-    "crc64_avro",
     "dead_letter",
     "make_consumer",
     "make_producer",

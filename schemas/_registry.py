@@ -13,29 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from fastavro import parse_schema
-from fastavro.schema import to_parsing_canonical_form
+from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from ._errors import ConfigError
 
 SCHEMA_DIR = Path(__file__).parent / "avro"
 _FILE = re.compile(r"^(?P<name>[A-Za-z]+)\.v(?P<version>\d+)\.avsc$")
-
-_POLY = 0xC15D213AA4D7A795
-_TABLE = []
-for _i in range(256):
-    _fp = _i
-    for _ in range(8):
-        _fp = (_fp >> 1) ^ (_POLY & -(_fp & 1))
-    _TABLE.append(_fp)
-_EMPTY = 0xC15D213AA4D7A795
-
-
-def crc64_avro(data: bytes) -> int:
-    """The Avro spec's 64-bit Rabin fingerprint (CRC-64-AVRO) of ``data``."""
-    fp = _EMPTY
-    for byte in data:
-        fp = (fp >> 8) ^ _TABLE[(fp ^ byte) & 0xFF]
-    return fp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +56,8 @@ def load_versions(directory: Path = SCHEMA_DIR) -> dict[str, list[SchemaVersion]
                 path=path,
                 raw=raw,
                 parsed=parse_schema(raw, _write_hint=False, _force=True),
-                fingerprint=crc64_avro(canonical.encode()).to_bytes(8, "little"),
+                # fastavro's hex is the fingerprint's 8 little-endian bytes (single-object encoding)
+                fingerprint=bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO")),
             )
         )
     for versions in found.values():

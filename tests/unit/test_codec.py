@@ -22,7 +22,6 @@ from schemas import (
     SchemaError,
     TruncatedRecordError,
     UnknownSchemaError,
-    crc64_avro,
     default_codec,
     load_versions,
 )
@@ -95,13 +94,19 @@ def test_round_trip_every_body_kind():
     assert back == datum
 
 
-def test_crc64_matches_the_spec_vector_and_fastavro():
-    # The Avro spec's fingerprint of the schema "int" (Java SchemaNormalization.parsingFingerprint64).
-    assert crc64_avro(b'"int"') == 0x7275D51A3F395C8F
+def test_fingerprints_are_the_spec_s_crc64_in_little_endian_bytes():
+    # The Avro spec's fingerprint of the schema "int" (Java SchemaNormalization.parsingFingerprint64),
+    # as fastavro gives it: the 8 bytes single-object encoding puts after its marker
+    assert bytes.fromhex(fingerprint('"int"', "CRC-64-AVRO")) == (0x7275D51A3F395C8F).to_bytes(8, "little")
     for versions in load_versions().values():
         for v in versions:
             expected = fingerprint(to_parsing_canonical_form(v.raw), "CRC-64-AVRO")
-            assert v.fingerprint.hex() == expected
+            assert v.fingerprint.hex() == expected and len(v.fingerprint) == 8
+    # released versions' fingerprints are in archived records: they never change
+    released = {(n, v.version): v.fingerprint.hex() for n, vs in load_versions().items() for v in vs}
+    assert released[("EventBatch", 1)] == "f96c8af8888647f5"
+    assert released[("AggregateBatch", 1)] == "83eb47c3ca7140cf"
+    assert released[("Alert", 1)] == "1d1b6ef4ac93857e"
 
 
 def _apache(version):
