@@ -27,7 +27,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -274,26 +274,35 @@ class ParquetArchive:
 
     def _maybe_compact(self, directory: Path, finished: bool) -> None:
         parts = sorted(directory.glob("part-*.parquet"))
+        footers: dict[Path, pq.FileMetaData] = {}  # each file's footer read once: rows, then seqs
+
+        def footer(path: Path) -> pq.FileMetaData:
+            if path not in footers:
+                footers[path] = pq.read_metadata(path)
+            return footers[path]
+
         if finished:
             files = parts + sorted(directory.glob("compacted-*.parquet"))
-            if len(files) > 1 and sum(map(_rows, files)) <= self.max_rows_per_file:
-                self._compact(directory, files)
+            if len(files) > 1 and sum(footer(f).num_rows for f in files) <= self.max_rows_per_file:
+                self._compact(directory, files, footer)
                 return
         if len(parts) >= self.compact_after:
             group: list[Path] = []
             rows = 0
             for path in parts:  # consecutive parts, up to max_rows_per_file rows a merged file
-                n = _rows(path)
+                n = footer(path).num_rows
                 if group and rows + n > self.max_rows_per_file:
                     if len(group) > 1:
-                        self._compact(directory, group)
+                        self._compact(directory, group, footer)
                     group, rows = [], 0
                 group.append(path)
                 rows += n
             if len(group) > 1:
-                self._compact(directory, group)
+                self._compact(directory, group, footer)
 
-    def _compact(self, directory: Path, files: list[Path]) -> None:
+    def _compact(
+        self, directory: Path, files: list[Path], footer: Callable[[Path], pq.FileMetaData] = pq.read_metadata
+    ) -> None:
         """Merge ``files`` into one, a bounded number of rows in memory at a time.
 
         The files are read one by one; every :data:`COMPACT_ROWS` rows or so are sorted (series
@@ -302,7 +311,7 @@ class ParquetArchive:
         """
         seqs: dict[str, SeqSet] = {}
         for path in files:
-            meta = pq.read_metadata(path).metadata or {}
+            meta = footer(path).metadata or {}
             for producer, intervals in json.loads(meta.get(SEQS_KEY, b"{}")).items():
                 seqs.setdefault(producer, SeqSet()).merge(intervals)
 
@@ -387,10 +396,6 @@ class ParquetArchive:
             "fingerprint": per_row(buf.fingerprint, pa.string()),
         }
         return pa.table(columns, schema=SCHEMA).sort_by(_ORDER)
-
-
-def _rows(path: Path) -> int:
-    return int(pq.read_metadata(path).num_rows)
 
 
 #: Rows sorted and written together by a compaction (one row group): what it holds in memory.
