@@ -134,10 +134,10 @@ let filterText = "";
 const AXES = { step: "step", relative: "minutes since the run started", wall: "local time" };
 let xMode = new URLSearchParams(location.hash.slice(1)).get("x");
 if (!(xMode in AXES)) xMode = "step";
-let runStartMs = null;
+let runStartMs = null; // the run's RunStarted, else its first point seen
 const xOf = {
   step: (p) => p[0],
-  relative: (p) => (p[2] - (runStartMs ?? p[2])) / 60000,
+  relative: (p) => (p[2] - runStartMs) / 60000,
   wall: (p) => p[2] / 1000,
 };
 
@@ -157,7 +157,8 @@ function makePlot(c) {
 // a point is [step, value, ts_ms]; drawn sorted by the chosen x
 function plotData(c) {
   const x = xOf[xMode];
-  const pairs = c.points.map((p) => [x(p), p[1]]).sort((a, b) => a[0] - b[0]);
+  const pairs = c.points.map((p) => [x(p), p[1]]);
+  if (pairs.some((p, i) => i > 0 && p[0] < pairs[i - 1][0])) pairs.sort((a, b) => a[0] - b[0]);
   c.box.dataset.points = String(pairs.length);
   c.box.dataset.xmin = pairs.length ? String(pairs[0][0]) : "";
   c.box.dataset.xmax = pairs.length ? String(pairs[pairs.length - 1][0]) : "";
@@ -209,8 +210,10 @@ function runView(runId) {
       badge(run.state),
       ` project ${run.project} · name ${run.name} · host ${run.host} · ranks ${run.ranks.length}/${run.world_size} · last step ${run.last_step ?? "-"} · ${run.events_per_s.toFixed(1)} events/s · last event ${age(run.since_last_event_s)} ago`,
     );
-    if (run.started_ms != null && runStartMs !== run.started_ms) {
-      runStartMs = run.started_ms;
+    const first = Math.min(...Object.values(run.series).flatMap((ps) => (ps.length ? [ps[0][2]] : [])));
+    const start = run.started_ms ?? Math.min(runStartMs ?? Infinity, first);
+    if (Number.isFinite(start) && start !== runStartMs) {
+      runStartMs = start;
       if (xMode === "relative") for (const c of Object.values(charts)) c.plot.setData(plotData(c));
     }
     for (const [name, points] of Object.entries(run.series)) {
