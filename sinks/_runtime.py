@@ -42,6 +42,14 @@ from ._protocol import Sink
 
 log = logging.getLogger("metricbus.sink")
 
+#: A poll's records are processed in slices of about this many bytes of record values
+#: (~20,000 ten-scalar events), each slice committed as done. A poll of a consumer far behind
+#: returns tens of MB of records; processed as one batch, the W&B sink (~0.3 ms an event in
+#: wandb's own log()) held every decoded event in memory at once (870 MB resident in a soak) and
+#: took minutes over it, past `metricbus up`'s 30 s to stop, so each planned restart killed it and
+#: it started over from its last commit.
+SLICE_BYTES = 2 * 1024 * 1024
+
 
 @dataclasses.dataclass
 class SinkStats:
@@ -271,17 +279,44 @@ class ConsumerLoop:
             log.info("%s consuming %s as group %s", self.name, ", ".join(self.topics), self.group_id)
             while not self._stopping.is_set():
                 batches = await self._consumer.getmany(timeout_ms=200, max_records=5000)
-                for tp, records in batches.items():
-                    self._uncommitted[tp] = records[-1].offset + 1
-                await self._process([r for records in batches.values() for r in records])
-                if self.due():
-                    await self._flush_and_commit()
+                await self._process_sliced([r for records in batches.values() for r in records])
             await self._flush_and_commit()
         finally:
             self.close()
             await self._consumer.stop()
             await self._producer.stop()
         return self.stats
+
+    async def _process_sliced(self, records: list[Any]) -> None:
+        """Process a poll's records a slice (:data:`SLICE_BYTES`) at a time; flush when due.
+
+        Each slice's offsets become committable once it is processed, and a stop asked for
+        meanwhile is heeded between slices: the rest of the poll is not committed, so the next
+        process reads it again.
+        """
+        from aiokafka import TopicPartition
+
+        start = 0
+        while start < len(records):
+            end, size = start, 0
+            while end < len(records) and (end == start or size < SLICE_BYTES):
+                size += len(records[end].value or b"")
+                end += 1
+            await self._process(records[start:end])
+            for record in records[start:end]:
+                self._uncommitted[TopicPartition(record.topic, record.partition)] = record.offset + 1
+            self._after_slice()
+            start = end
+            if self.due():
+                await self._flush_and_commit()
+            await asyncio.sleep(0)  # a stop (a signal handler on this loop) can be heard
+            if self._stopping.is_set():
+                return
+        if self.due():
+            await self._flush_and_commit()
+
+    def _after_slice(self) -> None:
+        """After a slice's offsets were marked committable (before any flush)."""
 
     async def _commit_start(self, assigned: Any) -> None:
         """Commit the log start of each assigned partition this group has no commit on.
@@ -466,7 +501,6 @@ class SinkRunner(ConsumerLoop):
             fresh.extend(feeder.fresh_derived(derived.run_id, derived.events, derived.identified))
             if derived.closes_run:
                 closing.append(derived.run_id)
-        self._hold_back_commits()
         self.stats.duplicates = feeder.duplicates
         rejected = feeder.write(fresh)
         for columns in fresh_columns:
@@ -491,6 +525,9 @@ class SinkRunner(ConsumerLoop):
         release = getattr(self.sink, "release", None)
         if release is not None:
             release()
+
+    def _after_slice(self) -> None:
+        self._hold_back_commits()
 
     def _hold_back_commits(self) -> None:
         """Never commit a partition past a derived record still held."""

@@ -52,3 +52,62 @@ def test_a_rebalance_during_a_flush_waits_for_it_instead_of_flushing_the_same_bu
     assert loop.most == 1  # never two flushes at once
     assert loop.flushed == ["a", "b"]  # the buffer written once
     assert loop._consumer.commits == [{"tp": 10}]
+
+
+class Record:
+    def __init__(self, partition: int, offset: int, size: int) -> None:
+        self.topic, self.partition, self.offset, self.value = "t", partition, offset, b"x" * size
+
+
+class SlicingLoop(ConsumerLoop):
+    """Takes what it is given; flushes every slice (due), or asks itself to stop after ``stop_after``."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        super().__init__(Settings(bootstrap="127.0.0.1:1"), ["t"], "g", "slicing")
+        self.slices: list[list[int]] = []
+        self.stop_after = stop_after
+        self.held: list[int] = []
+
+    def pending(self) -> int:
+        return len(self.held)
+
+    def flush(self) -> None:
+        self.held = []
+
+    def due(self) -> bool:
+        return bool(self._uncommitted)
+
+    async def _process(self, records) -> None:  # type: ignore[no-untyped-def]
+        self.slices.append([r.offset for r in records])
+        self.held += [r.offset for r in records]
+        if self.stop_after is not None and len(self.slices) == self.stop_after:
+            self.stop()  # as SIGTERM's handler does, while a slice is being processed
+
+
+def test_a_large_poll_is_processed_and_committed_a_slice_at_a_time():
+    from aiokafka import TopicPartition
+
+    from sinks._runtime import SLICE_BYTES
+
+    loop = SlicingLoop()
+    loop._consumer = Consumer()
+    half = SLICE_BYTES // 2
+    # two partitions' records as a poll returns them; a record over a slice's size ends its slice
+    records = [Record(0, i, half) for i in range(5)] + [Record(1, 0, 3 * SLICE_BYTES), Record(1, 1, 10)]
+    asyncio.run(loop._process_sliced(records))
+    assert loop.slices == [[0, 1], [2, 3], [4, 0], [1]]  # never more than a slice decoded at once
+    p0, p1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    assert loop._consumer.commits == [{p0: 2}, {p0: 4}, {p0: 5, p1: 1}, {p1: 2}]  # each once processed
+
+
+def test_a_stop_between_slices_commits_what_was_processed_and_leaves_the_rest_to_be_read_again():
+    from aiokafka import TopicPartition
+
+    from sinks._runtime import SLICE_BYTES
+
+    loop = SlicingLoop(stop_after=2)
+    loop._consumer = Consumer()
+    records = [Record(0, i, SLICE_BYTES) for i in range(6)]
+    asyncio.run(loop._process_sliced(records))
+    assert loop.slices == [[0], [1]]  # the stop is heard after the slice under way
+    assert loop._consumer.commits[-1] == {TopicPartition("t", 0): 2}  # 2..5 are read again next time
