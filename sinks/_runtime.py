@@ -43,11 +43,13 @@ from ._protocol import Sink
 log = logging.getLogger("metricbus.sink")
 
 #: A poll's records are processed in slices of about this many bytes of record values
-#: (~20,000 ten-scalar events), each slice committed as done. A poll of a consumer far behind
-#: returns tens of MB of records; processed as one batch, the W&B sink (~0.3 ms an event in
-#: wandb's own log()) held every decoded event in memory at once (870 MB resident in a soak) and
-#: took minutes over it, past `metricbus up`'s 30 s to stop, so each planned restart killed it and
-#: it started over from its last commit.
+#: (~20,000 ten-scalar events), each slice committable once processed. A poll of a consumer far
+#: behind returns tens of MB of records; processed as one batch, every decoded event was in
+#: memory at once, and the W&B sink (~0.3 ms an event in wandb's own log()) spent minutes on it,
+#: past `metricbus up`'s 30 s to stop, so a planned restart killed it (6 of 7 in a soak) and it
+#: started over from its last commit. Measured on a backlog (/tmp harness, one run each): the
+#: W&B sink 537 MB resident -> 189, a SIGTERM heard in 30.5 s -> 2.9; the Parquet sink on 1M
+#: events 2,875 MB -> 464.
 SLICE_BYTES = 2 * 1024 * 1024
 
 
