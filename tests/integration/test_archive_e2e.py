@@ -151,6 +151,61 @@ def test_crash_between_durable_flush_and_commit_is_deduplicated_on_restart(setti
     assert table.num_rows == events  # one row per event here (one scalar each): no duplicate row
 
 
+class _SlowArchive(ParquetArchive):
+    """An archive as slow as W&B's log() is (~0.3 ms an event: here 30 µs), that says when it has begun."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.began = asyncio.Event()
+
+    def write(self, events):
+        self.began.set()
+        time.sleep(30e-6 * len(events))
+        return super().write(events)
+
+    def write_columns(self, columns):
+        self.began.set()
+        time.sleep(30e-6 * len(columns.seqs))
+        return super().write_columns(columns)
+
+
+def test_a_sink_far_behind_hears_a_stop_within_a_slice_and_the_next_process_writes_the_rest_once(settings):
+    from sinks._runtime import SLICE_BYTES
+
+    run = Run("p", settings=settings, system_metrics=False)
+    for step in range(100_000):  # ~9 MB of records, one poll's worth, ~5 slices
+        run.log({f"m{j}": step + j / 10 for j in range(10)}, step=step)
+    assert run.finish(timeout=60)
+    events = run.stats()["events"]
+
+    slow = _SlowArchive(settings.archive_dir)
+    first = SinkRunner(slow, settings, flush_interval_s=0.5)
+
+    async def stopped_once_begun():
+        task = asyncio.create_task(first.run())
+        await asyncio.wait_for(slow.began.wait(), 60)  # set in the first slice: the stop is heard after it
+        first.stop()
+        return await task
+
+    asyncio.run(stopped_once_begun())
+    assert 9 * 1_000_000 // SLICE_BYTES >= 3  # the poll is several slices
+    assert 0 < first.stats.written < events // 2, first.stats  # a slice, not the whole poll
+    second = SinkRunner(ParquetArchive(settings.archive_dir), settings, flush_interval_s=0.5)
+
+    async def until_done():
+        task = asyncio.create_task(second.run())
+        while second.stats.events + first.stats.written < events and not task.done():
+            await asyncio.sleep(0.1)
+        second.stop()
+        return await task
+
+    stats = asyncio.run(until_done())
+    assert stats.duplicates == 0  # the first committed exactly what it wrote
+    table = read_table(settings.archive_dir, run.run_id)
+    assert [s for _, s in held_seqs(table)] == list(range(events))
+    assert table.num_rows == 10 * (events - 2) + 2  # one row per scalar, RunStarted and RunFinished
+
+
 def test_undecodable_records_go_to_the_dead_letter_topic_and_the_sink_goes_on(settings, sink):
     from kafka import KafkaProducer
 
