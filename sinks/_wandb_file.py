@@ -3,7 +3,9 @@
 The format is LevelDB's log format after a 7-byte header (``:W&B``, magic 0xBEE1, version):
 32 KiB blocks of records ``crc32 u32 | length u16 | type u8 | data``, where type 1 is a whole
 record and 2/3/4 the first/middle/last pieces of one, each a ``wandb_internal_pb2.Record``.
-A file whose writer was killed may end inside a record: reading stops there.
+A file whose writer was killed may end inside a record: reading stops there. Files are read
+a block at a time (a long run's file is GBs: ~350 bytes a row), and ``closed`` reads only the
+last two blocks.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 BLOCK = 32768
 HEADER = 7
@@ -44,28 +46,32 @@ def records(path: Path) -> Iterator[Any]:
     """The file's records in order, up to the first torn or unreadable one."""
     from google.protobuf.message import DecodeError
 
-    for data in _pieces(Path(path).read_bytes(), path):
-        try:
-            yield _record(data)
-        except DecodeError:
-            return
+    with open(path, "rb") as f:
+        for data in _pieces(f, path):
+            try:
+                yield _record(data)
+            except DecodeError:
+                return
 
 
 def closed(path: Path) -> bool:
     """Whether W&B has closed the run file: its last record is the run's ``exit``.
 
-    Only the last record is decoded, so this stays cheap on a long run's file.
+    Only the last two blocks are read and the last record decoded (the exit record is small:
+    it starts in one of them), so this stays cheap on a long run's file.
     """
     from google.protobuf.message import DecodeError
 
     try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            start = max(0, (size - 1) // BLOCK - 1) * BLOCK
+            last = deque(_pieces(f, path, start), maxlen=1)
+    except (FileNotFoundError, ValueError):  # not there yet, or not a W&B run file
         return False
     try:
-        last = deque(_pieces(data, path), maxlen=1)
         return bool(last) and _record(last[0]).WhichOneof("record_type") == "exit"
-    except (DecodeError, ValueError):  # not a W&B run file: never closed by W&B
+    except DecodeError:
         return False
 
 
@@ -91,29 +97,44 @@ def wait_closed(path: Path, timeout_s: float) -> bool:
         time.sleep(0.005)
 
 
-def _pieces(data: bytes, path: Path) -> Iterator[bytes]:
-    """The serialized records of a run file's bytes, up to the first torn one."""
-    if len(data) < HEADER and b":W&B\xe1\xbe".startswith(data[:6]):
+def _pieces(f: BinaryIO, path: Path, start: int = 0) -> Iterator[bytes]:
+    """The serialized records of an open run file from block offset ``start``, up to the first torn one.
+
+    From a block past the first, the pieces of a record begun before it are skipped. Not a W&B
+    run file (wrong header, or ``closed`` found none of its own ``:W&B``): no records, or
+    ValueError when reading from the start.
+    """
+    f.seek(0)
+    head = f.read(HEADER)
+    if len(head) < HEADER and b":W&B\xe1\xbe".startswith(head[:6]):
         return  # W&B had not written its header yet (its writer buffers until the file closes)
-    if data[:4] != b":W&B":
+    if head[:4] != b":W&B":
+        if start:
+            return
         raise ValueError(f"{path} is not a W&B run file")
-    pos, pieces = HEADER, b""
-    while pos + HEADER <= len(data):
-        room = BLOCK - pos % BLOCK
-        if room < HEADER:  # the block's tail is padding
-            pos += room
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
-        pos += HEADER
-        chunk = data[pos : pos + length]
-        if len(chunk) < length:
-            return  # torn: the writer died here
-        pos += length
-        if kind == 0:
-            continue
-        pieces = chunk if kind in (1, 2) else pieces + chunk
-        if kind in (1, 4):
-            yield pieces
+    f.seek(start)
+    block = f.read(BLOCK)
+    pos = HEADER if start == 0 else 0
+    pieces, whole = b"", start == 0  # whole: the record being gathered began in what was read
+    while True:
+        while pos + HEADER <= len(block):  # fewer bytes left: the block's tail is padding
+            _crc, length, kind = struct.unpack_from("<IHB", block, pos)
+            pos += HEADER
+            chunk = block[pos : pos + length]
+            if len(chunk) < length:
+                return  # torn: the writer died here
+            pos += length
+            if kind == 0:
+                continue
+            if kind in (1, 2):
+                pieces, whole = chunk, True
+            else:
+                pieces += chunk
+            if kind in (1, 4) and whole:
+                yield pieces
+        if len(block) < BLOCK:
+            return  # the end of the file
+        block, pos = f.read(BLOCK), 0
 
 
 def _record(data: bytes) -> Any:
@@ -137,14 +158,11 @@ def run_files(root: Path, run_id: str) -> list[Path]:
     return sorted(found, key=opening)
 
 
-def logged_ids(root: Path, run_id: str, key: str) -> list[str]:
-    """The values of history key ``key`` in every opening of the run (the sink's row identities)."""
-    out = []
-    for path in run_files(root, run_id):
-        for record in records(path):
-            if record.WhichOneof("record_type") != "history":
-                continue
-            for item in record.history.item:
-                if item.key == key or (not item.key and list(item.nested_key) == [key]):
-                    out.append(json.loads(item.value_json))
-    return out
+def logged_ids(path: Path, key: str) -> Iterator[Any]:
+    """The values of history key ``key`` in one run file (the sink's row identities)."""
+    for record in records(path):
+        if record.WhichOneof("record_type") != "history":
+            continue
+        for item in record.history.item:
+            if item.key == key or (not item.key and list(item.nested_key) == [key]):
+                yield json.loads(item.value_json)

@@ -56,7 +56,7 @@ from schemas import (
     config_object,
 )
 
-from ._wandb_file import finish, logged_ids
+from ._wandb_file import finish, logged_ids, run_files
 
 log = logging.getLogger("metricbus.sink.wandb")
 SEQS_DIR = ".metricbus-seqs"
@@ -116,12 +116,25 @@ class WandbSink:
         import wandb  # noqa: F401
 
     def recover(self, run_id: str) -> Mapping[str, Sequence[Interval]]:
-        """Identities the run already holds: rows in its W&B file(s), and the ledger of the rest."""
+        """Identities the run already holds: rows in its W&B file(s), and the ledger of the rest.
+
+        A run file is read once: its rows' identities go into the ledger with the size it had
+        (``files``), and a later recover reads only files that are new or have grown since (a
+        run reopened after each restart of this sink has a file per opening, and a long run's
+        file holds millions of rows).
+        """
         ledger = self._ledger(run_id)
-        for ident in logged_ids(self.root, run_id, ID_KEY):
-            producer, _, seq = str(ident).rpartition("/")
-            if producer and seq.isdigit():
-                ledger.add(producer, int(seq))
+        for path in run_files(self.root, run_id):
+            name, size = f"{path.parent.name}/{path.name}", path.stat().st_size
+            if ledger.files.get(name) == size:
+                continue
+            for ident in logged_ids(path, ID_KEY):
+                producer, _, seq = str(ident).rpartition("/")
+                if producer and seq.isdigit():
+                    ledger.add(producer, int(seq))
+            ledger.files[name] = size
+            ledger.dirty = True
+        ledger.save()
         return ledger.intervals()
 
     def write(self, events: Sequence[Event]) -> list[tuple[Event, str]]:

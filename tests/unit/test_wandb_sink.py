@@ -234,3 +234,111 @@ def test_a_run_file_the_writer_never_flushed_holds_no_rows(tmp_path, offline):
     with pytest.raises(ValueError, match="not a W&B run file"):
         list(records(tmp_path / "not-wandb.wandb"))
     assert not closed(tmp_path / "not-wandb.wandb")
+
+
+def test_closed_reads_a_long_run_file_s_last_blocks_and_agrees_with_a_full_read_at_every_cut(
+    tmp_path, offline
+):
+    """``closed`` reads only the last two 32 KiB blocks; cut anywhere there, it must say what a
+    read of the whole file says (the last whole record is the run's exit, or not)."""
+    from collections import deque
+
+    from sinks._wandb_file import BLOCK, closed, records, run_files
+
+    sink = WandbSink(tmp_path)
+    sink.open()
+    events = [ev(0, RUN_STARTED, run_started("grpo", "g"))]
+    events += [metrics(seq, seq, {f"m{j}": seq + j / 10 for j in range(10)}) for seq in range(1, 800)]
+    events.append(ev(800, RUN_FINISHED, {"status": "finished", "summary": {}}))
+    sink.write(events)
+    sink.flush()
+    sink.close()
+    [path] = run_files(tmp_path, "run-wb1")
+    data = path.read_bytes()
+    assert len(data) > 4 * BLOCK and closed(path)
+    cut = tmp_path / "wandb" / "cut" / "run-cut.wandb"
+    cut.parent.mkdir()
+    for end in range(len(data) - 2 * BLOCK, len(data) + 1, 97):
+        cut.write_bytes(data[:end])
+        last = deque(records(cut), maxlen=1)
+        assert closed(cut) == (bool(last) and last[0].WhichOneof("record_type") == "exit"), end
+
+
+def test_recover_reads_each_run_file_once_and_then_only_new_or_grown_ones(tmp_path, offline, monkeypatch):
+    import sinks.wandb as module
+    from sinks import Feeder
+
+    read: list = []
+    real = module.logged_ids
+    monkeypatch.setattr(
+        module, "logged_ids", lambda path, key: read.append(path.parent.name) or real(path, key)
+    )
+    sink = WandbSink(tmp_path)
+    sink.open()
+    feeder = Feeder(sink)
+    events = [ev(0, RUN_STARTED, run_started("grpo", "g"))]
+    for seq in range(1, 4):  # three openings of the run, as three restarts of the sink would give
+        events.append(metrics(seq, seq, {"x": float(seq)}))
+        feeder.write(feeder.fresh(events))
+        sink.flush()
+        sink.release()
+        feeder.forget()
+    # each opening's recover read the files it had not read before: 0, then 1, then 1 more
+    assert len(read) == 2 and len(set(read)) == 2
+    restarted = WandbSink(tmp_path)  # a new process: the ledger on disk says what was read
+    restarted.open()
+    assert restarted.recover("run-wb1") == {"p1": [(0, 3)]}  # RunStarted by the ledger, rows by the files
+    assert len(read) == 3  # only the third opening's file, closed since
+    restarted.recover("run-wb1")
+    assert len(read) == 3
+
+
+def _log_file(path, records):
+    """A run file in W&B's LevelDB log format (header, 32 KiB blocks, records split across them)."""
+    import struct
+
+    from sinks._wandb_file import BLOCK, HEADER
+
+    out = bytearray(b":W&B\xe1\xbe\x00")
+    for data in (r.SerializeToString() for r in records):
+        first = True
+        while True:
+            room = BLOCK - len(out) % BLOCK
+            if room < HEADER:
+                out += b"\x00" * room
+                continue
+            piece, data = data[: room - HEADER], data[room - HEADER :]
+            kind = (1 if not data else 2) if first else (4 if not data else 3)
+            out += struct.pack("<IHB", 0, len(piece), kind) + piece
+            first = False
+            if not data:
+                break
+    path.write_bytes(bytes(out))
+    return bytes(out)
+
+
+def test_closed_finds_an_exit_record_that_begins_in_the_block_before_the_last(tmp_path):
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    from sinks._wandb_file import BLOCK, HEADER, closed, records
+
+    def history(size):
+        r = pb.Record()
+        r.history.item.add(key="pad", value_json='"' + "x" * size + '"')
+        return r
+
+    exit_record = pb.Record()
+    exit_record.exit.exit_code = 0
+    exit_record.exit.runtime = 123456
+    exit_size = len(exit_record.SerializeToString())
+    path = tmp_path / "run-x.wandb"
+    for n in range(3 * BLOCK - 300, 3 * BLOCK):  # a padding row (split across blocks) of n bytes
+        start = len(_log_file(path, [history(10), history(n)]))  # where the exit record begins
+        if 0 < 3 * BLOCK - start - HEADER < exit_size:  # its first piece in the third block
+            break
+    data = _log_file(path, [history(10), history(n), exit_record])
+    assert 3 * BLOCK < len(data) < 4 * BLOCK  # ... and its last piece in the fourth
+    assert [r.WhichOneof("record_type") for r in records(path)] == ["history", "history", "exit"]
+    assert closed(path)
+    path.write_bytes(data[:-1])  # torn: its last piece is short
+    assert not closed(path)
