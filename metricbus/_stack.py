@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -139,7 +140,7 @@ class Stack:
         self.broker_rss_mb = 0.0
         self._memory_next_check = 0.0
         self._memory_retry_at = 0.0
-        self._memory_said = False
+        self._memory_said = ""  #: the last put-off reason said, its numbers aside
         #: the groups that had committed before the last planned restart, and until when the
         #: next waits for them to commit on the new broker
         self._groups_before: set[str] = set()
@@ -226,7 +227,7 @@ class Stack:
             return
         self.broker_rss_mb = rss
         if rss <= limit:
-            self._memory_said = False
+            self._memory_said = ""
             return
         if now < self._memory_retry_at:
             return
@@ -237,9 +238,11 @@ class Stack:
         self._planned_restart(broker, rss, now)
 
     def _put_off(self, rss_mb: float, why: str, now: float) -> None:
+        """Say why the restart waits: once per reason (its numbers aside), so a change of reason shows."""
         self._memory_retry_at = now + MEMORY_RETRY_S
-        if not self._memory_said:
-            self._memory_said = True
+        reason = re.sub(r"\d+", "#", why)
+        if self._memory_said != reason:
+            self._memory_said = reason
             self.report(
                 f"metricbus up: the embedded broker holds {rss_mb:.0f} MB (over METRICBUS_BROKER_MAX_MB="
                 f"{self.settings.broker_max_mb:.0f}); its restart is put off: {why}"
@@ -319,7 +322,7 @@ class Stack:
         if rss_mb - carried < limit / 2:  # a restart would free little; the consumers catch up first
             why = f"what the consumers still need would take {carried:.0f} of its {rss_mb:.0f} MB again"
         if why:
-            self._memory_said = False
+            self._memory_said = ""
             self._put_off(rss_mb, why, now)
             for child in self.children:
                 self._start(child)
@@ -358,7 +361,7 @@ class Stack:
         for child in self.children:
             self._start(child)
         self.planned_restarts += 1
-        self._memory_said = False
+        self._memory_said = ""
         count_restart("broker (planned)")
         log.warning(
             "planned broker restart %d %s (it held %.0f MB); %d records carried; stream checkpoints "

@@ -214,3 +214,16 @@ def test_a_consumer_slower_than_the_training_jobs_does_not_stop_the_restarts(sta
     assert stack._far_behind(130.0) == ""  # frees ~104 MB: restart, carrying the W&B sink's fifth
     why = stack._far_behind(18.0)  # frees ~14 MB, under half the bound: put off, nothing stopped
     assert "20 of the 100 records" in why and "free little" in why
+
+
+def test_a_put_off_is_said_again_when_its_reason_changes_not_when_its_numbers_do(stack):
+    """A soak's terminal said 'not every consumer is back' once, then nothing for five minutes
+    while the restart waited for another reason (a slow sink's backlog)."""
+    now = time.monotonic()
+    said = len(stack.lines)
+    stack._put_off(40.0, "not every consumer is back on the restarted broker yet (a, b)", now)
+    stack._put_off(41.0, "not every consumer is back on the restarted broker yet (a, b)", now)
+    stack._put_off(42.0, "the consumers have 1849 of the 1971 records still to read: free little", now)
+    stack._put_off(43.0, "the consumers have 1901 of the 2010 records still to read: free little", now)
+    new = stack.lines[said:]
+    assert len(new) == 2 and "not every consumer" in new[0] and "1849 of the 1971" in new[1]
