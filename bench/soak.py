@@ -42,6 +42,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -140,6 +141,7 @@ def main() -> None:
         if held >= events:
             break
         time.sleep(2)
+    lags = group_lags(settings)  # what each consumer had still to read when `up` stops
     stop.set()
     up.send_signal(signal.SIGINT)
     up.wait(60)
@@ -159,6 +161,23 @@ def main() -> None:
     )
     for kind in ("tensorboard", "wandb"):
         print(f"{kind} sink: {sink_held(kind, tmp / kind, run.run_id, events)}")
+    print(f"records still to read per consumer group when `up` stopped: {lags}")
+
+
+def group_lags(settings: Any) -> str:
+    """Each consumer group's records still to read (all topics), as ``metricbus status`` reads them."""
+    from metricbus._lag import LagProbe
+
+    probe = LagProbe(settings)
+    try:
+        samples = probe.sample()
+    except Exception as exc:  # noqa: BLE001 - the soak reports what it holds either way
+        return f"cannot read them ({exc})"
+    finally:
+        probe.close()
+    return (
+        ", ".join(f"{group}: {s.error or f'{s.lag:,}'}" for group, s in sorted(samples.items())) or "no group"
+    )
 
 
 def sink_held(kind: str, out: Path, run_id: str, events: int) -> str:

@@ -24,7 +24,14 @@ from pathlib import Path
 
 import psutil
 
-from schemas import MetricbusError, Settings, count_restart, ensure_topics, mark_broker_restarting
+from schemas import (
+    MetricbusError,
+    Settings,
+    count_restart,
+    ensure_topics,
+    mark_broker_restarting,
+    unmark_broker_restarting,
+)
 
 from . import _proc
 from ._broker import EmbeddedBroker
@@ -344,6 +351,11 @@ class Stack:
                     if attempt == 19:
                         raise
                     time.sleep(0.5)
+            # Producers hold what they send on the new broker too until the carry is in, so that
+            # the carry goes before their re-sent last minute: a consumer reads every partition in
+            # seq order (in a soak the W&B sink read the re-sent minute, then a carried backlog
+            # of 400,000 events, and meanwhile its highest seq stood 400,000 above what it held).
+            mark_broker_restarting(self.settings)
             ensure_topics(self.settings)
             publish(self.settings, records)
             carried_over = True
@@ -356,6 +368,8 @@ class Stack:
                 "send their last minute again). The consumers start again; a broker that is not "
                 "running is restarted as after a crash."
             )
+        if broker.proc is not None and broker.proc.poll() is None:
+            self._unmark_restarting()
         rebased = rebase(checkpoints)  # the old broker is gone either way: its offsets with it
         self._groups_before, self._groups_wait_until = groups, time.monotonic() + GROUPS_BACK_S
         for child in self.children:
@@ -371,6 +385,23 @@ class Stack:
             rss_mb,
             len(records) if carried_over else 0,
             rebased,
+        )
+
+    def _unmark_restarting(self) -> None:
+        """Let the producers send to the restarted broker (they hold while its marker exists)."""
+        error: MetricbusError | None = None
+        for attempt in range(5):
+            try:
+                unmark_broker_restarting(self.settings)
+                return
+            except MetricbusError as exc:
+                error = exc
+                time.sleep(0.5 * (attempt + 1))
+        log.error("planned broker restart: its marker cannot be deleted (%s)", error)
+        self.report(
+            f"metricbus up: the restarted broker's marker topic {self.settings.topics.restarting} "
+            f"cannot be deleted ({error}): live training jobs hold their records until it is gone "
+            "(or the broker restarts). Delete it with any Kafka admin tool."
         )
 
     def _restart_broker(self, broker: EmbeddedBroker, now: float) -> None:

@@ -405,16 +405,8 @@ class Publisher:
     def _check(self, transport: Transport, now: float) -> None:
         try:
             transport.verify()
-        except BrokerRestarting:  # `metricbus up` restarts its broker: hold on until it is back
-            if not self._restarting_said:
-                self._restarting_said = True
-                log.warning(
-                    "%s is restarting (planned): the last %d acknowledged records are held until "
-                    "the new broker has them",
-                    self.describe_target(),
-                    self._unverified,
-                )
-            self._next_attempt = now + RESTART_CHECK_S
+        except BrokerRestarting as exc:
+            self._hold(exc, now)
             return
         except TransportError:
             self._failures += 1  # as a failed send: back off, check again then
@@ -426,10 +418,24 @@ class Publisher:
         else:
             self._unverified = 0
 
+    def _hold(self, why: BrokerRestarting, now: float) -> None:
+        """`metricbus up` restarts its broker: send nothing until the new one is ready."""
+        if not self._restarting_said:
+            self._restarting_said = True
+            log.warning(
+                "%s: the last %d acknowledged records are held and nothing is sent until the broker is back",
+                why,
+                self._unverified,
+            )
+        self._next_attempt = now + RESTART_CHECK_S
+
     def _send(self, records: list[bytes]) -> bool:
         """One send; on failure, back off (and note a lost topic); True when acknowledged."""
         try:
             self.transport.send(self._key, records)
+        except BrokerRestarting as exc:  # found at a reconnect: nothing was sent
+            self._hold(exc, time.monotonic())
+            return False
         except TransportError as exc:
             if self.transport.take_lost():  # what the broker acknowledged may be gone: resend it first
                 self._resend_retained = bool(self._retained)

@@ -1,7 +1,9 @@
 """Sending encoded records to Kafka from the publisher thread (kafka-python).
 
 Any failure closes the client; the next send reconnects and re-creates missing topics, which
-is what a restarted memory-only broker needs (it forgets every topic).
+is what a restarted memory-only broker needs (it forgets every topic). A topic this transport had
+sent to is left a few seconds to whoever restarted the broker, and nothing is sent while
+``metricbus up``'s ``restarting`` marker exists: the records it carries over go first.
 
 A send counts as delivered only if, after the acknowledgement, the topic still has the topic
 id it had when we connected. Reason, measured here: when the embedded broker (Tansu) restarts
@@ -14,11 +16,16 @@ from __future__ import annotations
 
 import atexit
 import logging
+import time
 from typing import Any, Protocol
 
 from schemas import MAX_RECORD_BYTES, BrokerError, MetricbusError, Settings, client_options, ensure_topics
 
 log = logging.getLogger("metricbus.producer")
+
+#: Seconds a producer waits, after finding gone a topic it had sent to, for whoever restarted
+#: the broker to create it again before creating it itself (``KafkaTransport._hold_unless_ready``).
+TOPIC_WAIT_S = 5.0
 
 
 class TransportError(MetricbusError):
@@ -74,26 +81,36 @@ class KafkaTransport:
         self._admin: Any = None
         self._topic_id: str | None = None
         self._lost = False
+        self._had_topic = False  # connected once: a topic gone since is not ours to create at once
+        self._gone_since: float | None = None
 
     def take_lost(self) -> bool:
         """True once after the topic was found lost or re-created (what it held may be gone)."""
         lost, self._lost = self._lost, False
         return lost
 
-    def _connect(self) -> Any:
-        from kafka import KafkaProducer
+    def _open_admin(self) -> Any:
+        """The admin client: creates the topics at a connect, checks them after sends."""
         from kafka.admin import KafkaAdminClient
-        from kafka.errors import KafkaError
 
-        timeout_ms = int(self.send_timeout_s * 1000)
-        try:
-            # one admin client: creates the topics now, checks them after each send later
+        if self._admin is None:
+            timeout_ms = int(self.send_timeout_s * 1000)
             self._admin = KafkaAdminClient(
                 **client_options(self.settings),
                 client_id="metricbus-producer-check",
                 request_timeout_ms=timeout_ms,
                 bootstrap_timeout_ms=min(timeout_ms, 3000),
             )
+        return self._admin
+
+    def _connect(self) -> Any:
+        from kafka import KafkaProducer
+        from kafka.errors import KafkaError
+
+        timeout_ms = int(self.send_timeout_s * 1000)
+        try:
+            self._open_admin()
+            self._hold_unless_ready(*self._current_topic_id())
             ensure_topics(self.settings, admin=self._admin)
             self._producer = KafkaProducer(
                 **client_options(self.settings),
@@ -121,10 +138,37 @@ class KafkaTransport:
             previous, self._topic_id = self._topic_id, self._current_topic_id()[0]
             if previous is not None and self._topic_id != previous:
                 self._lost = True  # reconnected to a broker that re-created the topic
+            self._had_topic, self._gone_since = True, None
+        except BrokerRestarting:
+            self.close()
+            raise
         except (KafkaError, BrokerError, OSError) as exc:
             self.close()
             raise TransportError(f"cannot connect to {self.settings.bootstrap_servers}: {exc}") from exc
         return self._producer
+
+    def _hold_unless_ready(self, topic_id: str | None, restarting: bool) -> None:
+        """Raise BrokerRestarting while a connect must not send (nor create the topic) yet.
+
+        While ``metricbus up`` restarts its broker (the marker exists), and for up to
+        ``TOPIC_WAIT_S`` after finding gone a topic this transport had sent to: the one who
+        restarted the broker creates the topics (``up`` creates its marker first, then the
+        topics, publishes what the consumers had not read, then deletes the marker), and what a
+        producer sent before that would go before the carried records. After that wait (a broker
+        restarted by hand) the producer creates the topic itself.
+        """
+        if restarting:
+            raise BrokerRestarting(f"{self.settings.bootstrap_servers} is restarting (planned)")
+        if topic_id is not None or not self._had_topic:
+            return
+        now = time.monotonic()
+        if self._gone_since is None:
+            self._gone_since = now
+        if now - self._gone_since < TOPIC_WAIT_S:
+            raise BrokerRestarting(
+                f"{self.topic} is gone from {self.settings.bootstrap_servers} (the broker restarted?): "
+                f"waiting up to {TOPIC_WAIT_S:.0f} s for it to be created again"
+            )
 
     def send(self, key: bytes, records: list[bytes]) -> None:
         """Send records in order; raise TransportError unless every one was acknowledged."""
@@ -163,14 +207,19 @@ class KafkaTransport:
         """
         from kafka.errors import KafkaError
 
-        if self._admin is None:
+        if self._admin is None and not self._unverified:
             return
         try:
+            self._open_admin()  # after a failed send closed it, acknowledged records are checked too
             current, restarting = self._current_topic_id()
         except (KafkaError, OSError) as exc:
             self.close()
             raise TransportError(f"cannot check topic {self.topic}: {exc}") from exc
         if restarting:  # `metricbus up` is carrying its broker's records over a planned restart
+            # Closed, so that nothing more is sent until a connect finds the marker gone: an open
+            # producer would send on to the broker about to go, and then by itself to the new one
+            # before its marker and topics exist (ahead of the carried records).
+            self.close()
             raise BrokerRestarting(f"{self.settings.bootstrap_servers} is restarting (planned)")
         self._unverified = False
         if current is None or current != self._topic_id:

@@ -59,6 +59,7 @@ from ._kafka import (
     make_producer,
     mark_broker_restarting,
     ssl_context,
+    unmark_broker_restarting,
 )
 from ._names import check_run_id, checked_ids, path_segment
 from ._registry import SCHEMA_DIR, SchemaVersion, load_versions
@@ -134,6 +135,7 @@ __all__ = [
     "default_codec",
     "ensure_topics",
     "mark_broker_restarting",
+    "unmark_broker_restarting",
     "load_versions",
     "path_segment",
     "run_started",

@@ -76,6 +76,35 @@ def mark_broker_restarting(settings: Settings, timeout_s: float = 10.0) -> None:
     _create_topics(settings, {settings.topics.restarting: 1}, timeout_s)
 
 
+def unmark_broker_restarting(settings: Settings, timeout_s: float = 10.0) -> None:
+    """Delete the ``restarting`` marker topic: the restarted broker is ready for producers.
+
+    Raises BrokerError (a marker left in place holds every live producer's sends).
+    """
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import KafkaError, UnknownTopicOrPartitionError
+
+    from ._errors import BrokerError
+
+    try:
+        admin = KafkaAdminClient(
+            **client_options(settings),
+            request_timeout_ms=int(timeout_s * 1000),
+            bootstrap_timeout_ms=int(timeout_s * 1000),
+            client_id="metricbus-admin",
+        )
+        try:
+            admin.delete_topics([settings.topics.restarting], timeout_ms=int(timeout_s * 1000))
+        except UnknownTopicOrPartitionError:
+            pass  # already gone: the state we want
+        finally:
+            admin.close()
+    except KafkaError as exc:
+        raise BrokerError(
+            f"deleting {settings.topics.restarting} on {settings.bootstrap_servers} failed: {exc}"
+        ) from exc
+
+
 def _create_topics(
     settings: Settings, wanted: dict[str, int], timeout_s: float, admin: Any = None
 ) -> list[str]:

@@ -50,7 +50,9 @@ class Topics:
 
         Created on the old broker once the carry-over has begun (never by ``ensure_topics``):
         a producer whose check finds it holds on to what that broker acknowledged since, and
-        sends it again to the new one (``producers._publisher``).
+        sends it again to the new one (``producers._publisher``). Created on the new broker
+        too, first, and deleted once the carry is published there: the carried records go
+        before the producers' re-sent ones.
         """
         return f"{self.prefix}broker-restarting"
 

@@ -63,7 +63,32 @@ def test_while_the_broker_restarts_nothing_acknowledged_counts_as_checked(tmp_pa
     transport._unverified = True
     with pytest.raises(BrokerRestarting):
         transport.verify()
-    assert transport.unverified and not transport.take_lost() and transport._admin is not None
+    assert transport.unverified and not transport.take_lost()
+    assert transport._admin is None and transport._producer is None  # nothing is sent on meanwhile
     transport._admin = Admin("new-id")  # the new broker: no marker, the topic re-created
     transport.verify()
     assert transport.take_lost() and not transport.unverified  # the held window is resent
+
+
+def test_a_topic_gone_after_sends_is_left_to_whoever_restarted_the_broker_for_a_few_seconds(
+    tmp_path, monkeypatch
+):
+    """`metricbus up` creates its marker, then the topics, publishes the carry, deletes the
+    marker: a producer that created the topic itself first would send ahead of the carry."""
+    from producers import _transport
+
+    now = [100.0]
+    monkeypatch.setattr(_transport.time, "monotonic", lambda: now[0])
+    transport = KafkaTransport(Settings(data_dir=tmp_path, bootstrap="127.0.0.1:1"))
+    transport._hold_unless_ready(None, restarting=False)  # a first connect creates the topic
+    with pytest.raises(BrokerRestarting, match="restarting"):
+        transport._hold_unless_ready("id", restarting=True)
+    transport._had_topic = True  # as after a connect
+    with pytest.raises(BrokerRestarting, match="gone"):
+        transport._hold_unless_ready(None, restarting=False)
+    now[0] += _transport.TOPIC_WAIT_S - 0.1
+    with pytest.raises(BrokerRestarting, match="gone"):
+        transport._hold_unless_ready(None, restarting=False)
+    now[0] += 0.2  # nobody created it: a broker restarted by hand, the producer creates it
+    transport._hold_unless_ready(None, restarting=False)
+    transport._hold_unless_ready("new-id", restarting=False)
