@@ -12,17 +12,18 @@ topic starts over (``status`` reads counts from it; the records were already log
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
-from schemas import Settings, make_producer
+from schemas import Settings, make_consumer, make_producer
 
 from ._lag import LagProbe, PartitionLag
 from ._read import read_topic
 
 log = logging.getLogger("metricbus.up")
 
-#: (topic, partition, key, value) of one record to publish again
-Record = tuple[str, int, bytes | None, bytes]
+#: (topic, partition, offset on the old broker, key, value) of one record to publish again
+Record = tuple[str, int, int, bytes | None, bytes]
 
 
 def committed(settings: Settings) -> dict[str, list[PartitionLag]]:
@@ -93,7 +94,7 @@ class Unread:
             for topic, offsets in self.starts.items():
                 for r in read_topic(self.settings, topic, idle_s=0.5, timeout_s=120.0, starts=offsets):
                     if r.offset >= offsets.get(r.partition, 0):
-                        self.records.append((topic, r.partition, r.key, r.value))
+                        self.records.append((topic, r.partition, r.offset, r.key, r.value))
                         offsets[r.partition] = r.offset + 1
                         found += 1
             if not found:
@@ -106,7 +107,7 @@ def stored_mb(settings: Settings, records: list[Record]) -> float:
     Compressed as the training jobs' batches are (``settings.compression``): the values read
     back are decompressed, and zstd stores about a third of them.
     """
-    values = [r[3] for r in records]
+    values = [r[4] for r in records]
     if settings.compression == "zstd":
         import zstandard
 
@@ -119,8 +120,32 @@ def stored_mb(settings: Settings, records: list[Record]) -> float:
     return sum(map(len, values)) / 1e6
 
 
-def publish(settings: Settings, records: list[Record], attempts: int = 5) -> None:
-    """Publish ``records`` to their topics and partitions, and wait for every acknowledgement.
+@dataclasses.dataclass
+class Placed:
+    """Where :func:`publish` put the carried records on the new broker, per (topic, partition)."""
+
+    #: (offset on the old broker, offset on the new one) of each record's last copy
+    moved: dict[tuple[str, int], list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
+    #: every offset a copy went to (a record after a refused one in its round goes twice)
+    written: dict[tuple[str, int], set[int]] = dataclasses.field(default_factory=dict)
+
+    def position(self, topic: str, partition: int, read_to: int, end: int) -> int | None:
+        """Where a consumer that had read the old partition up to ``read_to`` resumes on the new.
+
+        ``end``: the new partition's end offset now. None when that cannot be told: it holds
+        records this did not write (a producer's, sent before the carry), so the consumer must
+        read it from the start.
+        """
+        written = self.written.get((topic, partition), set())
+        if len(written) != end or (end and (min(written) != 0 or max(written) != end - 1)):
+            return None
+        return min(
+            (new for old, new in self.moved.get((topic, partition), []) if old >= read_to), default=end
+        )
+
+
+def publish(settings: Settings, records: list[Record], attempts: int = 5) -> Placed:
+    """Publish ``records`` to their topics and partitions; where each went, once acknowledged.
 
     Per partition, from the first record that failed on, the rest is sent again (up to
     ``attempts`` rounds): the embedded broker refuses one of two first batches written to a new
@@ -129,6 +154,7 @@ def publish(settings: Settings, records: list[Record], attempts: int = 5) -> Non
     got in before the failure may go twice; consumers drop it by its identity.
     Raises the last error when a partition still fails after that.
     """
+    placed = Placed()
 
     async def main() -> None:
         pending: dict[tuple[str, int], list[Record]] = {}
@@ -144,7 +170,7 @@ def publish(settings: Settings, records: list[Record], attempts: int = 5) -> Non
         try:
             for attempt in range(attempts):
                 sent = {
-                    tp: [await producer.send(t, value=v, key=k, partition=p) for t, p, k, v in rs]
+                    tp: [await producer.send(t, value=v, key=k, partition=p) for t, p, _, k, v in rs]
                     for tp, rs in pending.items()
                 }
                 failed: dict[tuple[str, int], list[Record]] = {}
@@ -152,6 +178,13 @@ def publish(settings: Settings, records: list[Record], attempts: int = 5) -> Non
                 for tp, futures in sent.items():
                     results = await asyncio.gather(*futures, return_exceptions=True)
                     first = next((i for i, r in enumerate(results) if isinstance(r, BaseException)), None)
+                    done = [(rec[2], res) for rec, res in zip(pending[tp], results, strict=True)]
+                    placed.written.setdefault(tp, set()).update(
+                        res.offset for _, res in done if not isinstance(res, BaseException)
+                    )
+                    placed.moved.setdefault(tp, []).extend(
+                        (old, res.offset) for old, res in done[:first] if not isinstance(res, BaseException)
+                    )
                     if first is not None:
                         failed[tp] = pending[tp][first:]
                         error = results[first]
@@ -173,4 +206,60 @@ def publish(settings: Settings, records: list[Record], attempts: int = 5) -> Non
             await producer.stop()
 
     if records:
+        asyncio.run(main())
+    return placed
+
+
+def end_offsets(settings: Settings, placed: Placed) -> dict[tuple[str, int], int]:
+    """The end offset now of each partition ``placed`` wrote to.
+
+    A Fetch's high watermark: the embedded broker answers ListOffsets with the last batch's
+    base offset + 1 (1 after a carry of 5 records in one batch).
+    """
+    probe = LagProbe(settings)
+    try:
+        return probe.ends({tp: max(offsets) for tp, offsets in placed.written.items() if offsets})
+    finally:
+        probe.close()
+
+
+def resume_at(
+    placed: Placed, positions: dict[str, list[PartitionLag]], ends: dict[tuple[str, int], int]
+) -> dict[str, dict[tuple[str, int], int]]:
+    """Per group of ``positions`` (its commits on the old broker), where it resumes on the new one.
+
+    ``ends``: :func:`end_offsets`. A partition that cannot be told (``Placed.position``) is left
+    out: the group reads it from the start, as a group with no commit does, dropping what it
+    already holds.
+    """
+    out: dict[str, dict[tuple[str, int], int]] = {}
+    for group, lags in positions.items():
+        for lag in lags:
+            key = (lag.topic, lag.partition)
+            if lag.committed is None or key not in ends:
+                continue
+            at = placed.position(lag.topic, lag.partition, lag.committed, ends[key])
+            if at is not None:
+                out.setdefault(group, {})[key] = at
+    return out
+
+
+def commit(settings: Settings, resume: dict[str, dict[tuple[str, int], int]]) -> None:
+    """Commit ``resume``'s positions for their groups (whose consumers are stopped)."""
+    from aiokafka import TopicPartition
+
+    async def main() -> None:
+        for group, at in resume.items():
+            offsets = {TopicPartition(t, p): offset for (t, p), offset in at.items()}
+            consumer = make_consumer(
+                settings, group_id=group, client_id="metricbus-up-carry", enable_auto_commit=False
+            )
+            consumer.assign(list(offsets))
+            await consumer.start()
+            try:
+                await consumer.commit(offsets)
+            finally:
+                await consumer.stop()
+
+    if resume:
         asyncio.run(main())

@@ -248,6 +248,14 @@ class LagProbe:
             )
         return GroupSample(group, now, parts)
 
+    def ends(self, at: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """The high watermark of each (topic, partition) of ``at``, from a Fetch at its offset."""
+        from kafka import TopicPartition
+
+        _, consumer = self._clients()
+        found, _ = self._fetch_at(consumer, {TopicPartition(t, p): offset for (t, p), offset in at.items()})
+        return {(tp.topic, tp.partition): end for tp, end in found.items()}
+
     def _fetch_at(self, consumer: Any, positions: dict[Any, int]) -> tuple[dict[Any, int], dict[Any, int]]:
         """Fetch at each position: the high watermark and the timestamp of the first record."""
         if not positions:

@@ -105,14 +105,16 @@ def offsets(directory: Path) -> dict[int, int]:
     return out
 
 
-def rebase(directory: Path) -> list[int]:
-    """Checkpoints for an events topic re-created empty; the partitions rebased.
+def rebase(directory: Path, moved: dict[int, int] | None = None) -> list[int]:
+    """Checkpoints for an events topic re-created; the partitions rebased.
 
     Used by ``metricbus up`` when it restarts the memory-only broker on purpose (to bound its
-    memory), after the workers stopped: each state covers all of the old topic, so its offset
-    becomes 0 and it is loaded when the new topic starts. Producers send their last minute
-    again; the state's dedupe drops what it already holds.
+    memory), after the workers stopped. ``moved``: per partition, the offset on the new topic of
+    the first record after the checkpoint (``up`` carried it over). A partition not in it gets
+    0: its state covers all of the old topic and is loaded when the new topic starts.
+    Producers send their last minute again; the state's dedupe drops what it already holds.
     """
+    moved = moved or {}
     done = []
     for path in sorted(Path(directory).glob("partition-*.checkpoint")):
         try:
@@ -121,7 +123,7 @@ def rebase(directory: Path) -> list[int]:
             continue  # load() says so when a worker reads it
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             continue
-        data.update(offset=0, rebased=True)
+        data.update(offset=moved.get(int(data["partition"]), 0), rebased=True)
         write(path, pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
         done.append(int(data["partition"]))
     return done

@@ -282,3 +282,54 @@ def test_what_was_carried_goes_before_what_live_training_jobs_send_again_to_the_
     first_seen = list(dict.fromkeys(steps))
     assert run._publisher.records_resent > 0  # the job did send its window again
     assert first_seen == list(range(len(first_seen))) and len(first_seen) > 100
+
+
+def test_each_group_resumes_on_the_restarted_broker_where_it_was_instead_of_reading_the_carry_again(stack):
+    """In a soak every consumer read the slow W&B sink's carried backlog again after each planned
+    restart (the archive sink dropped 1.88M duplicates in one process), on the 2 cores the W&B
+    sink needed. Each group's position is now committed on the new broker, mapped through the
+    carry; a group that never came back after a restart gets none at the next."""
+    from metricbus._lag import LagProbe
+
+    settings, events = stack.settings, stack.settings.topics.events
+    run = Run("groups", settings=stack.settings, system_metrics=False)
+    for step in range(60):
+        run.log({"Train/Loss": 1.0 / (step + 1)}, step=step)
+        if step % 10 == 9:
+            assert run.flush(30)  # a record each
+    assert run.finish(timeout=30)
+    old = [r for r in read_topic(settings, events)]
+    (partition,) = {r.partition for r in old}  # one run: one partition
+    end = max(r.offset for r in old) + 1
+    assert end >= 6
+    for group, behind in (("fast", 0), ("slow", 3), ("slowest", 5)):
+        _carry.commit(settings, {f"metricbus.test.{group}": {(events, partition): end - behind}})
+
+    def commits() -> dict[str, tuple[int | None, int]]:
+        probe = LagProbe(settings)
+        try:
+            samples = probe.sample()
+        finally:
+            probe.close()
+        return {
+            group.rsplit(".", 1)[-1]: (
+                s.partitions[(events, partition)].committed,
+                s.partitions[(events, partition)].end,
+            )
+            for group, s in samples.items()
+            if (events, partition) in s.partitions
+        }
+
+    stack._planned_restart(stack.broker, rss_mb=2000.0, now=time.monotonic())
+    new = [r for r in read_topic(settings, events)]
+    assert [r.value for r in new] == [r.value for r in old[-5:]]  # what the slowest group needs
+    assert commits() == {"fast": (5, 5), "slow": (2, 5), "slowest": (0, 5)}
+    slow = _Reader(settings, "metricbus.test.slow")
+    _run_until(slow, lambda: slow.read >= 3, kill=False)
+    time.sleep(1.0)  # anything more would have been read by now
+    assert slow.read == 3  # its three, not the run's records again
+    assert "metricbus.test.fast" in stack._far_behind(2000.0)  # not back on the new broker yet
+    stack._planned_restart(stack.broker, rss_mb=2000.0, now=time.monotonic())
+    # the fast and slowest groups never came back: no position for them on the third broker
+    # (they would read from the start if they came back), and nothing is held for them after
+    assert set(commits()) == {"slow"}

@@ -337,6 +337,12 @@ def test_up_restarts_a_broker_over_its_memory_bound_and_nothing_is_lost_or_deriv
                 break
             time.sleep(2)
         assert sorted(e.body["step"] for e in logged) == list(range(step))  # every step once
+        (done,) = [
+            line for line in wait_line(proc, "planned broker restart 1 done") if "restart 1 done" in line
+        ]
+        # every group resumed on the new broker where it was (none read the carry again), the
+        # worker's checkpoints moved with it
+        assert "metricbus.sink.parquet" in done and "metricbus.stream" in done, done
         got = {
             (n, e.body["step"]): v
             for e in derived
