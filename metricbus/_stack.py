@@ -31,6 +31,7 @@ from schemas import (
     count_restart,
     ensure_topics,
     mark_broker_restarting,
+    mark_carried_over,
     unmark_broker_restarting,
 )
 
@@ -378,6 +379,7 @@ class Stack:
             placed = publish(self.settings, records)
             carried_over = True
             moved = self._resume_groups(placed, positions, offsets(checkpoints))
+            self._mark_carried_over()
         except Exception as exc:  # noqa: BLE001 - `up` goes on: the consumers start, the broker is watched
             carried_over = False
             self._recommitted = {}
@@ -446,6 +448,17 @@ class Stack:
             if at is not None:
                 moved[partition] = at
         return moved
+
+    def _mark_carried_over(self) -> None:
+        """Tell the producers their records up to their last check are on the new broker.
+
+        They then send again only what was acknowledged since (``producers._publisher``); without
+        the marker, their whole last minute (safe, and every consumer reads it twice).
+        """
+        try:
+            mark_carried_over(self.settings)
+        except MetricbusError as exc:
+            log.warning("planned broker restart: producers will send their last minute again (%s)", exc)
 
     def _unmark_restarting(self) -> None:
         """Let the producers send to the restarted broker (they hold while its marker exists)."""

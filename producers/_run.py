@@ -64,6 +64,7 @@ class OfflineTransport:
     """Sends nothing: offline mode keeps every event in the spool for ``metricbus sync``."""
 
     offline = True
+    carried_over = False
 
     def send(self, key: bytes, records: list[bytes]) -> None:
         """Refuse; the records stay spooled."""

@@ -50,6 +50,10 @@ class Transport(Protocol):
     def take_lost(self) -> bool:
         """True once after the broker was seen to have lost the topic (a memory-only restart)."""
 
+    #: after ``take_lost``: the new topic holds what was acknowledged up to the last passing
+    #: :meth:`verify` (``metricbus up`` carried it over), so only what came after is sent again
+    carried_over: bool
+
     @property
     def unverified(self) -> bool:
         """Records were acknowledged since the last :meth:`verify`."""
@@ -81,6 +85,7 @@ class KafkaTransport:
         self._admin: Any = None
         self._topic_id: str | None = None
         self._lost = False
+        self.carried_over = False
         self._had_topic = False  # connected once: a topic gone since is not ours to create at once
         self._gone_since: float | None = None
 
@@ -137,7 +142,7 @@ class KafkaTransport:
                 atexit.unregister(cleanup)
             previous, self._topic_id = self._topic_id, self._current_topic_id()[0]
             if previous is not None and self._topic_id != previous:
-                self._lost = True  # reconnected to a broker that re-created the topic
+                self._note_lost()  # reconnected to a broker that re-created the topic
             self._had_topic, self._gone_since = True, None
         except BrokerRestarting:
             self.close()
@@ -228,9 +233,23 @@ class KafkaTransport:
             # reconnected by itself to a restarted broker keeps "delivering" to a topic that
             # does not exist there (acknowledged, kept nowhere), which a topic id of None then
             # matched forever (test_broker_killed_mid_run_..., 3 runs in 4 on 2026-11-23).
-            self._lost = True
             self._topic_id = current
+            self._note_lost()
             self.close()
+
+    def _note_lost(self) -> None:
+        """The topic is not the one acknowledged records went to (and was it carried over?)."""
+        self._lost = True
+        self.carried_over = False
+        if self._topic_id is None:
+            return
+        marker = self.settings.topics.carried(self._topic_id)
+        try:
+            found = self._admin.describe_topics([marker])
+        except Exception as exc:  # noqa: BLE001 - not known: the whole window is sent again
+            log.debug("cannot look for %s (%s)", marker, exc)
+            return
+        self.carried_over = any(d["name"] == marker and not d["error_code"] for d in found)
 
     def _current_topic_id(self) -> tuple[str | None, bool]:
         """The topic's id (None if the broker has none) and whether the broker is restarting.

@@ -58,6 +58,7 @@ from ._kafka import (
     make_consumer,
     make_producer,
     mark_broker_restarting,
+    mark_carried_over,
     ssl_context,
     unmark_broker_restarting,
 )
@@ -135,6 +136,7 @@ __all__ = [
     "default_codec",
     "ensure_topics",
     "mark_broker_restarting",
+    "mark_carried_over",
     "unmark_broker_restarting",
     "load_versions",
     "path_segment",

@@ -76,6 +76,36 @@ def mark_broker_restarting(settings: Settings, timeout_s: float = 10.0) -> None:
     _create_topics(settings, {settings.topics.restarting: 1}, timeout_s)
 
 
+def mark_carried_over(settings: Settings, timeout_s: float = 10.0) -> str:
+    """Create the ``carried`` marker of the events topic as it is now; its name.
+
+    Raises BrokerError (also when the topic has no id to name it by).
+    """
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    from ._errors import BrokerError
+
+    try:
+        admin = KafkaAdminClient(
+            **client_options(settings),
+            request_timeout_ms=int(timeout_s * 1000),
+            bootstrap_timeout_ms=int(timeout_s * 1000),
+            client_id="metricbus-admin",
+        )
+        try:
+            (found,) = admin.describe_topics([settings.topics.events])
+            if found["error_code"] or not found.get("topic_id"):
+                raise BrokerError(f"{settings.topics.events} has no topic id on {settings.bootstrap_servers}")
+            name = settings.topics.carried(str(found["topic_id"]))
+            _create_topics(settings, {name: 1}, timeout_s, admin)
+        finally:
+            admin.close()
+    except KafkaError as exc:
+        raise BrokerError(f"marking the carry-over on {settings.bootstrap_servers} failed: {exc}") from exc
+    return name
+
+
 def unmark_broker_restarting(settings: Settings, timeout_s: float = 10.0) -> None:
     """Delete the ``restarting`` marker topic: the restarted broker is ready for producers.
 

@@ -56,8 +56,17 @@ class Topics:
         """
         return f"{self.prefix}broker-restarting"
 
+    def carried(self, topic_id: str) -> str:
+        """A marker: ``metricbus up`` carried over into the events topic of this id.
+
+        It holds what the broker before held up to its ``restarting`` marker (a planned
+        restart). A producer that finds its topic re-created and this marker then sends again only what
+        was acknowledged since its last check, not its whole last minute.
+        """
+        return f"{self.prefix}broker-carried-{topic_id}"
+
     def all(self) -> tuple[str, ...]:
-        """Every topic, in creation order (not the ``restarting`` marker)."""
+        """Every topic, in creation order (not the markers)."""
         return (self.events, self.aggregates, self.alerts, self.deadletter)
 
 

@@ -30,6 +30,7 @@ class FakeTransport:
         return False
 
     unverified = False
+    carried_over = False
 
     def verify(self) -> None:
         pass

@@ -10,16 +10,22 @@ class Admin:
     """describe_topics of a broker whose events topic was re-created (a memory-only restart), or
     does not exist (topic_id None); ``restarting``: `metricbus up`'s marker topic exists."""
 
-    def __init__(self, topic_id, restarting=False):
+    def __init__(self, topic_id, restarting=False, carried=False):
         self.topic_id = topic_id
         self.restarting = restarting
+        self.carried = carried  # `up` carried the old broker's records into this topic
         self.calls = 0
 
     def describe_topics(self, topics):
         self.calls += 1
         out = []
         for name in topics:
-            exists = self.restarting if name.endswith("broker-restarting") else self.topic_id is not None
+            if name.endswith("broker-restarting"):
+                exists = self.restarting
+            elif "broker-carried-" in name:
+                exists = self.carried and name.endswith(f"-{self.topic_id}")
+            else:
+                exists = self.topic_id is not None
             if exists:
                 out.append({"name": name, "error_code": 0, "topic_id": self.topic_id or "marker-id"})
             else:  # UNKNOWN_TOPIC_OR_PARTITION
@@ -40,7 +46,7 @@ def test_a_recreated_topic_is_reported_lost_once_then_the_new_one_is_trusted(tmp
     transport._unverified = True
     transport.verify()
     assert not transport.take_lost()  # the same new topic: nothing lost again (it looped before)
-    assert admin.calls == 2
+    assert admin.calls == 3  # a request per check, and one look for `up`'s carry marker once lost
 
 
 def test_a_topic_missing_after_acknowledgements_is_lost_every_time_until_it_exists(tmp_path):
@@ -92,3 +98,16 @@ def test_a_topic_gone_after_sends_is_left_to_whoever_restarted_the_broker_for_a_
     now[0] += 0.2  # nobody created it: a broker restarted by hand, the producer creates it
     transport._hold_unless_ready(None, restarting=False)
     transport._hold_unless_ready("new-id", restarting=False)
+
+
+def test_a_topic_up_carried_the_old_one_into_is_lost_with_only_the_unchecked_records_to_resend(tmp_path):
+    transport = KafkaTransport(Settings(data_dir=tmp_path, bootstrap="127.0.0.1:1"))
+    transport._admin = Admin("new-id", carried=True)
+    transport._topic_id = "old-id"
+    transport._unverified = True
+    transport.verify()
+    assert transport.take_lost() and transport.carried_over
+    transport._admin = Admin("newer-id")  # restarted again, by hand this time: no marker
+    transport._unverified = True
+    transport.verify()
+    assert transport.take_lost() and not transport.carried_over
