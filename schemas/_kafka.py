@@ -71,6 +71,19 @@ def ensure_topics(settings: Settings, timeout_s: float = 10.0, admin: Any = None
     )
 
 
+def _admin_client(settings: Settings, timeout_s: float) -> Any:
+    """A KafkaAdminClient for metricbus's own topic chores (the caller closes it)."""
+    from kafka.admin import KafkaAdminClient
+
+    ms = int(timeout_s * 1000)
+    return KafkaAdminClient(
+        **client_options(settings),
+        request_timeout_ms=ms,
+        bootstrap_timeout_ms=ms,
+        client_id="metricbus-admin",
+    )
+
+
 def mark_broker_restarting(settings: Settings, timeout_s: float = 10.0) -> None:
     """Create the ``restarting`` marker topic (see ``Topics.restarting``). Raises BrokerError."""
     _create_topics(settings, {settings.topics.restarting: 1}, timeout_s)
@@ -81,18 +94,12 @@ def mark_carried_over(settings: Settings, timeout_s: float = 10.0) -> str:
 
     Raises BrokerError (also when the topic has no id to name it by).
     """
-    from kafka.admin import KafkaAdminClient
     from kafka.errors import KafkaError
 
     from ._errors import BrokerError
 
     try:
-        admin = KafkaAdminClient(
-            **client_options(settings),
-            request_timeout_ms=int(timeout_s * 1000),
-            bootstrap_timeout_ms=int(timeout_s * 1000),
-            client_id="metricbus-admin",
-        )
+        admin = _admin_client(settings, timeout_s)
         try:
             (found,) = admin.describe_topics([settings.topics.events])
             if found["error_code"] or not found.get("topic_id"):
@@ -111,18 +118,12 @@ def unmark_broker_restarting(settings: Settings, timeout_s: float = 10.0) -> Non
 
     Raises BrokerError (a marker left in place holds every live producer's sends).
     """
-    from kafka.admin import KafkaAdminClient
     from kafka.errors import KafkaError, UnknownTopicOrPartitionError
 
     from ._errors import BrokerError
 
     try:
-        admin = KafkaAdminClient(
-            **client_options(settings),
-            request_timeout_ms=int(timeout_s * 1000),
-            bootstrap_timeout_ms=int(timeout_s * 1000),
-            client_id="metricbus-admin",
-        )
+        admin = _admin_client(settings, timeout_s)
         try:
             admin.delete_topics([settings.topics.restarting], timeout_ms=int(timeout_s * 1000))
         except UnknownTopicOrPartitionError:
@@ -139,7 +140,7 @@ def _create_topics(
     settings: Settings, wanted: dict[str, int], timeout_s: float, admin: Any = None
 ) -> list[str]:
     """Create the topics of ``wanted`` (name: partitions) that are missing; return those created."""
-    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.admin import NewTopic
     from kafka.errors import KafkaError, TopicAlreadyExistsError
 
     from ._errors import BrokerError
@@ -147,12 +148,7 @@ def _create_topics(
     own = admin is None
     try:
         if own:
-            admin = KafkaAdminClient(
-                **client_options(settings),
-                request_timeout_ms=int(timeout_s * 1000),
-                bootstrap_timeout_ms=int(timeout_s * 1000),
-                client_id="metricbus-admin",
-            )
+            admin = _admin_client(settings, timeout_s)
     except KafkaError as exc:
         raise BrokerError(
             f"cannot reach Kafka at {settings.bootstrap_servers} to create topics: {exc}. "
