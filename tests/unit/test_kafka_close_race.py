@@ -1,0 +1,38 @@
+"""kafka-python's IO thread reading a socket that close() took away is not an error of ours."""
+
+import logging
+import socket
+
+import pytest
+
+import schemas._kafka  # noqa: F401 - installs the filter on kafka-python's transport logger
+
+pytest.importorskip("kafka.net.transport", reason="kafka-python 3's network layer")
+from kafka.net.transport import KafkaTCPTransport  # noqa: E402
+
+
+def _transport(sock) -> KafkaTCPTransport:
+    t = KafkaTCPTransport.__new__(KafkaTCPTransport)  # no event loop: only the read path runs
+    t._sock, t.host, t._closed = sock, "127.0.0.1", False
+    return t
+
+
+def test_a_read_of_a_socket_close_took_away_logs_no_traceback(caplog):
+    t = _transport(None)
+    t._closed = True  # what close() leaves behind while the IO thread is between wait and read
+    with caplog.at_level(logging.DEBUG, logger="kafka"):
+        data, err = t._sock_recv()
+    assert data == b"" and err is not None  # kafka-python's own code ran the failing read
+    assert [r for r in caplog.records if r.exc_info] == []
+
+
+def test_a_read_error_on_an_open_socket_is_still_logged(caplog):
+    a, b = socket.socketpair()
+    b.close()
+    a.close()  # recv on a closed socket object: OSError (bad file descriptor)
+    t = _transport(a)
+    with caplog.at_level(logging.DEBUG, logger="kafka"):
+        _, err = t._sock_recv()
+    assert err is not None
+    logged = [r.getMessage() for r in caplog.records if r.exc_info]
+    assert len(logged) == 1 and logged[0].endswith("Error receiving network data closing socket")
