@@ -115,8 +115,9 @@ class KafkaTransport:
         timeout_ms = int(self.send_timeout_s * 1000)
         try:
             self._open_admin()
-            self._hold_unless_ready(*self._current_topic_id())
-            ensure_topics(self.settings, admin=self._admin)
+            found, restarting = self._current_topic_id()
+            self._hold_unless_ready(found, restarting)
+            created = ensure_topics(self.settings, admin=self._admin)
             self._producer = KafkaProducer(
                 **client_options(self.settings),
                 client_id="metricbus-producer",
@@ -140,7 +141,9 @@ class KafkaTransport:
             cleanup = getattr(self._producer, "_cleanup", None)
             if cleanup is not None:
                 atexit.unregister(cleanup)
-            previous, self._topic_id = self._topic_id, self._current_topic_id()[0]
+            if found is None or self.topic in created:  # its id is the new topic's
+                found = self._current_topic_id()[0]
+            previous, self._topic_id = self._topic_id, found
             if previous is not None and self._topic_id != previous:
                 self._note_lost()  # reconnected to a broker that re-created the topic
             self._had_topic, self._gone_since = True, None
