@@ -295,15 +295,21 @@ class Stack:
         events = self.settings.topics.events
         ends: dict[int, int] = {}
         needed: dict[int, int] = {}
-        for lag in (lag for lags in positions.values() for lag in lags):
-            if lag.topic == events and lag.committed is not None:
-                ends[lag.partition] = max(ends.get(lag.partition, 0), lag.end)
-                needed[lag.partition] = min(needed.get(lag.partition, lag.committed), lag.committed)
+        behind: dict[str, int] = {}  # per group, its records of the events topic still to read
+        for group, lags in positions.items():
+            for lag in lags:
+                if lag.topic == events and lag.committed is not None:
+                    ends[lag.partition] = max(ends.get(lag.partition, 0), lag.end)
+                    needed[lag.partition] = min(needed.get(lag.partition, lag.committed), lag.committed)
+                    behind[group] = behind.get(group, 0) + max(0, lag.end - lag.committed)
         total, unread = sum(ends.values()), sum(ends[p] - needed[p] for p in ends)
         if total and rss_mb * (1 - unread / total) < self.settings.broker_max_mb / 2:
+            slowest = max(behind, key=lambda g: behind[g])
             return (
-                f"the consumers have {unread} of the {total} records of {events} still to read: "
-                "a restart would free little"
+                f"the consumers have {unread} of the {total} records of {events} still to read, "
+                f"most of them {slowest} ({behind[slowest]}): a restart would free little (a consumer "
+                "that stays this far behind is slower than the training jobs: `up --sink-instances N` "
+                "shares each sink's partitions among N processes, given the cores)"
             )
         return ""
 

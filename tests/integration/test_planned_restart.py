@@ -215,6 +215,7 @@ def test_a_consumer_slower_than_the_training_jobs_does_not_stop_the_restarts(sta
     assert stack._far_behind(130.0) == ""  # frees ~104 MB: restart, carrying the W&B sink's fifth
     why = stack._far_behind(18.0)  # frees ~14 MB, under half the bound: put off, nothing stopped
     assert "20 of the 100 records" in why and "free little" in why
+    assert "most of them metricbus.sink.wandb (20)" in why  # the operator sees which one, and what to do
 
 
 def test_a_put_off_is_said_again_when_its_reason_changes_not_when_its_numbers_do(stack):
