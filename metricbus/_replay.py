@@ -65,8 +65,10 @@ def replay_to_sink(
 
     Idempotent per output: what the sink already holds there (its ``recover``) is skipped, so a
     second replay into the same place writes nothing. Returns (events read, events written).
+    From the archive a run is read a chunk at a time (``iter_events``), so a long run does not
+    have to fit in memory as Python objects.
     """
-    from sinks import Feeder, read_events
+    from sinks import Feeder, iter_events
 
     feeder = Feeder(sink)
     sink.open()
@@ -75,22 +77,25 @@ def replay_to_sink(
         for run_id in runs:
             if source == "kafka":
                 events = events_from_kafka(settings, run_id)
+                chunks: Iterable[list[Any]] = (events[i : i + chunk] for i in range(0, len(events), chunk))
             else:
-                events = read_events(settings.archive_dir, run_id, derived=True)
-            if not events:
-                where = settings.topics.events if source == "kafka" else settings.archive_dir
-                raise MetricbusError(f"run {run_id!r} is not in {where}")
-            for start in range(0, len(events), chunk):
-                fresh = feeder.fresh(events[start : start + chunk])
+                chunks = iter_events(settings.archive_dir, run_id, derived=True, rows=chunk * 2)
+            found = 0
+            for events in chunks:
+                found += len(events)
+                fresh = feeder.fresh(events)
                 rejected = feeder.write(fresh)
                 for event, reason in rejected:
                     log.error(
                         "replay: %s seq %d of run %s not written: %s", event.kind, event.seq, run_id, reason
                     )
                 written += len(fresh) - len(rejected)
+            if not found:
+                where = settings.topics.events if source == "kafka" else settings.archive_dir
+                raise MetricbusError(f"run {run_id!r} is not in {where}")
             sink.derived_complete(run_id)
             sink.flush()
-            read += len(events)
+            read += found
     finally:
         sink.close()
     return read, written
@@ -106,7 +111,7 @@ def replay_to_kafka(settings: Settings, target: Settings, runs: Iterable[str]) -
     """
     from producers import KafkaTransport
     from schemas import MAX_RECORD_BYTES, encode_fitting
-    from sinks import read_events
+    from sinks import iter_events
 
     codec = default_codec()
     transport = KafkaTransport(target, send_timeout_s=30.0)
@@ -120,16 +125,18 @@ def replay_to_kafka(settings: Settings, target: Settings, runs: Iterable[str]) -
 
     try:
         for run_id in runs:
-            events = read_events(settings.archive_dir, run_id)
-            by_producer: dict[str, list[Any]] = {}
-            for e in events:
-                by_producer.setdefault(e.producer_id, []).append(e)
-            for producer_id, evs in by_producer.items():
-                for start in range(0, len(evs), 500):
-                    batch = [(e.seq, e.ts_ms, e.kind, e.body) for e in evs[start : start + 500]]
-                    records = encode_fitting(codec, run_id, producer_id, batch, MAX_RECORD_BYTES, rejected)
-                    transport.send(run_id.encode(), records)
-            total += len(events)
+            for events in iter_events(settings.archive_dir, run_id):  # in (producer, seq) order
+                by_producer: dict[str, list[Any]] = {}
+                for e in events:
+                    by_producer.setdefault(e.producer_id, []).append(e)
+                for producer_id, evs in by_producer.items():
+                    for start in range(0, len(evs), 500):
+                        batch = [(e.seq, e.ts_ms, e.kind, e.body) for e in evs[start : start + 500]]
+                        records = encode_fitting(
+                            codec, run_id, producer_id, batch, MAX_RECORD_BYTES, rejected
+                        )
+                        transport.send(run_id.encode(), records)
+                total += len(events)
     finally:
         transport.close()
     return total
