@@ -6,11 +6,12 @@ pandas is the ``analysis`` extra; a missing pandas fails with its pip line.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from schemas import (
+    CONFIG_UPDATE,
     RUN_FINISHED,
     RUN_STARTED,
     MetricbusError,
@@ -82,7 +83,7 @@ def runs(project: str | None = None, settings: Settings | None = None) -> Any:
     ``config`` is the run's config (its starts and updates merged); the ``summary`` column holds
     what ``finish(summary=...)`` recorded.
     """
-    from sinks import read_events
+    from sinks import iter_events, run_extent
 
     pandas = _pandas()
     archive = _archive(settings)
@@ -92,21 +93,27 @@ def runs(project: str | None = None, settings: Settings | None = None) -> Any:
         run_project = run_dir.parent.name.split("=", 1)[1]
         if project is not None and run_project != project:
             continue
-        try:
-            events = read_events(archive, run_id)
+        try:  # a run's metrics are counted by Arrow, never turned into Python objects
+            extent = run_extent(archive, run_id)
+            control = [e for c in iter_events(archive, run_id, kinds=_CONTROL) for e in c]
         except (OSError, ValueError):
             continue  # a run directory being written right now
-        rows.append(_row(run_id, run_project, events))
+        rows.append(_row(run_id, run_project, extent or _NOTHING, control))
     columns = ["run_id", "project", "name", "state", "first_step", "last_step", "events", "started", "ended"]
     return pandas.DataFrame(rows, columns=[*columns, "config", "summary"])
 
 
-def _row(run_id: str, project: str, events: Iterable[Any]) -> dict[str, Any]:
-    events = list(events)
-    started = [e for e in events if e.kind == RUN_STARTED]
-    finished = [e for e in events if e.kind == RUN_FINISHED]
-    steps = [e.body["step"] for e in events if "step" in e.body and e.body.get("step") is not None]
-    stamps = [e.ts_ms for e in events]
+#: the events a run's row is read from (besides its extent)
+_CONTROL = frozenset({RUN_STARTED, RUN_FINISHED, CONFIG_UPDATE})
+#: the extent of a run with no logged event (only the stream's derived ones)
+_NOTHING: dict[str, Any] = dict.fromkeys(("first_step", "last_step", "first_ts_ms", "last_ts_ms"))
+_NOTHING["events"] = 0
+
+
+def _row(run_id: str, project: str, extent: dict[str, Any], control: list[Any]) -> dict[str, Any]:
+    """A run's row of :func:`runs`: ``extent`` (``sinks.run_extent``) and its ``_CONTROL`` events."""
+    started = [e for e in control if e.kind == RUN_STARTED]
+    finished = [e for e in control if e.kind == RUN_FINISHED]
     summary: dict[str, Any] = {}
     for e in finished:
         summary.update(e.body.get("summary") or {})
@@ -115,12 +122,12 @@ def _row(run_id: str, project: str, events: Iterable[Any]) -> dict[str, Any]:
         "project": project,
         "name": started[0].body["name"] if started else run_id,
         "state": finished[-1].body["status"] if finished else "running or crashed",
-        "first_step": min(steps) if steps else None,
-        "last_step": max(steps) if steps else None,
-        "events": len(events),
-        "started": _when(min(stamps)) if stamps else None,
-        "ended": _when(max(stamps)) if finished else None,
-        "config": run_config(events),
+        "first_step": extent["first_step"],
+        "last_step": extent["last_step"],
+        "events": extent["events"],
+        "started": _when(extent["first_ts_ms"]) if extent["first_ts_ms"] is not None else None,
+        "ended": _when(extent["last_ts_ms"]) if finished else None,
+        "config": run_config(control),
         "summary": summary,
     }
 

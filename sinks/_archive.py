@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +65,12 @@ def read_table(
     project: str | None = None,
     columns: list[str] | None = None,
     ordered: bool = True,
+    kinds: Collection[str] | None = None,
 ) -> pa.Table:
     """Read the archive (or one run / project of it) as one Arrow table, sorted by producer and seq.
 
-    ``ordered=False``: in the files' order (a caller that sorts a chunk at a time).
+    ``ordered=False``: in the files' order (a caller that sorts a chunk at a time). ``kinds``:
+    only the rows of events of these kinds (filtered while the files are read).
     """
     import pyarrow.dataset as ds
 
@@ -85,7 +87,8 @@ def read_table(
             if not paths:
                 return SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
             dataset = ds.dataset([str(p) for p in paths], schema=SCHEMA, format="parquet")
-            table = dataset.to_table(columns=columns)
+            only = None if kinds is None else ds.field("kind").isin(sorted(kinds))
+            table = dataset.to_table(columns=columns, filter=only)
             break
         except FileNotFoundError:
             if attempt == 9:
@@ -142,9 +145,17 @@ _EVENT_COLUMNS = (
 
 
 def iter_events(
-    archive: Path, run_id: str, codec: Codec | None = None, derived: bool = False, rows: int = 1 << 17
+    archive: Path,
+    run_id: str,
+    codec: Codec | None = None,
+    derived: bool = False,
+    rows: int = 1 << 17,
+    kinds: Collection[str] | None = None,
 ) -> Iterator[list[Event]]:
     """:func:`read_events` in chunks of the events of about ``rows`` archive rows each.
+
+    ``kinds``: only events of these kinds (``{RUN_STARTED, RUN_FINISHED}``: no metric rows
+    become Python objects).
 
     Only the run's Arrow table (~100 bytes an archive row) and one chunk's Python objects are
     held at once: a whole run's rows as Python dicts took ~14 KB per ten-scalar event (2.8 GB
@@ -154,7 +165,7 @@ def iter_events(
     import pyarrow.compute as pc
 
     codec = codec or default_codec()
-    table = read_table(archive, run_id, columns=list(_EVENT_COLUMNS), ordered=False)
+    table = read_table(archive, run_id, columns=list(_EVENT_COLUMNS), ordered=False, kinds=kinds)
     if not derived:
         table = table.filter(pc.not_equal(table["producer_id"], DERIVED_PRODUCER))
     # sorted a chunk at a time by the order's indices: a sorted copy of the whole table doubled
@@ -203,6 +214,28 @@ def iter_events(
             yield done
     if events:
         yield events
+
+
+def run_extent(archive: Path, run_id: str) -> dict[str, Any] | None:
+    """What a run's logged events span, from three columns: None when the archive has none.
+
+    ``events`` (distinct identities), ``first_step``/``last_step`` (None without steps),
+    ``first_ts_ms``/``last_ts_ms``.
+    """
+    import pyarrow.compute as pc
+
+    table = read_table(archive, run_id, columns=["producer_id", "seq", "ts_ms", "step"], ordered=False)
+    table = table.filter(pc.not_equal(table["producer_id"], DERIVED_PRODUCER))
+    if not table.num_rows:
+        return None
+    steps, stamps = pc.min_max(table["step"]), pc.min_max(table["ts_ms"])
+    return {
+        "events": table.group_by(["producer_id", "seq"]).aggregate([]).num_rows,
+        "first_step": steps["min"].as_py(),
+        "last_step": steps["max"].as_py(),
+        "first_ts_ms": stamps["min"].as_py(),
+        "last_ts_ms": stamps["max"].as_py(),
+    }
 
 
 def tidy(archive: Path, run_id: str, derived: bool = True, labels: bool = False) -> pa.Table:

@@ -69,6 +69,12 @@ def test_runs_lists_every_run_with_its_config_and_state(settings):
     assert row["config"] == {"lr": 0.2, "warmup": 5}  # the start's config with its update
     assert frame.set_index("run_id").loc["run-a", "summary"] == {"best": 4.0}
     assert list(metricbus.runs(project="sft", settings=settings)["run_id"]) == ["run-c"]
+    # counted from the archive's columns (a run's metrics never become Python objects here);
+    # the stream's derived events are not the run's
+    a = frame.set_index("run_id").loc["run-a"]
+    assert (a["events"], a["first_step"], a["last_step"]) == (8, 0, 4)
+    assert a["started"].value // 10**6 == 1_700_000_000_000 and a["ended"].value // 10**6 == 1_700_000_007_000
+    assert row["events"] == 7 and str(row["ended"]) == "NaT"  # run-b: no RunFinished
 
 
 def test_labelled_values_get_their_labels_in_tidy_rows_and_a_column_per_label_when_wide(tmp_path):

@@ -331,3 +331,9 @@ def test_a_run_read_in_chunks_is_the_run_read_whole_with_every_event_whole(archi
             chunks += 1
             seen += [(e.seq, e.ts_ms, e.fingerprint, repr(e.body)) for e in chunk]  # as handed out
         assert seen == expected and (rows > 7 or chunks > 10)
+    only = [
+        e
+        for chunk in iter_events(archive.archive_dir, "run-1", kinds={HISTOGRAM, RUN_STARTED})
+        for e in chunk
+    ]
+    assert [(e.seq, e.kind, e.body) for e in only] == [(e.seq, e.kind, e.body) for e in (events[0], hist)]
