@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import datetime
+import itertools
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -145,17 +146,24 @@ def replay_to_kafka(settings: Settings, target: Settings, runs: Iterable[str]) -
 def backtest(
     settings: Settings, rules_path: Path, run_id: str, config_path: Path | None = None
 ) -> list[dict[str, Any]]:
-    """Alerts ``rules_path`` would have raised on an archived run, in order."""
-    from sinks import read_events
+    """Alerts ``rules_path`` would have raised on an archived run, in order (read a chunk at a time)."""
+    from sinks import iter_events
 
-    events = read_events(settings.archive_dir, run_id)
-    if not events:
+    found = [0]
+
+    def events() -> Iterator[Event]:
+        for chunk in iter_events(settings.archive_dir, run_id):
+            found[0] += len(chunk)
+            yield from chunk
+
+    alerts = rule_alerts(events(), rules_path, config_path)
+    if not found[0]:
         raise MetricbusError(f"run {run_id!r} is not in the archive at {settings.archive_dir}")
-    return rule_alerts(events, rules_path, config_path)
+    return alerts
 
 
 def rule_alerts(
-    events: Sequence[Event], rules_path: Path, config_path: Path | None = None
+    events: Iterable[Event], rules_path: Path, config_path: Path | None = None
 ) -> list[dict[str, Any]]:
     """Alerts the rules raise on a run's logged events, fed as the live worker takes them."""
     from stream_jobs import StreamProcessor, load_config, load_rules
@@ -163,8 +171,9 @@ def rule_alerts(
     cfg = load_config(config_path) if config_path is not None else None
     processor = StreamProcessor(cfg, rules=load_rules(rules_path))
     alerts: list[dict[str, Any]] = []
-    for start in range(0, len(events), 100):  # records of ~100 events, as live
-        alerts.extend(processor.process(events[start : start + 100]).alerts)
+    stream = iter(events)
+    while batch := list(itertools.islice(stream, 100)):  # records of ~100 events, as live
+        alerts.extend(processor.process(batch).alerts)
     return alerts
 
 
