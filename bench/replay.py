@@ -1,5 +1,7 @@
 """Replay speed: archive -> TensorBoard event files with metricbus, beside writing the same
 scalars straight through torch's SummaryWriter, in the same run; and reading the archive.
+Then each one's peak resident memory, in a process of its own (``BENCH_STEPS=200000`` for a
+long run: a replay holds the run's Arrow table and one chunk of it as Python objects).
 
 Targets (issue 4): replay >= 2x SummaryWriter's scalars/s; reading the archive >= 1M scalars/s.
 """
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -116,7 +119,42 @@ def main() -> None:
         "scalars/s",
     )
     print(f"\nreading the archive (pyarrow, step/name/value): {rd:,.0f} scalars/s (target >= 1,000,000)")
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(tmp) / "archive"
+        run_id = build_archive(archive)
+        ours_mb = peak_mb("replay", str(archive), run_id, str(Path(tmp) / "replay"))
+        peer_mb = peak_mb("writer", str(Path(tmp) / "sw"))
+    table(
+        "peak resident memory, each in a process of its own (MB; lower is better)",
+        [
+            ("metricbus replay (archive -> TB)", ours_mb, "imports metricbus, pyarrow, tensorboard"),
+            ("torch SummaryWriter.add_scalar", peer_mb, "imports torch; nothing read"),
+        ],
+        ours_mb,
+        "MB",
+    )
+
+
+def peak_mb(*args: str) -> float:
+    """Run one contender in a fresh interpreter; its peak resident memory (MB)."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--peak", *args], capture_output=True, text=True, check=True
+    ).stdout
+    return float(out.split()[-1])
+
+
+def peak_child(what: str, *args: str) -> None:
+    if what == "replay":
+        replay(Path(args[0]), args[1], Path(args[2]))
+    else:
+        summary_writer(Path(args[0]))
+    # VmHWM, not ru_maxrss: that one keeps the forking parent's peak across exec
+    status = Path("/proc/self/status").read_text().splitlines()
+    print(int(next(line for line in status if line.startswith("VmHWM")).split()[1]) / 1024)  # kB
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--peak"]:
+        peak_child(*sys.argv[2:])
+    else:
+        main()
