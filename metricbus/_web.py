@@ -38,6 +38,14 @@ STREAM_TICK_S = 0.5
 KEEPALIVE_S = 15.0
 #: A run's health is computed from the archive at most this often (per run).
 HEALTH_EVERY_S = 10.0
+#: ... and no sooner than this many times what it took: a long run's health reads the whole run
+#: from the archive (seconds, ~4.5 KB per event held), and an open run page asks every 15 s
+HEALTH_COST_FACTOR = 10.0
+
+
+def health_stale(computed_at: float, took_s: float, now: float) -> bool:
+    """Whether a run's cached health is due to be computed again."""
+    return now - computed_at >= max(HEALTH_EVERY_S, HEALTH_COST_FACTOR * took_s)
 
 
 class Pipeline:
@@ -164,20 +172,23 @@ def build_app(
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=_NO_CACHE)
 
-    health_cache: dict[str, tuple[float, dict[str, Any]]] = {}
+    health_cache: dict[str, tuple[float, float, dict[str, Any]]] = {}  # at, took, health
+    health_lock = threading.Lock()  # one at a time: each holds a whole run's events
 
     def api_health(request: Request) -> Response:
-        """The run's health from the archive (``metricbus health``), at most every HEALTH_EVERY_S."""
+        """The run's health from the archive (``metricbus health``), computed again only when stale."""
         run_id = request.path_params["run_id"]
         if not _valid(run_id):
             return JSONResponse({"error": f"no run {run_id[:200]!r}"}, status_code=404)
-        cached = health_cache.get(run_id)
-        if cached is not None and time.monotonic() - cached[0] < HEALTH_EVERY_S:
-            return JSONResponse(cached[1])
-        found = _health(settings, run_id)
-        if found is None:
-            return JSONResponse({"error": f"run {run_id!r} is not in the archive (yet)"}, status_code=404)
-        health_cache[run_id] = (time.monotonic(), found)
+        with health_lock:  # pages of one run asking together wait for one computation
+            cached = health_cache.get(run_id)
+            if cached is not None and not health_stale(cached[0], cached[1], time.monotonic()):
+                return JSONResponse(cached[2])
+            started = time.monotonic()
+            found = _health(settings, run_id)
+            if found is None:
+                return JSONResponse({"error": f"run {run_id!r} is not in the archive (yet)"}, status_code=404)
+            health_cache[run_id] = (time.monotonic(), time.monotonic() - started, found)
         return JSONResponse(found)
 
     def metrics(request: Request) -> Response:
