@@ -390,11 +390,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115
         try:
-            for row in table.to_pylist():
-                row["wall_time"] = row["wall_time"].isoformat()
-                if "labels" in row:
-                    row["labels"] = dict(row["labels"] or ())
-                out.write(json.dumps(row) + "\n")
+            for batch in table.to_batches(max_chunksize=1 << 16):  # not every row as a dict at once
+                for row in batch.to_pylist():
+                    row["wall_time"] = row["wall_time"].isoformat()
+                    if "labels" in row:
+                        row["labels"] = dict(row["labels"] or ())
+                    out.write(json.dumps(row) + "\n")
         finally:
             if args.out:
                 out.close()
