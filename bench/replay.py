@@ -107,6 +107,8 @@ def main() -> None:
             ours.append(replay(archive, run_id, Path(tmp) / f"replay{r}"))
             peer.append(summary_writer(Path(tmp) / f"sw{r}"))
             reads.append(read_archive(archive, run_id))
+        ours_mb = peak_mb("replay", str(archive), run_id, str(Path(tmp) / "replay-peak"))
+        peer_mb = peak_mb("writer", str(Path(tmp) / "sw-peak"))
     o, p, rd = statistics.median(ours), statistics.median(peer), statistics.median(reads)
     print(f"{STEPS * METRICS:,} scalars ({METRICS} metrics x {STEPS:,} steps), median of {REPEATS} runs")
     table(
@@ -119,11 +121,6 @@ def main() -> None:
         "scalars/s",
     )
     print(f"\nreading the archive (pyarrow, step/name/value): {rd:,.0f} scalars/s (target >= 1,000,000)")
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = Path(tmp) / "archive"
-        run_id = build_archive(archive)
-        ours_mb = peak_mb("replay", str(archive), run_id, str(Path(tmp) / "replay"))
-        peer_mb = peak_mb("writer", str(Path(tmp) / "sw"))
     table(
         "peak resident memory, each in a process of its own (MB; lower is better)",
         [

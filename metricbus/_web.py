@@ -175,15 +175,21 @@ def build_app(
     health_cache: dict[str, tuple[float, float, dict[str, Any]]] = {}  # at, took, health
     health_lock = threading.Lock()  # one at a time: each holds a whole run's events
 
+    def fresh_health(run_id: str) -> dict[str, Any] | None:
+        cached = health_cache.get(run_id)
+        stale = cached is None or health_stale(cached[0], cached[1], time.monotonic())
+        return None if stale or cached is None else cached[2]
+
     def api_health(request: Request) -> Response:
         """The run's health from the archive (``metricbus health``), computed again only when stale."""
         run_id = request.path_params["run_id"]
         if not _valid(run_id):
             return JSONResponse({"error": f"no run {run_id[:200]!r}"}, status_code=404)
+        if (fresh := fresh_health(run_id)) is not None:  # waits on no other run's computation
+            return JSONResponse(fresh)
         with health_lock:  # pages of one run asking together wait for one computation
-            cached = health_cache.get(run_id)
-            if cached is not None and not health_stale(cached[0], cached[1], time.monotonic()):
-                return JSONResponse(cached[2])
+            if (fresh := fresh_health(run_id)) is not None:
+                return JSONResponse(fresh)
             started = time.monotonic()
             found = _health(settings, run_id)
             if found is None:
