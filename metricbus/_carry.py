@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Callable, Collection
+from typing import Any
 
-from schemas import Settings, make_consumer, make_producer
+from schemas import MetricbusError, Settings, make_consumer, make_producer
 
 from ._lag import LagProbe, PartitionLag
 from ._read import read_topic
@@ -69,6 +71,53 @@ def oldest_needed(
     return out
 
 
+def unread_records(
+    positions: dict[str, list[PartitionLag]], topic: str, exclude: Collection[str] = ()
+) -> tuple[int, int, dict[str, int]]:
+    """(unread, total, behind) of ``topic``, from the groups' commits.
+
+    ``unread``: the records some group not in ``exclude`` has still to read (from the oldest
+    such commit of each partition to its end); ``total``: the records in the topic; ``behind``:
+    per group (all of them), its own backlog.
+    """
+    ends: dict[int, int] = {}
+    needed: dict[int, int] = {}
+    behind: dict[str, int] = {}
+    for group, lags in positions.items():
+        for lag in lags:
+            if lag.topic != topic or lag.committed is None:
+                continue
+            ends[lag.partition] = max(ends.get(lag.partition, 0), lag.end)
+            behind[group] = behind.get(group, 0) + max(0, lag.end - lag.committed)
+            if group not in exclude:
+                needed[lag.partition] = min(needed.get(lag.partition, lag.committed), lag.committed)
+    return sum(ends[p] - needed.get(p, ends[p]) for p in ends), sum(ends.values()), behind
+
+
+def leave_behind(
+    positions: dict[str, list[PartitionLag]],
+    topic: str,
+    leavable: Collection[str],
+    must: Collection[str],
+    frees: Callable[[int, int], bool],
+) -> set[str]:
+    """The sink groups a planned restart leaves behind (to catch up from the archive).
+
+    ``must`` (groups not back since the last restart, or still catching up) always; then, while
+    ``frees(unread, total)`` says a restart would free too little, the group of ``leavable``
+    furthest behind, one at a time. When even leaving all of them would not do, only ``must``:
+    the restart is put off anyway, and a group left behind pays a read of its runs.
+    """
+    leave = set(must) & set(leavable)
+    candidates = sorted(set(leavable) - leave, key=lambda g: -unread_records(positions, topic)[2].get(g, 0))
+    trial = set(leave)
+    for group in candidates:
+        if frees(*unread_records(positions, topic, trial)[:2]):
+            return trial
+        trial.add(group)
+    return trial if frees(*unread_records(positions, topic, trial)[:2]) else leave
+
+
 class Unread:
     """The records from per-partition starts to the end of each topic, read in passes.
 
@@ -80,25 +129,73 @@ class Unread:
     Without the marker, records acknowledged and confirmed after the last pass were lost
     (test_stack, 2026-11-23: a producer that finished in that moment). A partition no group
     committed on is read whole.
+
+    ``holes``: per group left behind (``leave_behind``), per topic and partition where it had
+    read to (a partition it has no commit on: from the start). Its records below ``starts``
+    are not carried; the runs they belong to (their keys) are collected in ``hole_runs``, each
+    with whether the stream worker's record that closes the run was among them.
     """
 
-    def __init__(self, settings: Settings, starts: dict[str, dict[int, int]]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        starts: dict[str, dict[int, int]],
+        holes: dict[str, dict[str, dict[int, int]]] | None = None,
+    ) -> None:
         self.settings = settings
-        self.starts = {topic: dict(offsets) for topic, offsets in starts.items()}
+        self.carry_from = {topic: dict(offsets) for topic, offsets in starts.items()}
+        self.holes = holes or {}
+        self.starts = {
+            topic: {
+                p: min([at] + [h.get(topic, {}).get(p, 0) for h in self.holes.values()])
+                for p, at in offsets.items()
+            }
+            for topic, offsets in starts.items()
+        }
         self.records: list[Record] = []
+        self.hole_runs: dict[str, dict[str, bool]] = {group: {} for group in self.holes}
 
     def read(self, passes: int = 20) -> None:
         """Read up to ``passes`` passes, until one finds nothing new."""
         for _ in range(passes):
             found = 0
             for topic, offsets in self.starts.items():
-                for r in read_topic(self.settings, topic, idle_s=0.5, timeout_s=120.0, starts=offsets):
-                    if r.offset >= offsets.get(r.partition, 0):
-                        self.records.append((topic, r.partition, r.offset, r.key, r.value))
-                        offsets[r.partition] = r.offset + 1
-                        found += 1
+
+                def carried(r: Any, topic: str = topic, offsets: dict[int, int] = offsets) -> bool:
+                    if r.offset < offsets.get(r.partition, 0):
+                        return False  # read by an earlier pass
+                    offsets[r.partition] = r.offset + 1
+                    if r.offset < self.carry_from[topic].get(r.partition, 0):
+                        self._in_hole(topic, r)
+                        return False
+                    return True
+
+                for r in read_topic(
+                    self.settings, topic, idle_s=0.5, timeout_s=120.0, starts=offsets, keep=carried
+                ):
+                    self.records.append((topic, r.partition, r.offset, r.key, r.value))
+                    found += 1
             if not found:
                 break
+
+    def _in_hole(self, topic: str, record: Any) -> None:
+        """Note the run of a record some group left behind had not read."""
+        from schemas import SchemaError, check_run_id, decode_aggregates, default_codec
+
+        try:
+            run = check_run_id(bytes(record.key or b"").decode())
+        except (UnicodeDecodeError, MetricbusError):
+            return  # a record no sink takes (dead-lettered), so none was archived
+        closes = False
+        if topic == self.settings.topics.aggregates:
+            try:
+                closes = decode_aggregates(default_codec(), record.value).closes_run
+            except SchemaError:
+                pass
+        for group, hole in self.holes.items():
+            if record.offset >= hole.get(topic, {}).get(record.partition, 0):
+                runs = self.hole_runs[group]
+                runs[run] = runs.get(run, False) or closes
 
 
 def stored_mb(settings: Settings, records: list[Record]) -> float:

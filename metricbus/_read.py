@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from schemas import MAX_RECORD_BYTES, Settings, client_options, fetch_options
@@ -39,10 +40,12 @@ def read_topic(
     idle_s: float = 1.0,
     timeout_s: float = 30.0,
     starts: dict[int, int] | None = None,
+    keep: Callable[[Any], bool] | None = None,
 ) -> list[Any]:
     """Every record of ``topic`` in partition order (no consumer group).
 
-    From the beginning, or per partition from the offset in ``starts``.
+    From the beginning, or per partition from the offset in ``starts``. ``keep``: only the
+    records it returns True for are returned (it sees every one; the rest are not held).
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -73,7 +76,7 @@ def read_topic(
             while time.monotonic() < deadline:
                 batches = await consumer.getmany(timeout_ms=200)
                 for records in batches.values():
-                    out.extend(records)
+                    out.extend(records if keep is None else filter(keep, records))
                     last_data = time.monotonic()
                 caught_up = True
                 for tp in tps:

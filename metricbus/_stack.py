@@ -39,7 +39,7 @@ from . import _proc
 from ._broker import EmbeddedBroker
 
 if TYPE_CHECKING:
-    from ._carry import Placed
+    from ._carry import Placed, Unread
     from ._lag import PartitionLag
 
 log = logging.getLogger("metricbus.up")
@@ -283,28 +283,23 @@ class Stack:
             positions = committed(self.settings)
         except RuntimeError as exc:
             return f"cannot read the consumer groups ({exc})"
+        leavable = self._leavable(positions)
         missing = sorted(
             group
-            for group in self._groups_before
+            for group in self._groups_before - leavable  # a sink left behind catches up from the archive
             # no commit on the new broker yet, or still the one `up` made there
             if group not in positions or self._recommitted.get(group) == _commits(positions[group])
         )
         if missing and time.monotonic() < self._groups_wait_until:
             # each would lose what it had not read: the carry goes by the groups' commits
             return f"not every consumer is back on the restarted broker yet ({', '.join(missing)})"
+        from ._carry import unread_records
+
         events = self.settings.topics.events
-        ends: dict[int, int] = {}
-        needed: dict[int, int] = {}
-        behind: dict[str, int] = {}  # per group, its records of the events topic still to read
-        for group, lags in positions.items():
-            for lag in lags:
-                if lag.topic == events and lag.committed is not None:
-                    ends[lag.partition] = max(ends.get(lag.partition, 0), lag.end)
-                    needed[lag.partition] = min(needed.get(lag.partition, lag.committed), lag.committed)
-                    behind[group] = behind.get(group, 0) + max(0, lag.end - lag.committed)
-        total, unread = sum(ends.values()), sum(ends[p] - needed[p] for p in ends)
-        if total and rss_mb * (1 - unread / total) < self.settings.broker_max_mb / 2:
-            slowest = max(behind, key=lambda g: behind[g])
+        leave = self._leave_behind(positions, rss_mb)
+        unread, total, behind = unread_records(positions, events, leave)
+        if total and not self._frees(rss_mb)(unread, total):
+            slowest = max((g for g in behind if g not in leave), key=lambda g: behind[g])
             return (
                 f"the consumers have {unread} of the {total} records of {events} still to read, "
                 f"most of them {slowest} ({behind[slowest]}): a restart would free little (a consumer "
@@ -312,6 +307,57 @@ class Stack:
                 "shares each sink's partitions among N processes, given the cores)"
             )
         return ""
+
+    def _frees(self, rss_mb: float) -> Callable[[int, int], bool]:
+        """Whether a restart would free half the bound, carrying ``unread`` of the ``total`` records."""
+        half = self.settings.broker_max_mb / 2
+        return lambda unread, total: not total or rss_mb * (1 - unread / total) >= half
+
+    def _leavable(self, positions: dict[str, list[PartitionLag]]) -> set[str]:
+        """The groups a planned restart may leave behind: sinks, while the archive sink runs.
+
+        What a group left behind had not read is below every other group's commit, so below
+        the archive sink's, which commits only what it flushed: the archive holds it.
+        """
+        from sinks import ParquetArchive
+        from sinks._catchup import pending_groups
+
+        prefix = f"{self.settings.topic_prefix}sink."
+        archive = f"{prefix}{ParquetArchive.name}"
+        if archive not in positions:
+            return set()
+        groups = set(positions) | self._groups_before | pending_groups(self.settings)
+        return {g for g in groups if g.startswith(prefix) and g != archive}
+
+    def _leave_behind(self, positions: dict[str, list[PartitionLag]], rss_mb: float) -> set[str]:
+        """The sink groups the next planned restart leaves behind to catch up from the archive.
+
+        Those not back since the last restart, or still catching up; then, while a restart
+        would free too little, the one furthest behind (``_carry.leave_behind``).
+        """
+        from sinks._catchup import pending_groups
+
+        from ._carry import leave_behind
+
+        leavable = self._leavable(positions)
+        pending = pending_groups(self.settings)
+        must = {
+            g
+            for g in leavable
+            if g in pending or g not in positions or self._recommitted.get(g) == _commits(positions[g])
+        }
+        return leave_behind(positions, self.settings.topics.events, leavable, must, self._frees(rss_mb))
+
+    def _holes(
+        self, positions: dict[str, list[PartitionLag]], leave: set[str]
+    ) -> dict[str, dict[str, dict[int, int]]]:
+        """Per group left behind, per topic and partition, where it had read to (none: the start)."""
+        holes: dict[str, dict[str, dict[int, int]]] = {g: {} for g in leave}
+        for group in leave & set(positions):
+            for lag in positions[group]:
+                if lag.committed is not None:
+                    holes[group].setdefault(lag.topic, {})[lag.partition] = lag.committed
+        return holes
 
     def _planned_restart(self, broker: EmbeddedBroker, rss_mb: float, now: float) -> None:
         """Restart the broker empty, carrying over what the consumers have not read.
@@ -341,10 +387,17 @@ class Stack:
         carry: Unread | None = None
         why = ""
         groups: set[str] = set()
+        leave: set[str] = set()
         try:
             positions = committed(self.settings)
             groups = set(positions)
-            carry = Unread(self.settings, oldest_needed(self.settings, offsets(checkpoints), positions))
+            leave = self._leave_behind(positions, rss_mb)
+            needed = {g: lags for g, lags in positions.items() if g not in leave}
+            carry = Unread(
+                self.settings,
+                oldest_needed(self.settings, offsets(checkpoints), needed),
+                self._holes(positions, leave),
+            )
             carry.read()
         except Exception as exc:  # noqa: BLE001 - no restart without knowing what to carry
             why = f"cannot read what the consumers still need ({exc})"
@@ -365,6 +418,7 @@ class Stack:
         except Exception as exc:  # noqa: BLE001 - the restart goes on: live producers resend their last minute
             log.warning("planned broker restart: the last read before it failed (%s)", exc)
         records = carry.records
+        self._left_behind(carry)
         moved: dict[int, int] = {}  # the stream checkpoints' offsets on the new broker
         broker.stop()
         try:
@@ -384,7 +438,7 @@ class Stack:
             ensure_topics(self.settings)
             placed = publish(self.settings, records)
             carried_over = True
-            moved = self._resume_groups(placed, positions, offsets(checkpoints))
+            moved = self._resume_groups(placed, positions, offsets(checkpoints), leave)
             self._mark_carried_over()
         except Exception as exc:  # noqa: BLE001 - `up` goes on: the consumers start, the broker is watched
             carried_over = False
@@ -417,8 +471,37 @@ class Stack:
             moved or "0",
         )
 
+    def _left_behind(self, carry: Unread) -> None:
+        """Record, for each sink group left behind, the runs it catches up on from the archive."""
+        from sinks._catchup import add_runs
+
+        for group, runs in sorted(carry.hole_runs.items()):
+            try:
+                add_runs(self.settings, group, runs)
+            except OSError as exc:
+                log.error("planned broker restart: %s's catch-up list not written (%s)", group, exc)
+                self.report(
+                    f"metricbus up: {group} was left behind by the planned broker restart, and the "
+                    f"list of runs it catches up on could not be written ({exc}): `metricbus replay` "
+                    f"them into it ({', '.join(sorted(runs)[:5])}{', ...' if len(runs) > 5 else ''})"
+                )
+                continue
+            log.warning(
+                "planned broker restart: %s left behind; it catches up on %d run(s) from the archive",
+                group,
+                len(runs),
+            )
+            self.report(
+                f"metricbus up: {group} is left behind by the planned broker restart (gone, or too "
+                f"far behind to carry its backlog): it catches up on {len(runs)} run(s) from the archive"
+            )
+
     def _resume_groups(
-        self, placed: Placed, positions: dict[str, list[PartitionLag]], checkpoints: dict[int, int]
+        self,
+        placed: Placed,
+        positions: dict[str, list[PartitionLag]],
+        checkpoints: dict[int, int],
+        leave: set[str],
     ) -> dict[int, int]:
         """Commit for each group where it resumes on the new broker; the checkpoints' offsets there.
 
@@ -433,7 +516,9 @@ class Stack:
         from ._carry import commit, end_offsets, resume_at
 
         back = {
-            group: lags for group, lags in positions.items() if self._recommitted.get(group) != _commits(lags)
+            group: lags
+            for group, lags in positions.items()
+            if self._recommitted.get(group) != _commits(lags) and group not in leave
         }
         try:
             ends = end_offsets(self.settings, placed)

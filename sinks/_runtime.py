@@ -277,6 +277,9 @@ class ConsumerLoop:
         try:
             await self._consumer.start()
             await self._producer.start()
+            await self._before_join()
+            if self._stopping.is_set():
+                return self.stats
             self._consumer.subscribe(self.topics, listener=_Listener())
             log.info("%s consuming %s as group %s", self.name, ", ".join(self.topics), self.group_id)
             while not self._stopping.is_set():
@@ -319,6 +322,9 @@ class ConsumerLoop:
 
     def _after_slice(self) -> None:
         """After a slice's offsets were marked committable (before any flush)."""
+
+    async def _before_join(self) -> None:
+        """Before the group is joined (its clients started): nothing by default."""
 
     async def _commit_start(self, assigned: Any) -> None:
         """Commit the log start of each assigned partition this group has no commit on.
@@ -514,6 +520,75 @@ class SinkRunner(ConsumerLoop):
                 await self._deadletter(self._event_bytes(event), event.run_id.encode(), reason, None)
         for run_id in closing:
             self.sink.derived_complete(run_id)
+
+    async def _before_join(self) -> None:
+        """Catch up from the archive on what a planned broker restart left this group behind on.
+
+        See ``sinks._catchup``. One instance of the group does it (the others wait, so no two
+        write a run at once); a stop asked for meanwhile is heeded between chunks, and what was
+        done by then is kept (each run is flushed before it is struck off the list).
+        """
+        from . import _catchup
+
+        if not _catchup.pending_runs(self.settings, self.group_id):
+            return
+        lock = _catchup.CatchupLock(self.settings, self.group_id)
+        while not lock.acquire():
+            if self._stopping.is_set():
+                return
+            await asyncio.sleep(0.5)  # another instance catches up; its lock goes with its process
+        try:
+            runs = _catchup.pending_runs(self.settings, self.group_id)  # what that instance left
+            if runs:
+                log.info("%s: catching up on %d run(s) from the archive", self.name, len(runs))
+            for run_id, closed in runs.items():
+                if not await self._catch_up_run(run_id, closed):
+                    return
+                _catchup.done(self.settings, self.group_id, run_id)
+        finally:
+            lock.release()
+
+    async def _catch_up_run(self, run_id: str, closed: bool) -> bool:
+        """Feed one archived run to the sink and flush it; False when stopped midway."""
+        from ._archive import iter_events
+
+        found = 0
+        chunks = iter_events(self.settings.archive_dir, run_id, self.codec, derived=True, rows=20_000)
+        while True:
+            try:
+                events = next(chunks, None)
+            except Exception as exc:  # noqa: BLE001 - an unreadable archive must not stop the sink
+                log.error(
+                    "%s: run %r cannot be read from the archive (%.300s): not caught up on "
+                    "(`metricbus replay` it once the archive is mended)",
+                    self.name,
+                    run_id,
+                    exc,
+                )
+                break
+            if events is None:
+                break
+            found += len(events)
+            self.stats.events += len(events)
+            fresh = self.feeder.fresh(events)
+            rejected = self.feeder.write(fresh)
+            self.stats.written += len(fresh) - len(rejected)
+            self.stats.duplicates = self.feeder.duplicates
+            for event, reason in rejected:
+                self.stats.rejected += 1
+                await self._deadletter(self._event_bytes(event), event.run_id.encode(), reason, None)
+            if self.due():
+                await self._flush_and_commit()  # flushes (retried with backoff); nothing to commit
+            await asyncio.sleep(0)  # a stop can be heard
+            if self._stopping.is_set():
+                await self._flush_and_commit()
+                return False
+        if not found:
+            log.warning("%s: run %r is not in the archive; nothing to catch up on", self.name, run_id)
+        if closed:
+            self.sink.derived_complete(run_id)
+        await self._flush_and_commit()
+        return not self.pending()  # else stopped while its flush failed: the run stays listed
 
     def _released(self) -> None:
         """Another instance may take this one's runs over: keep no view of them in memory.

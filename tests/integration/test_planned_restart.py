@@ -17,6 +17,7 @@ from metricbus._read import read_topic
 from metricbus._stack import Stack
 from producers import Run, sync_spools
 from schemas import METRICS, Settings, decode_events, default_codec, ensure_topics, mark_broker_restarting
+from sinks import SinkRunner
 from sinks._runtime import ConsumerLoop
 
 from .conftest import free_port
@@ -192,11 +193,16 @@ def test_the_next_planned_restart_waits_for_every_group_to_be_back_on_the_new_br
     stack._planned_restart(stack.broker, rss_mb=2000.0, now=time.monotonic())
     assert stack._groups_before == {"metricbus.sink.parquet"}
     assert stack._far_behind(2000.0) == ""  # it is back
-    stack._groups_before = {"metricbus.sink.parquet", "metricbus.sink.wandb"}
-    assert "metricbus.sink.wandb" in stack._far_behind(2000.0)  # not back yet: put off
+    stack._groups_before = {"metricbus.sink.parquet", "metricbus.alerts.pager"}
+    assert "metricbus.alerts.pager" in stack._far_behind(2000.0)  # not back yet: put off
     assert stack._groups_wait_until > time.monotonic() + _stack.GROUPS_BACK_S - 60
     stack._groups_wait_until = time.monotonic() - 1
     assert stack._far_behind(2000.0) == ""  # waited long enough
+    # a sink that is not back holds nothing: it catches up from the archive (left behind)
+    stack._groups_wait_until = time.monotonic() + 60
+    stack._groups_before = {"metricbus.sink.parquet", "metricbus.sink.wandb"}
+    assert stack._far_behind(2000.0) == ""
+    assert stack._leave_behind(_carry.committed(stack.settings), 2000.0) == {"metricbus.sink.wandb"}
 
 
 def test_a_consumer_slower_than_the_training_jobs_does_not_stop_the_restarts(stack, monkeypatch):
@@ -208,14 +214,49 @@ def test_a_consumer_slower_than_the_training_jobs_does_not_stop_the_restarts(sta
     events = stack.settings.topics.events
     lags = {
         "metricbus.sink.parquet": [_carry.PartitionLag(events, 0, committed=100, end=100, lag=0, lag_s=None)],
-        "metricbus.sink.wandb": [_carry.PartitionLag(events, 0, committed=80, end=100, lag=20, lag_s=None)],
+        "metricbus.stream-worker": [
+            _carry.PartitionLag(events, 0, committed=80, end=100, lag=20, lag_s=None)
+        ],
+        "metricbus.sink.wandb": [_carry.PartitionLag(events, 0, committed=90, end=100, lag=10, lag_s=None)],
     }
     monkeypatch.setattr(_carry, "committed", lambda settings: lags)
     stack.settings = dataclasses.replace(stack.settings, broker_max_mb=30.0)
-    assert stack._far_behind(130.0) == ""  # frees ~104 MB: restart, carrying the W&B sink's fifth
+    assert stack._far_behind(130.0) == ""  # frees ~104 MB: restart, carrying the worker's fifth
+    assert stack._leave_behind(lags, 130.0) == set()  # the sink is carried for: the restart frees enough
     why = stack._far_behind(18.0)  # frees ~14 MB, under half the bound: put off, nothing stopped
     assert "20 of the 100 records" in why and "free little" in why
-    assert "most of them metricbus.sink.wandb (20)" in why  # the operator sees which one, and what to do
+    assert "most of them metricbus.stream-worker (20)" in why  # the operator sees which one, and what to do
+
+
+def test_a_sink_too_far_behind_to_carry_for_is_left_behind_to_catch_up_from_the_archive(stack, monkeypatch):
+    """The bound held only up to the slowest consumer's backlog: a W&B sink slower than the
+    training jobs kept the broker at its backlog plus half the bound. A sink whose backlog the
+    archive holds is now left behind when carrying it would free too little (the one furthest
+    behind first), and never the archive, nor a group that is no sink."""
+    events = stack.settings.topics.events
+
+    def lag(committed: int) -> list:
+        return [_carry.PartitionLag(events, 0, committed=committed, end=100, lag=100 - committed, lag_s=None)]
+
+    lags = {
+        "metricbus.sink.parquet": lag(95),
+        "metricbus.sink.wandb": lag(20),
+        "metricbus.sink.tensorboard": lag(60),
+        "metricbus.alerts.pager": lag(90),
+    }
+    monkeypatch.setattr(_carry, "committed", lambda settings: lags)
+    stack.settings = dataclasses.replace(stack.settings, broker_max_mb=30.0)
+    assert stack._leave_behind(lags, 300.0) == set()  # carrying 80% of 300 MB frees 60 MB: no need
+    assert stack._leave_behind(lags, 60.0) == {"metricbus.sink.wandb"}  # 40% of 60 MB: frees 36 MB
+    assert stack._leave_behind(lags, 20.0) == {"metricbus.sink.wandb", "metricbus.sink.tensorboard"}
+    assert stack._far_behind(20.0) == ""  # 10% of 20 MB carried: the restart goes on
+    # the alerts consumer is no sink: it is carried for; when even then too little is freed, the
+    # restart is put off and no sink is left behind for nothing
+    assert stack._leave_behind(lags, 16.0) == set()
+    assert "80 of the 100 records" in stack._far_behind(16.0)
+    # without the archive sink nothing holds a backlog: nothing is left behind
+    del lags["metricbus.sink.parquet"]
+    assert stack._leave_behind(lags, 30.0) == set()
 
 
 def test_a_put_off_is_said_again_when_its_reason_changes_not_when_its_numbers_do(stack):
@@ -400,3 +441,77 @@ def test_without_the_carry_marker_a_training_job_sends_its_whole_last_minute_aga
     assert run._publisher.records_resent > 0
     steps = steps_on_broker(stack.settings, run.run_id)
     assert steps.count(0) == 1 and sorted(set(steps)) == list(range(40))  # the window went again
+
+
+def _sink(settings: Settings, sink) -> SinkRunner:
+    topics = [settings.topics.events, settings.topics.aggregates]
+    return SinkRunner(sink, settings, topics=topics, flush_interval_s=0.2)
+
+
+def test_a_sink_left_behind_catches_up_from_the_archive_every_step_once(stack):
+    """A TensorBoard sink that had read a run's first 100 steps of 200, left behind by a planned
+    restart while the archive sink held everything: nothing of its backlog is carried (the new
+    broker starts empty), and once it starts again it reads the rest from the archive before it
+    joins its group. TensorBoard's own reader then sees every step once."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from sinks import ParquetArchive, TensorBoardSink, read_table
+    from sinks._catchup import catchup_path, pending_runs
+
+    settings = dataclasses.replace(stack.settings, broker_max_mb=3000.0)
+    stack.settings = settings
+    events = settings.topics.events
+    run = Run("behind", settings=settings, system_metrics=False)
+    for step in range(100):
+        run.log({"Train/Loss": 1.0 / (step + 1)}, step=step)
+        if step % 20 == 19:
+            assert run.flush(30)  # a record each
+    tb_root = settings.data_dir / "tensorboard"
+    archive, board = (
+        _sink(settings, ParquetArchive(settings.archive_dir)),
+        _sink(settings, TensorBoardSink(tb_root)),
+    )
+
+    def archived() -> int:
+        try:
+            return read_table(settings.archive_dir, run.run_id).num_rows
+        except Exception:  # noqa: BLE001 - not yet written
+            return 0
+
+    _run_until(archive, lambda: archived() >= 100, kill=False)
+    _run_until(board, lambda: board.stats.written >= 101, kill=False)  # RunStarted + 100 steps
+    for step in range(100, 200):
+        run.log({"Train/Loss": 1.0 / (step + 1)}, step=step)
+        if step % 20 == 19:
+            assert run.flush(30)
+    assert run.finish(timeout=30)
+    archive = _sink(settings, ParquetArchive(settings.archive_dir))
+    _run_until(archive, lambda: archived() >= 201, kill=False)  # and RunFinished
+
+    stack._planned_restart(stack.broker, rss_mb=2000.0, now=time.monotonic())
+    assert stack.planned_restarts == 1
+    assert read_topic(settings, events) == []  # its backlog was not carried: the archive holds it
+    assert pending_runs(settings, board.group_id) == {run.run_id: False}
+    assert any("sink.tensorboard is left behind" in line for line in stack.lines)
+
+    # restarted again before it is back: what it missed since is added (a run logged meanwhile)
+    other = Run("behind-too", settings=settings, system_metrics=False)
+    other.log({"Train/Loss": 0.5}, step=0)
+    assert other.finish(timeout=30)
+    archive = _sink(settings, ParquetArchive(settings.archive_dir))
+    _run_until(archive, lambda: read_table(settings.archive_dir, other.run_id).num_rows >= 3, kill=False)
+    stack._planned_restart(stack.broker, rss_mb=2000.0, now=time.monotonic())
+    assert stack.planned_restarts == 2
+    assert pending_runs(settings, board.group_id) == {run.run_id: False, other.run_id: False}
+
+    board = _sink(settings, TensorBoardSink(tb_root))
+    _run_until(board, lambda: board._consumer is not None and board._consumer.assignment(), kill=False)
+    assert not catchup_path(settings, board.group_id).exists()
+    # the steps it had not read and RunFinished, and the other run (3 events); what it held
+    # (RunStarted, 100 steps) dropped
+    assert (board.stats.written, board.feeder.duplicates) == (104, 101)
+    for run_id, steps in ((run.run_id, range(200)), (other.run_id, range(1))):
+        (run_dir,) = {p.parent for p in tb_root.rglob(f"*{run_id}/events.out.tfevents.*")}
+        acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+        acc.Reload()
+        assert sorted(s.step for s in acc.Scalars("Train/Loss")) == list(steps)  # every step, once
