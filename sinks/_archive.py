@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +66,14 @@ def read_table(
     columns: list[str] | None = None,
     ordered: bool = True,
     kinds: Collection[str] | None = None,
+    since: Mapping[str, int] | None = None,
 ) -> pa.Table:
     """Read the archive (or one run / project of it) as one Arrow table, sorted by producer and seq.
 
     ``ordered=False``: in the files' order (a caller that sorts a chunk at a time). ``kinds``:
-    only the rows of events of these kinds (filtered while the files are read).
+    only the rows of events of these kinds; ``since``: of the producers it names, only the rows
+    of seqs from the one given (both filtered while the files are read: a file none of whose
+    rows can match is skipped by its statistics).
     """
     import pyarrow.dataset as ds
 
@@ -87,8 +90,7 @@ def read_table(
             if not paths:
                 return SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
             dataset = ds.dataset([str(p) for p in paths], schema=SCHEMA, format="parquet")
-            only = None if kinds is None else ds.field("kind").isin(sorted(kinds))
-            table = dataset.to_table(columns=columns, filter=only)
+            table = dataset.to_table(columns=columns, filter=_row_filter(kinds, since))
             break
         except FileNotFoundError:
             if attempt == 9:
@@ -97,6 +99,20 @@ def read_table(
     if ordered and (columns is None or {"producer_id", "seq"} <= set(columns)):
         table = table.sort_by([("producer_id", "ascending"), ("seq", "ascending")])
     return table
+
+
+def _row_filter(kinds: Collection[str] | None, since: Mapping[str, int] | None) -> Any:
+    """The dataset filter of :func:`read_table`'s ``kinds`` and ``since`` (None: every row)."""
+    import pyarrow.dataset as ds
+
+    only = None if kinds is None else ds.field("kind").isin(sorted(kinds))
+    if since:
+        producer, seq = ds.field("producer_id"), ds.field("seq")
+        later = ~producer.isin(sorted(since))
+        for name, first in sorted(since.items()):
+            later = later | ((producer == name) & (seq >= first))
+        only = later if only is None else only & later
+    return only
 
 
 def replaced_by(path: Path) -> list[str]:
@@ -151,6 +167,7 @@ def iter_events(
     derived: bool = False,
     rows: int = 1 << 17,
     kinds: Collection[str] | None = None,
+    since: Mapping[str, int] | None = None,
 ) -> Iterator[list[Event]]:
     """:func:`read_events` in chunks of the events of about ``rows`` archive rows each.
 
@@ -158,12 +175,12 @@ def iter_events(
     held at once: a whole run's rows as Python dicts took ~14 KB per ten-scalar event (2.8 GB
     to replay 200,000 events). A Metrics event whose rows go on in the next chunk goes whole
     in the next. ``kinds``: only events of these kinds (``{RUN_STARTED, RUN_FINISHED}``: no
-    metric row becomes a Python object).
+    metric row becomes a Python object); ``since``: as :func:`read_table`'s.
     """
     import pyarrow.compute as pc
 
     codec = codec or default_codec()
-    table = read_table(archive, run_id, columns=list(_EVENT_COLUMNS), ordered=False, kinds=kinds)
+    table = read_table(archive, run_id, columns=list(_EVENT_COLUMNS), ordered=False, kinds=kinds, since=since)
     if not derived:
         table = table.filter(pc.not_equal(table["producer_id"], DERIVED_PRODUCER))
     # sorted a chunk at a time by the order's indices: a sorted copy of the whole table doubled

@@ -24,9 +24,11 @@ from schemas import (
     Codec,
     Deduper,
     Event,
+    Interval,
     LoopMetrics,
     ScalarColumns,
     SchemaError,
+    SeqSet,
     Settings,
     all_events,
     dead_letter,
@@ -191,6 +193,12 @@ class Feeder:
             except Exception as exc:  # noqa: BLE001 - dead-lettered with the reason
                 rejected.append((e, f"{type(exc).__name__}: {exc}"))
         return rejected
+
+
+def _first_missing(intervals: Sequence[Interval]) -> int:
+    """The lowest seq not in ``intervals`` (inclusive ``(start, end)`` pairs), from 0."""
+    merged = SeqSet(list(intervals)).intervals()
+    return merged[0][1] + 1 if merged and merged[0][0] <= 0 else 0
 
 
 class ConsumerLoop:
@@ -553,7 +561,12 @@ class SinkRunner(ConsumerLoop):
         from ._archive import iter_events
 
         found = 0
-        chunks = iter_events(self.settings.archive_dir, run_id, self.codec, derived=True, rows=20_000)
+        since = {  # per producer, its first seq the sink does not hold: only from there on is read
+            producer: _first_missing(intervals) for producer, intervals in self.sink.recover(run_id).items()
+        }
+        chunks = iter_events(
+            self.settings.archive_dir, run_id, self.codec, derived=True, rows=20_000, since=since
+        )
         while True:
             try:
                 events = next(chunks, None)

@@ -64,7 +64,8 @@ class Sink:
 
     name = "memory"
 
-    def __init__(self) -> None:
+    def __init__(self, held: dict | None = None) -> None:
+        self.held = held or {}
         self.events: list[Event] = []
         self.complete: list[str] = []
         self.buffered = 0
@@ -72,7 +73,7 @@ class Sink:
     def open(self) -> None: ...
     def close(self) -> None: ...
     def recover(self, run_id):  # noqa: ANN001
-        return {}
+        return self.held.get(run_id, {})
 
     def write(self, events):  # noqa: ANN001
         self.events.extend(events)
@@ -116,13 +117,13 @@ def test_a_sink_catches_up_on_each_run_and_strikes_off_even_what_cannot_be_read(
     s = settings(tmp_path)
     archive_run(s, "r1", 5)
     archive_run(s, "r2", 3)
-    sink = Sink()
+    sink = Sink(held={"r2": {"p-r2": [(0, 1)]}})  # it holds r2's RunStarted and first step
     runner = SinkRunner(sink, s, group_id="metricbus.sink.memory")
     add_runs(s, runner.group_id, {"r1": True, "missing": False, "r2": False})
     asyncio.run(runner._before_join())
-    assert [(e.run_id, e.seq) for e in sink.events] == [("r1", i) for i in range(6)] + [
-        ("r2", i) for i in range(4)
-    ]
+    expected = [("r1", i) for i in range(6)] + [("r2", 2), ("r2", 3)]
+    assert [(e.run_id, e.seq) for e in sink.events] == expected
+    assert runner.feeder.duplicates == 0  # what it held was not even read: the archive read from seq 2
     assert sink.complete == ["r1"] and sink.buffered == 0  # closed runs told so; everything flushed
     assert pending_runs(s, runner.group_id) == {}
     # an archive that cannot be read is logged and struck off: the sink joins its group anyway
@@ -156,3 +157,15 @@ def test_another_instance_waits_while_one_catches_up_and_a_stop_is_heard_meanwhi
     asyncio.run(main())
     holder.release()
     assert pending_runs(s, "metricbus.sink.memory") == {"r1": False}  # left for whoever holds the lock next
+
+
+def test_the_archive_is_read_from_a_given_seq_per_producer_the_others_whole(tmp_path):
+    from sinks import read_table
+
+    s = settings(tmp_path)
+    archive_run(s, "r1", 5)
+    archive_run(s, "r2", 3)
+    table = read_table(s.archive_dir, since={"p-r1": 4, "p-r2": 0, "p-other": 2})
+    held = sorted(zip(table["producer_id"].to_pylist(), table["seq"].to_pylist(), strict=True))
+    assert held == [("p-r1", 4), ("p-r1", 5)] + [("p-r2", i) for i in range(4)]
+    assert read_table(s.archive_dir, "r1", since={"p-r2": 3}).num_rows == 6  # another producer's: all
