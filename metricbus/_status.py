@@ -122,6 +122,16 @@ def spools(settings: Settings) -> list[dict[str, Any]]:
     return out
 
 
+def catching_up(settings: Settings) -> list[dict[str, Any]]:
+    """Sink groups a planned broker restart left behind, with the runs each still reads from the archive."""
+    from sinks._catchup import pending_groups, pending_runs
+
+    return [
+        {"group": group, "runs": sorted(pending_runs(settings, group))}
+        for group in sorted(pending_groups(settings))
+    ]
+
+
 def snapshot(
     settings: Settings, board: RunBoard, groups: list[dict[str, Any]], deadletters: dict[str, Any]
 ) -> dict[str, Any]:
@@ -136,6 +146,7 @@ def snapshot(
         "groups": groups,
         "dead_letters": deadletters,
         "spools": spools(settings),
+        "catching_up": catching_up(settings),
         "board": {"records": board.records, "skipped": board.skipped, "error": board.error},
     }
 
@@ -208,6 +219,12 @@ def format_status(snap: dict[str, Any]) -> str:
         lines.append(
             f"  {_cut(g['group'], 40):<40} {g['status']:<5} lag {g['lag']:>7} records "
             f"{_age(g['lag_s'] if g['lag'] else None):>6}  {g['commit_rate']:>8.1f} rec/s  {g['reason']}"
+        )
+    for c in snap.get("catching_up", []):
+        runs = ", ".join(_cut(r, 28) for r in c["runs"][:3]) + (", ..." if len(c["runs"]) > 3 else "")
+        lines.append(
+            f"  {_cut(c['group'], 40):<40} left behind by a planned broker restart: catching up on "
+            f"{len(c['runs'])} run(s) from the archive ({runs})"
         )
     dl = snap["dead_letters"]
     lines += ["", "DEAD LETTERS"]

@@ -3,7 +3,7 @@
 Pages (one HTML shell; ``static/app.js`` draws each): ``/`` runs, ``/runs/{run_id}`` one run
 (live charts of its logged and derived series, epochs, alerts, config, and its health from
 the archive, ``/api/runs/{run_id}/health``), ``/alerts``,
-``/pipeline`` (lag per group, dead letters, spools). Data: ``/api/...`` as JSON, and
+``/pipeline`` (lag per group, dead letters, spools, sinks catching up). Data: ``/api/...`` as JSON, and
 server-sent events (``/api/stream``, ``/api/runs/{run_id}/stream``) for live updates.
 
 The app only reads snapshots of a :class:`RunBoard` (its own consumer thread) and of a
@@ -26,7 +26,7 @@ from typing import Any
 from schemas import MetricbusError, Settings, check_run_id
 
 from ._board import RunBoard
-from ._status import StatusWatch, dead_letters, spools
+from ._status import StatusWatch, catching_up, dead_letters, spools
 
 log = logging.getLogger("metricbus.dashboard")
 
@@ -55,7 +55,13 @@ class Pipeline:
         self.settings = settings
         self.every_s = every_s
         self.watch = StatusWatch(settings, window=10, stop_after_s=stop_after_s)
-        self.latest: dict[str, Any] = {"groups": [], "dead_letters": {}, "spools": [], "at": None}
+        self.latest: dict[str, Any] = {
+            "groups": [],
+            "dead_letters": {},
+            "spools": [],
+            "catching_up": [],
+            "at": None,
+        }
         self.samples = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -84,6 +90,7 @@ class Pipeline:
             "groups": groups,
             "dead_letters": dead_letters(self.settings),
             "spools": spools(self.settings),
+            "catching_up": catching_up(self.settings),
             "at": round(time.time(), 3),
         }
         self.samples += 1

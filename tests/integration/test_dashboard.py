@@ -137,8 +137,15 @@ def test_a_live_run_in_the_browser_gains_points_and_shows_a_nan_alert(
             assert run._publisher.flush(20)
             expect(chart).to_have_attribute("data-xmax", str(12 + MAX_POINTS), timeout=30_000)
             assert chart.get_attribute("data-points") == str(MAX_POINTS)
+            from sinks._catchup import add_runs
+
+            add_runs(settings, f"{settings.topic_prefix}sink.wandb", {run.run_id: False})
             page.goto(dashboard + "/pipeline")
             expect(page.locator("#groups")).to_contain_text(f"{settings.topic_prefix}stream", timeout=30_000)
+            expect(page.locator("#catchup")).to_contain_text(
+                f"{settings.topic_prefix}sink.wandb", timeout=30_000
+            )
+            expect(page.locator("#catchup")).to_contain_text(run.run_id)
             page.goto(dashboard + "/alerts")
             expect(page.locator("#alerts")).to_contain_text(run.run_id, timeout=20_000)
         finally:

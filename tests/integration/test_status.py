@@ -95,12 +95,20 @@ def test_status_lists_unsent_spools_and_finished_runs(settings):
     done.log({"x": 2.0}, step=0)
     assert done.finish(timeout=20)
 
+    from sinks._catchup import add_runs
+
+    add_runs(settings, f"{settings.topic_prefix}sink.wandb", {"old-run-1": False, "old-run-2": True})
     result = subprocess.run(
         cli(settings, "status", "--window", "0.5"), capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
     text = result.stdout
     assert "RUNS" in text and "CONSUMER GROUPS" in text and "DEAD LETTERS" in text
+    (behind,) = [ln for ln in text.splitlines() if "catching up" in ln]
+    assert (
+        f"{settings.topic_prefix}sink.wandb" in behind
+        and "2 run(s) from the archive (old-run-1, old-run-2)" in behind
+    )
     (line,) = [ln for ln in text.splitlines() if done.run_id in ln]
     assert "finished" in line and " done " in line
     (spool_line,) = [ln for ln in text.splitlines() if spooled.run_id in ln]

@@ -108,6 +108,7 @@ function pipelineView(status) {
   const dl = p.dead_letters || {};
   const reasons = (dl.reasons || []).map((r) => [el("td", { class: "num" }, r.count), r.reason]);
   const spools = (p.spools || []).map((s) => [s.run_id, el("td", { class: "num" }, s.unsent_bytes), s.live ? "live run" : "run `metricbus sync`"]);
+  const catchup = (p.catching_up || []).map((c) => [c.group, el("td", { class: "num" }, c.runs.length), c.runs.slice(0, 5).join(", ") + (c.runs.length > 5 ? ", ..." : "")]);
   return [
     el("h2", {}, "Pipeline"),
     el("p", { class: "muted" }, `Kafka ${status.kafka}; sampled ${when(p.at ? p.at * 1000 : null)}${p.error ? "; " + p.error : ""}`),
@@ -117,6 +118,8 @@ function pipelineView(status) {
     table(["count", "reason"], reasons, "deadletters"),
     el("h3", {}, "Local spools with unsent records"),
     table(["run", "unsent bytes", "published by"], spools, "spools"),
+    el("h3", {}, "Sinks catching up from the archive (left behind by a planned broker restart)"),
+    table(["group", "runs left", "runs"], catchup, "catchup"),
     el("p", { class: "muted" }, `Runs read: ${status.board.records} records (${status.board.skipped} unreadable)`),
   ];
 }
