@@ -9,6 +9,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -267,12 +268,27 @@ def _archived(settings: Settings, run: str, derived: bool = False) -> list[Any]:
 def cmd_health(args: argparse.Namespace) -> int:
     import json
 
+    from schemas import check_run_id
+    from sinks import iter_events
+
     from ._health import assess, dead_letters_of
 
     settings = _settings(args)
     run_id = args.run
-    events = _archived(settings, run_id)
-    health = assess(run_id, events, dead_letters_of(settings, run_id))
+    found = 0
+
+    def events() -> Iterator[Any]:  # a chunk at a time: a long run is not held as events at once
+        nonlocal found
+        try:
+            for chunk in iter_events(settings.archive_dir, check_run_id(run_id)):
+                found += len(chunk)
+                yield from chunk
+        except (FileNotFoundError, ValueError):  # no such run, or no usable run id
+            return
+
+    health = assess(run_id, events(), dead_letters_of(settings, run_id))
+    if not found:
+        raise MetricbusError(f"run {run_id!r} is not in the archive at {settings.archive_dir}")
     if args.json:
         print(json.dumps(health.as_dict(), indent=2))
         return 0

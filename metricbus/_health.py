@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from schemas import LOSS_ALIASES, METRICS, REWARD_ALIASES, RUN_FINISHED, RUN_STARTED, Event, Settings
@@ -74,17 +74,46 @@ class Health:
         }
 
 
+@dataclasses.dataclass
+class _Seen:
+    """What the score needs of a run's events besides their scalar series, gathered in the same pass."""
+
+    seqs: dict[str, list[int]] = dataclasses.field(default_factory=dict)  #: per producer
+    stamps: list[int] = dataclasses.field(default_factory=list)  #: every event's ts_ms
+    finished: bool = False
+    world: int = 1
+    last_step: dict[int, int] = dataclasses.field(default_factory=dict)  #: per rank
+
+    def track(self, events: Iterable[Event]) -> Iterator[Event]:
+        """Yield ``events`` (to :func:`scalars`), noting what completeness and timing judge."""
+        for e in events:
+            self.seqs.setdefault(e.producer_id, []).append(e.seq)
+            self.stamps.append(e.ts_ms)
+            if e.kind == RUN_FINISHED:
+                self.finished = True
+            elif e.kind == RUN_STARTED:
+                self.world = max(self.world, int(e.body.get("world_size") or 1))
+            elif e.kind == METRICS:
+                rank, step = int(e.body.get("rank") or 0), e.body["step"]
+                self.last_step[rank] = max(self.last_step.get(rank, step), step)
+            yield e
+
+
 def assess(run_id: str, events: Iterable[Event], dead_letters: int | None = None) -> Health:
-    """The health of one run from its logged events (as the archive returns them)."""
-    events = list(events)
+    """The health of one run from its logged events (as the archive returns them).
+
+    ``events`` is read once and not kept: a run read a chunk at a time (``sinks.iter_events``)
+    is judged from its series and seqs, without every event in memory at once.
+    """
     parts = {name: Part(name, weight) for name, weight in WEIGHTS.items()}
-    every = scalars(events)
+    seen = _Seen()
+    every = scalars(seen.track(events))
     series = {n: pts for n, pts in every.items() if split(n)[1] is None}
-    _completeness(parts["completeness"], events)
+    _completeness(parts["completeness"], seen)
     _validity(parts["validity"], series)
     _progress(parts["progress"], series)
     _stability(parts["stability"], series)
-    _timing(parts["timing"], series, events)
+    _timing(parts["timing"], series, seen.stamps)
     pipeline = parts["pipeline"]
     if dead_letters is None:
         pipeline.evidence.append("dead letters not checked (no broker reachable, or not asked)")
@@ -94,11 +123,8 @@ def assess(run_id: str, events: Iterable[Event], dead_letters: int | None = None
     return Health(run_id, list(parts.values()), labels)
 
 
-def _completeness(part: Part, events: Sequence[Event]) -> None:
-    by_producer: dict[str, list[int]] = {}
-    for e in events:
-        by_producer.setdefault(e.producer_id, []).append(e.seq)
-    for producer, seqs in sorted(by_producer.items()):
+def _completeness(part: Part, seen: _Seen) -> None:
+    for producer, seqs in sorted(seen.seqs.items()):
         held = set(seqs)
         missing = sorted(set(range(max(held) + 1)) - held)
         if missing:
@@ -111,15 +137,10 @@ def _completeness(part: Part, events: Sequence[Event]) -> None:
         twice = len(seqs) - len(held)
         if twice:
             part.deduct(10, f"producer {producer[:12]}: {twice} event(s) archived twice")
-    if not any(e.kind == RUN_FINISHED for e in events):
+    if not seen.finished:
         part.deduct(5, "no RunFinished: the run is still going, or its process was killed")
-    world = max([int(e.body.get("world_size") or 1) for e in events if e.kind == RUN_STARTED] or [1])
+    world, last = seen.world, seen.last_step
     if world > 1:
-        last: dict[int, int] = {}
-        for e in events:
-            if e.kind == METRICS:
-                rank = int(e.body.get("rank") or 0)
-                last[rank] = max(last.get(rank, e.body["step"]), e.body["step"])
         top = max(last.values(), default=0)
         for rank in range(world):
             if rank not in last:
@@ -220,7 +241,7 @@ def _stability(part: Part, series: Series) -> None:
         )
 
 
-def _timing(part: Part, series: Series, events: Sequence[Event]) -> None:
+def _timing(part: Part, series: Series, every_ts: list[int]) -> None:
     for name, points in sorted(series.items()):
         stamps = [ts for _, _, ts in points]
         gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
@@ -234,7 +255,7 @@ def _timing(part: Part, series: Series, events: Sequence[Event]) -> None:
                 f"{name}: logged every {late / 1000:.2f} s late in the run, every {early / 1000:.2f} s early "
                 "(a collection-frequency regression)",
             )
-    stamps = sorted(e.ts_ms for e in events)
+    stamps = sorted(every_ts)
     between = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
     if len(between) >= 10:
         usual = statistics.median(between)

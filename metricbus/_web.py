@@ -20,6 +20,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -297,15 +298,23 @@ def _health(settings: Settings, run_id: str) -> dict[str, Any] | None:
 
     Dead letters are not read here (the pipeline view shows them).
     """
-    from sinks import read_events
+    from sinks import iter_events
 
     from ._health import assess
 
+    found = 0
+
+    def events() -> Iterator[Any]:  # a chunk at a time: a long run is not held as events at once
+        nonlocal found
+        for chunk in iter_events(settings.archive_dir, run_id):
+            found += len(chunk)
+            yield from chunk
+
     try:
-        events = read_events(settings.archive_dir, run_id)
+        health = assess(run_id, events())
     except (OSError, ValueError):
         return None
-    return assess(run_id, events).as_dict() if events else None
+    return health.as_dict() if found else None
 
 
 def _overview(settings: Settings, board: RunBoard, pipeline: Pipeline) -> dict[str, Any]:

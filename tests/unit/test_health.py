@@ -88,6 +88,16 @@ def test_a_stall_and_a_collection_frequency_regression_lower_timing():
     assert "logged every 0.50 s late in the run, every 0.10 s early" in evidence(slower, "timing")
 
 
+def test_a_stall_between_any_two_events_counts_and_the_events_are_read_once():
+    """The stall is judged on every event's time, not only a metric's (RunFinished two minutes
+    after the last step here); ``assess`` takes an iterator (a run read a chunk at a time)."""
+    events = run()
+    events[-1] = events[-1]._replace(ts_ms=events[-1].ts_ms + 120_000)
+    health = assess("r", iter(events), 0)
+    assert "no event for 120 s" in evidence(health, "timing")
+    assert health.part("completeness").deducted == 0  # RunFinished and every seq seen in the one pass
+
+
 def test_a_rank_that_goes_silent_lowers_completeness():
     health = assess("r", run(world=2, silent_rank_after=50), 0)
     assert "rank 1 stopped reporting at step 49; others reached 199" in evidence(health, "completeness")
