@@ -590,7 +590,10 @@ class SinkRunner(ConsumerLoop):
             for event, reason in rejected:
                 self.stats.rejected += 1
                 await self._deadletter(self._event_bytes(event), event.run_id.encode(), reason, None)
-            if self.due():
+            if (
+                self.sink.pending() >= self.max_pending_events
+                or time.monotonic() - self._last_flush >= self.flush_interval_s
+            ):  # as live: what was read is durable within the interval, should the process be killed
                 await self._flush_and_commit()  # flushes (retried with backoff); nothing to commit
             await asyncio.sleep(0)  # a stop can be heard
             if self._stopping.is_set():
