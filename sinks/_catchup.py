@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
-from schemas import Settings, atomic_write, path_segment
+from schemas import MetricbusError, Settings, atomic_write, check_run_id, path_segment
 
 
 def catchup_path(settings: Settings, group: str) -> Path:
@@ -43,7 +43,16 @@ def pending_runs(settings: Settings, group: str) -> dict[str, bool]:
         return {}  # a torn or foreign file: atomic writes make neither; nothing to catch up on
     if not isinstance(runs, dict):
         return {}
-    return {str(run): bool(closed) for run, closed in runs.items()}
+    return {run: bool(closed) for run, closed in runs.items() if _usable(run)}
+
+
+def _usable(run: object) -> bool:
+    """A run id the archive can hold (the file may have been edited: it names directories)."""
+    try:
+        check_run_id(run)  # type: ignore[arg-type]
+    except MetricbusError:
+        return False
+    return True
 
 
 def pending_groups(settings: Settings) -> set[str]:

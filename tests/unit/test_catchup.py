@@ -47,6 +47,9 @@ def test_a_file_that_is_not_a_catchup_list_means_nothing_to_catch_up_on(tmp_path
         path.write_text(text)
         assert pending_runs(s, "g") == ({"a": True} if '"runs": {' in text else {})
     assert pending_groups(s) == set()  # the last one names no group: skipped
+    # run ids name directories of the archive: one that could leave it is not read
+    path.write_text('{"group": "g", "runs": {"../../etc": false, "*": false, "ok-run": true}}')
+    assert pending_runs(s, "g") == {"ok-run": True}
 
 
 def test_one_instance_of_a_group_holds_the_lock_until_it_releases_it(tmp_path):
