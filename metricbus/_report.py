@@ -4,7 +4,8 @@ No network is needed to open it: the charts are drawn by uPlot, the dashboard's 
 library, inlined with its MIT licence note; the data is inlined as JSON. Sections: the run
 (config), health (``_health``) with its evidence, learning curves (each logged series with its
 derived ``_recent_mean``/``_ema`` on the same axes; a compared run's as a dashed line; the x axis
-the step, the minutes since each run started, or the wall clock in UTC, chosen on the page), loss
+the step, the minutes since each run started, or the wall clock in UTC, chosen on the page; a long
+line thinned to :data:`MAX_LINE_POINTS`, its extremes and NaNs kept), loss
 parts (policy, value, entropy, KL), the learning-rate schedule, gradient norms early / middle /
 late, the reward distribution per epoch, the Epoch/* table, the alert timeline (the rules run
 over the archived events, as ``metricbus backtest`` does), the per-label breakdown (health's
@@ -73,6 +74,35 @@ def _samples(events: Sequence[Event]) -> dict[str, dict[int, list[float]]]:
     return out
 
 
+#: The most points a chart's line keeps (about): TensorBoard keeps 1,000 per tag, W&B's charts
+#: sample 1,500. A 200,000-step run of ten metrics with every point inlined made a 93 MB page.
+MAX_LINE_POINTS = 2_000
+
+
+def thin(points: Points, limit: int = MAX_LINE_POINTS) -> Points:
+    """At most ``limit`` of ``points``, in their order.
+
+    The first and the last, and of each stretch of consecutive points (``limit // 3 - 1`` of
+    them) its lowest and highest value and its first gap (NaN): a spike or a NaN burst stays
+    visible however long the run.
+    """
+    if len(points) <= limit:
+        return points
+    buckets = max(1, limit // 3 - 1)
+    size = len(points) / buckets
+    keep = {0, len(points) - 1}
+    for b in range(buckets):
+        part = range(int(b * size), int((b + 1) * size))
+        finite = [i for i in part if points[i][1] is not None]
+        if finite:
+            keep.add(min(finite, key=lambda i: points[i][1]))  # type: ignore[arg-type, return-value]
+            keep.add(max(finite, key=lambda i: points[i][1]))  # type: ignore[arg-type, return-value]
+        gap = next((i for i in part if points[i][1] is None), None)
+        if gap is not None:
+            keep.add(gap)
+    return [points[i] for i in sorted(keep)]
+
+
 def _quantiles(values: list[float]) -> list[float]:
     ordered = sorted(values)
     return [ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.0, 0.25, 0.5, 0.75, 1.0)]
@@ -106,7 +136,24 @@ def build(
         """``overlays``: the run of each line that is not this run's (a compared run's)."""
         if lines and len(charts) < _MAX_CHARTS * 4:
             t0 = {line: starts[(overlays or {}).get(line, run_id)] for line in lines}
-            charts.append({"section": section, "title": name, "lines": lines, "stepped": stepped, "t0": t0})
+            most = max(map(len, lines.values()))
+            lines = {line: thin(points) for line, points in lines.items()}
+            note = (
+                f"{max(map(len, lines.values())):,} of {most:,} points shown: each stretch's lowest, highest "
+                "and first NaN"
+                if most > MAX_LINE_POINTS
+                else ""
+            )
+            charts.append(
+                {
+                    "section": section,
+                    "title": name,
+                    "lines": lines,
+                    "stepped": stepped,
+                    "t0": t0,
+                    "note": note,
+                }
+            )
 
     loss = next((n for n in LOSS_ALIASES if n in logged), None)
     reward = next((n for n in REWARD_ALIASES if n in logged), None)
@@ -370,6 +417,10 @@ function draw(mode) {
     const box = document.createElement("div"); box.className = "chart"; box.dataset.series = c.title;
     const h = document.createElement("h3"); h.textContent = c.title;
     box.appendChild(h); grid.appendChild(box);
+    if (c.note) {
+      const p = document.createElement("p");
+      p.className = "muted"; p.textContent = c.note; box.appendChild(p);
+    }
     const names = Object.keys(c.lines);
     const x = xOf[mode];
     const lines = names.map((n) => c.lines[n].map((p) => [x(p, c.t0[n]), p[1]]));
