@@ -60,7 +60,14 @@ def dead_letters(settings: Settings, timeout_s: float = 5.0) -> dict[str, Any]:
     except (KafkaError, OSError) as exc:
         return {"count": None, "error": str(exc), "reasons": [], "consumers": {}}
     try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        deadline = time.monotonic() + timeout_s
+        known = consumer.partitions_for_topic(topic)
+        while known is None and time.monotonic() < deadline:  # metadata not fetched yet (a busy broker)
+            time.sleep(0.2)
+            known = consumer.partitions_for_topic(topic)
+        if known is None:  # not "0": nobody could tell
+            return {"count": None, "error": f"{topic}: partitions unknown", "reasons": [], "consumers": {}}
+        tps = [TopicPartition(topic, p) for p in sorted(known)]
         if not tps:
             return {"count": 0, "reasons": [], "consumers": {}}
         starts = consumer.beginning_offsets(tps)
@@ -70,7 +77,6 @@ def dead_letters(settings: Settings, timeout_s: float = 5.0) -> dict[str, Any]:
         reasons: collections.Counter[str] = collections.Counter()
         consumers: collections.Counter[str] = collections.Counter()
         read = 0
-        deadline = time.monotonic() + timeout_s
         ends: dict[Any, int] = {}
         while time.monotonic() < deadline:
             for records in consumer.poll(timeout_ms=200).values():
@@ -88,7 +94,14 @@ def dead_letters(settings: Settings, timeout_s: float = 5.0) -> dict[str, Any]:
                 break
             if read >= DEAD_LETTERS_READ:
                 break
-        count = sum(ends.get(tp, 0) - starts[tp] for tp in tps)
+        if len(ends) < len(tps):  # no fetch answered for some partition in time: its end unknown
+            return {
+                "count": None,
+                "error": f"{topic}: end unknown after {timeout_s:.0f} s",
+                "reasons": [],
+                "consumers": {},
+            }
+        count = sum(ends[tp] - starts[tp] for tp in tps)
         return {
             "count": count,
             "read": read,
