@@ -109,7 +109,8 @@ def leave_behind(
     the restart is put off anyway, and a group left behind pays a read of its runs.
     """
     leave = set(must) & set(leavable)
-    candidates = sorted(set(leavable) - leave, key=lambda g: -unread_records(positions, topic)[2].get(g, 0))
+    behind = unread_records(positions, topic)[2]
+    candidates = sorted(set(leavable) - leave, key=lambda g: -behind.get(g, 0))
     trial = set(leave)
     for group in candidates:
         if frees(*unread_records(positions, topic, trial)[:2]):

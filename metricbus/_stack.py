@@ -283,7 +283,9 @@ class Stack:
             positions = committed(self.settings)
         except RuntimeError as exc:
             return f"cannot read the consumer groups ({exc})"
-        leavable = self._leavable(positions)
+        from sinks._catchup import pending_groups
+
+        leavable = self._leavable(positions, pending_groups(self.settings))
         missing = sorted(
             group
             for group in self._groups_before - leavable  # a sink left behind catches up from the archive
@@ -313,20 +315,19 @@ class Stack:
         half = self.settings.broker_max_mb / 2
         return lambda unread, total: not total or rss_mb * (1 - unread / total) >= half
 
-    def _leavable(self, positions: dict[str, list[PartitionLag]]) -> set[str]:
+    def _leavable(self, positions: dict[str, list[PartitionLag]], pending: set[str]) -> set[str]:
         """The groups a planned restart may leave behind: sinks, while the archive sink runs.
 
         What a group left behind had not read is below every other group's commit, so below
         the archive sink's, which commits only what it flushed: the archive holds it.
         """
         from sinks import ParquetArchive
-        from sinks._catchup import pending_groups
 
         prefix = f"{self.settings.topic_prefix}sink."
         archive = f"{prefix}{ParquetArchive.name}"
         if archive not in positions:
             return set()
-        groups = set(positions) | self._groups_before | pending_groups(self.settings)
+        groups = set(positions) | self._groups_before | pending
         return {g for g in groups if g.startswith(prefix) and g != archive}
 
     def _leave_behind(self, positions: dict[str, list[PartitionLag]], rss_mb: float) -> set[str]:
@@ -339,8 +340,8 @@ class Stack:
 
         from ._carry import leave_behind
 
-        leavable = self._leavable(positions)
         pending = pending_groups(self.settings)
+        leavable = self._leavable(positions, pending)
         must = {
             g
             for g in leavable
