@@ -251,44 +251,35 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 1 if report.spools_failed else 0
 
 
-def _archived(settings: Settings, run: str, derived: bool = False) -> list[Any]:
-    """A run's events from the archive; a clear error when it has none."""
-    from schemas import check_run_id
-    from sinks import read_events
+def _chunks(settings: Settings, run: str, derived: bool = False) -> Iterator[list[Any]]:
+    """A run's events from the archive, a chunk at a time; a clear error when it has none.
 
+    A long run is never held as events at once (a 200,000-step run's report held 1.3 GB).
+    """
+    from schemas import check_run_id
+    from sinks import iter_events
+
+    found = False
     try:
-        events = read_events(settings.archive_dir, check_run_id(run), derived=derived)
-    except (FileNotFoundError, ValueError):
-        events = []
-    if not events:
+        for chunk in iter_events(settings.archive_dir, check_run_id(run), derived=derived):
+            found = found or bool(chunk)
+            yield chunk
+    except (FileNotFoundError, ValueError):  # no such run, or no usable run id
+        if found:
+            raise
+    if not found:
         raise MetricbusError(f"run {run!r} is not in the archive at {settings.archive_dir}")
-    return events
 
 
 def cmd_health(args: argparse.Namespace) -> int:
     import json
 
-    from schemas import check_run_id
-    from sinks import iter_events
-
     from ._health import assess, dead_letters_of
 
     settings = _settings(args)
     run_id = args.run
-    found = 0
-
-    def events() -> Iterator[Any]:  # a chunk at a time: a long run is not held as events at once
-        nonlocal found
-        try:
-            for chunk in iter_events(settings.archive_dir, check_run_id(run_id)):
-                found += len(chunk)
-                yield from chunk
-        except (FileNotFoundError, ValueError):  # no such run, or no usable run id
-            return
-
-    health = assess(run_id, events(), dead_letters_of(settings, run_id))
-    if not found:
-        raise MetricbusError(f"run {run_id!r} is not in the archive at {settings.archive_dir}")
+    events = (e for chunk in _chunks(settings, run_id) for e in chunk)
+    health = assess(run_id, events, dead_letters_of(settings, run_id))
     if args.json:
         print(json.dumps(health.as_dict(), indent=2))
         return 0
@@ -310,7 +301,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     from schemas import check_run_id
 
-    from ._compare import compare_runs
+    from ._compare import compare_series
+    from ._report import read_run
 
     settings = _settings(args)
     runs = [check_run_id(r) for r in args.runs]
@@ -319,9 +311,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
         runs.insert(0, baseline)
     if len(runs) < 2:
         raise MetricbusError("compare needs at least two runs")
+    readings = {run: read_run(_chunks(settings, run)) for run in runs}
     try:
-        result = compare_runs(
-            {run: _archived(settings, run) for run in runs}, baseline, args.metric, args.window, args.x
+        result = compare_series(
+            {run: r.config for run, r in readings.items()},
+            {run: r.seen.series for run, r in readings.items()},
+            baseline,
+            args.metric,
+            args.window,
+            args.x,
         )
     except KeyError as exc:
         raise MetricbusError(
@@ -358,19 +356,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from schemas import DERIVED_PRODUCER
     from stream_jobs import DEFAULT_RULES
 
-    from ._replay import rule_alerts
-    from ._report import build
+    from ._replay import raising
+    from ._report import build, read_run
 
     settings = _settings(args)
-    others = {r: _archived(settings, r, derived=True) for r in args.compare or ()}
-    events = _archived(settings, args.run, derived=True)
-    logged = [e for e in events if e.producer_id != DERIVED_PRODUCER]
+    rules = Path(args.rules) if args.rules else DEFAULT_RULES
     config = Path(args.config) if args.config else None
-    alerts = rule_alerts(logged, Path(args.rules) if args.rules else DEFAULT_RULES, config)
-    page = build(args.run, events, others, alerts)
+    others = {r: read_run(_chunks(settings, r, derived=True)) for r in args.compare or ()}
+    alerts: list[dict[str, Any]] = []
+    run = read_run(
+        _chunks(settings, args.run, derived=True), lambda logged: raising(logged, alerts, rules, config)
+    )
+    page = build(args.run, run, others, alerts)
     Path(args.out).write_text(page)
     print(f"wrote {args.out} ({len(page) // 1024} kB); open it in a browser, no network needed")
     return 0

@@ -36,7 +36,7 @@ from typing import Any
 from schemas import Event, run_config
 from stream_jobs import StreamConfig
 
-from ._series import on_axis, scalars, split, up_to
+from ._series import Series, on_axis, scalars, split, up_to
 
 #: Config keys that name a seed: runs that differ only in these are one group.
 SEED_KEY = re.compile(r"(^|[/_.])seed$", re.IGNORECASE)
@@ -187,10 +187,24 @@ def compare_runs(
     Metrics: those given, else every one the runs share (per-label series included, system
     metrics left out). KeyError when a run never logged the ``axis`` metric.
     """
-    names = list(runs)
-    baseline = baseline or names[0]
     configs = {run: run_config(events) for run, events in runs.items()}
-    lines = {run: on_axis(scalars(events), axis) for run, events in runs.items()}
+    series = {run: scalars(events) for run, events in runs.items()}
+    return compare_series(configs, series, baseline, metrics, window, axis, alpha)
+
+
+def compare_series(
+    configs: Mapping[str, Mapping[str, Any]],
+    series: Mapping[str, Series],
+    baseline: str | None = None,
+    metrics: Sequence[str] | None = None,
+    window: int | None = None,
+    axis: str = "step",
+    alpha: float = 0.05,
+) -> Comparison:
+    """:func:`compare_runs` of runs already read: each one's config and :func:`scalars` series."""
+    names = list(series)
+    baseline = baseline or names[0]
+    lines = {run: on_axis(run_series, axis) for run, run_series in series.items()}
     budget = None
     if axis != "step":
         budget = min(

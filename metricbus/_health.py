@@ -75,16 +75,28 @@ class Health:
 
 
 @dataclasses.dataclass
-class _Seen:
-    """What the score needs of a run's events besides their scalar series, gathered in the same pass."""
+class Seen:
+    """What the score needs of a run's events, gathered in one pass (:meth:`read`).
 
+    Its scalar series (the labelled ones too) are the run's logged series as the report and
+    compare read them too: one copy of a long run's points, not one per reader.
+    """
+
+    series: Series = dataclasses.field(default_factory=dict)  #: :func:`scalars` of the events
     seqs: dict[str, list[int]] = dataclasses.field(default_factory=dict)  #: per producer
     stamps: list[int] = dataclasses.field(default_factory=list)  #: every event's ts_ms
     finished: bool = False
     world: int = 1
     last_step: dict[int, int] = dataclasses.field(default_factory=dict)  #: per rank
 
-    def track(self, events: Iterable[Event]) -> Iterator[Event]:
+    @classmethod
+    def read(cls, events: Iterable[Event]) -> Seen:
+        """Read ``events`` once, keeping only what the score judges (not the events)."""
+        seen = cls()
+        seen.series = scalars(seen._track(events))
+        return seen
+
+    def _track(self, events: Iterable[Event]) -> Iterator[Event]:
         """Yield ``events`` (to :func:`scalars`), noting what completeness and timing judge."""
         for e in events:
             self.seqs.setdefault(e.producer_id, []).append(e.seq)
@@ -105,9 +117,13 @@ def assess(run_id: str, events: Iterable[Event], dead_letters: int | None = None
     ``events`` is read once and not kept: a run read a chunk at a time (``sinks.iter_events``)
     is judged from its series and seqs, without every event in memory at once.
     """
+    return judge(run_id, Seen.read(events), dead_letters)
+
+
+def judge(run_id: str, seen: Seen, dead_letters: int | None = None) -> Health:
+    """The health of a run from what :meth:`Seen.read` kept of its logged events."""
     parts = {name: Part(name, weight) for name, weight in WEIGHTS.items()}
-    seen = _Seen()
-    every = scalars(seen.track(events))
+    every = seen.series
     series = {n: pts for n, pts in every.items() if split(n)[1] is None}
     _completeness(parts["completeness"], seen)
     _validity(parts["validity"], series)
@@ -123,7 +139,7 @@ def assess(run_id: str, events: Iterable[Event], dead_letters: int | None = None
     return Health(run_id, list(parts.values()), labels)
 
 
-def _completeness(part: Part, seen: _Seen) -> None:
+def _completeness(part: Part, seen: Seen) -> None:
     for producer, seqs in sorted(seen.seqs.items()):
         held = set(seqs)
         missing = sorted(set(range(max(held) + 1)) - held)

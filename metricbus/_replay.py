@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import itertools
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -166,15 +165,33 @@ def rule_alerts(
     events: Iterable[Event], rules_path: Path, config_path: Path | None = None
 ) -> list[dict[str, Any]]:
     """Alerts the rules raise on a run's logged events, fed as the live worker takes them."""
+    alerts: list[dict[str, Any]] = []
+    for _ in raising(events, alerts, rules_path, config_path):
+        pass
+    return alerts
+
+
+def raising(
+    events: Iterable[Event], alerts: list[dict[str, Any]], rules_path: Path, config_path: Path | None = None
+) -> Iterator[Event]:
+    """Yield ``events``, adding to ``alerts`` what the rules raise on them (in records of ~100, as live).
+
+    For a reader that reads a run once for more than the alerts (``metricbus report``): the
+    last alerts are added when the events run out, so read it to its end.
+    """
     from stream_jobs import StreamProcessor, load_config, load_rules
 
     cfg = load_config(config_path) if config_path is not None else None
     processor = StreamProcessor(cfg, rules=load_rules(rules_path))
-    alerts: list[dict[str, Any]] = []
-    stream = iter(events)
-    while batch := list(itertools.islice(stream, 100)):  # records of ~100 events, as live
+    batch: list[Event] = []
+    for e in events:
+        yield e
+        batch.append(e)
+        if len(batch) == 100:
+            alerts.extend(processor.process(batch).alerts)
+            batch = []
+    if batch:
         alerts.extend(processor.process(batch).alerts)
-    return alerts
 
 
 def describe_alert(alert: Mapping[str, Any]) -> str:

@@ -15,63 +15,129 @@ run, and across seeds when compared runs share a config) when runs are given to 
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
-from schemas import LOSS_ALIASES, METRICS, REWARD_ALIASES, RUN_FINISHED, RUN_STARTED, Event, run_config
+from schemas import (
+    CONFIG_UPDATE,
+    DERIVED_PRODUCER,
+    LOSS_ALIASES,
+    METRICS,
+    REWARD_ALIASES,
+    RUN_FINISHED,
+    RUN_STARTED,
+    Event,
+    run_config,
+)
 
-from ._compare import compare_runs
-from ._health import assess
+from ._compare import compare_series
+from ._health import Seen, judge
 from ._replay import describe_alert
+from ._series import Series, split
 
-DERIVED_PRODUCER = "metricbus.stream"
 _LOSS_PARTS = ("policy", "value", "entropy", "kl", "clip")
 _MAX_CHARTS = 24
 EPISODE_REWARD = "episode/reward"  #: what run.log_episode logs per episode
 
 
-#: (step, value, ts_ms): value None for NaN/inf (a gap in the chart); ts_ms the event's time, for
-#: the charts' wall-clock and time-since-start axes
-Points = list[tuple[int, float | None, int]]
+#: (step, value, ts_ms) in event order; a NaN/inf value is a gap in the chart (None on the page);
+#: ts_ms the event's time, for the charts' wall-clock and time-since-start axes
+Points = Sequence[tuple[int, float | None, int]]
 
 
-def _series(events: Sequence[Event], derived: bool) -> dict[str, Points]:
-    out: dict[str, Points] = {}
-    for e in events:
-        if e.kind == METRICS and (e.producer_id == DERIVED_PRODUCER) == derived:
-            for name, value in e.body["scalars"].items():
-                point = (e.body["step"], value if math.isfinite(value) else None, e.ts_ms)
-                out.setdefault(name, []).append(point)
-    return out
+@dataclasses.dataclass
+class Reading:
+    """What the report keeps of one run, read once a chunk at a time (:func:`read_run`).
 
-
-def _start_ms(events: Sequence[Event]) -> int | None:
-    """When a run started: its RunStarted's time, else its first event's."""
-    started = [e.ts_ms for e in events if e.kind == RUN_STARTED]
-    if started:
-        return min(started)
-    return min((e.ts_ms for e in events), default=None)
-
-
-def _samples(events: Sequence[Event]) -> dict[str, dict[int, list[float]]]:
-    """Per samples name and epoch, the epoch's finite samples.
-
-    Per-episode ``episode/reward`` scalars (``run.log_episode``) count as samples of that name.
+    A 200,000-step run's events were held whole while the report was built (1.3 GB); now its
+    series are held once (health's :class:`Seen` keeps the logged ones) and nothing else of an
+    event is kept beyond what a section shows.
     """
-    out: dict[str, dict[int, list[float]]] = {}
-    for e in events:
-        if e.kind == METRICS and e.producer_id != DERIVED_PRODUCER:
-            epoch = e.body["epoch"] if e.body["epoch"] is not None else 0
-            for name, values in e.body["samples"].items():
-                out.setdefault(name, {}).setdefault(epoch, []).extend(v for v in values if math.isfinite(v))
-            episode = e.body["scalars"].get(EPISODE_REWARD)
-            if episode is not None and math.isfinite(episode):
-                out.setdefault(EPISODE_REWARD, {}).setdefault(epoch, []).append(episode)
-    return out
+
+    seen: Seen = dataclasses.field(default_factory=Seen)  #: the logged events, as health reads them
+    derived: Series = dataclasses.field(default_factory=dict)  #: the stream's series
+    started: dict[str, Any] | None = None  #: the first RunStarted's body
+    finished: list[str] = dataclasses.field(default_factory=list)  #: each RunFinished's status
+    settings: list[Event] = dataclasses.field(default_factory=list)  #: RunStarted, ConfigUpdate
+    epochs: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)  #: Epoch/* by epoch
+    #: per samples name and epoch, the epoch's finite samples; per-episode ``episode/reward``
+    #: scalars (``run.log_episode``) count as samples of that name
+    samples: dict[str, dict[int, list[float]]] = dataclasses.field(default_factory=dict)
+    first_ms: int | None = None  #: the earliest event's time
+
+    @property
+    def logged(self) -> Series:
+        """The logged series (not the per-label ones)."""
+        return {n: pts for n, pts in self.seen.series.items() if split(n)[1] is None}
+
+    @property
+    def start_ms(self) -> int | None:
+        """When the run started: its RunStarted's time, else its first event's."""
+        starts = [e.ts_ms for e in self.settings if e.kind == RUN_STARTED]
+        return min(starts) if starts else self.first_ms
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return run_config(self.settings)
+
+    def take(self, chunks: Iterable[Iterable[Event]]) -> Iterator[Event]:
+        """Note what the report needs of every event; yield the logged ones (to :meth:`Seen.read`)."""
+        for chunk in chunks:
+            for e in chunk:
+                self.first_ms = e.ts_ms if self.first_ms is None else min(self.first_ms, e.ts_ms)
+                if e.kind == METRICS:
+                    if e.producer_id == DERIVED_PRODUCER:
+                        self._derived(e)
+                        continue
+                    self._sampled(e)
+                elif e.kind in (RUN_STARTED, CONFIG_UPDATE):
+                    self.settings.append(e)
+                    if e.kind == RUN_STARTED and self.started is None:
+                        self.started = e.body
+                elif e.kind == RUN_FINISHED:
+                    self.finished.append(e.body["status"])
+                if e.producer_id != DERIVED_PRODUCER:
+                    yield e
+
+    def _derived(self, e: Event) -> None:
+        step, epoch = e.body["step"], e.body["epoch"]
+        for name, value in e.body["scalars"].items():
+            self.derived.setdefault(name, []).append((step, value, e.ts_ms))
+            if epoch is not None and name.startswith("Epoch/"):
+                self.epochs.setdefault(epoch, {})[name[len("Epoch/") :]] = value
+
+    def _sampled(self, e: Event) -> None:
+        epoch = e.body["epoch"] if e.body["epoch"] is not None else 0
+        for name, values in e.body["samples"].items():
+            finite = (v for v in values if math.isfinite(v))
+            self.samples.setdefault(name, {}).setdefault(epoch, []).extend(finite)
+        episode = e.body["scalars"].get(EPISODE_REWARD)
+        if episode is not None and math.isfinite(episode):
+            self.samples.setdefault(EPISODE_REWARD, {}).setdefault(epoch, []).append(episode)
+
+
+def read_run(
+    chunks: Iterable[Iterable[Event]],
+    tap: Callable[[Iterable[Event]], Iterable[Event]] | None = None,
+) -> Reading:
+    """One run's :class:`Reading` from its events (``sinks.iter_events(..., derived=True)``'s chunks).
+
+    ``tap``: a reader of the logged events on the way (``_replay.raising``, the rules' alerts).
+    """
+    reading = Reading()
+    logged = reading.take(chunks)
+    reading.seen = Seen.read(tap(logged) if tap is not None else logged)
+    return reading
+
+
+def _gaps(points: Points) -> Points:
+    """``points`` with each NaN/inf value None (JSON has no NaN; the chart draws a gap)."""
+    return [(s, v if v is not None and math.isfinite(v) else None, t) for s, v, t in points]
 
 
 #: The most points a chart's line keeps (about): TensorBoard keeps 1,000 per tag, W&B's charts
@@ -110,26 +176,25 @@ def _quantiles(values: list[float]) -> list[float]:
 
 def build(
     run_id: str,
-    events: Sequence[Event],
-    others: Mapping[str, Sequence[Event]] | None = None,
+    run: Reading,
+    others: Mapping[str, Reading] | None = None,
     alerts: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """The report's HTML (a string, self-contained). ``alerts``: what the rules raised on the run."""
     others = others or {}
-    logged, derived = _series(events, False), _series(events, True)
-    started = next((e.body for e in events if e.kind == RUN_STARTED), {})
-    finished = [e.body["status"] for e in events if e.kind == RUN_FINISHED]
+    logged, derived = run.logged, run.derived
+    started, finished = run.started or {}, run.finished
     title = f"{started.get('name', run_id)} ({run_id})"
-    health = assess(run_id, [e for e in events if e.producer_id != DERIVED_PRODUCER])
+    health = judge(run_id, run.seen)
 
     charts: list[dict[str, Any]] = []
 
-    starts = {run_id: _start_ms(events), **{r: _start_ms(ev) for r, ev in others.items()}}
+    starts = {run_id: run.start_ms, **{r: other.start_ms for r, other in others.items()}}
 
     def chart(
         section: str,
         name: str,
-        lines: dict[str, Points],
+        lines: Mapping[str, Points],
         stepped: bool = False,
         overlays: Mapping[str, str] | None = None,
     ) -> None:
@@ -137,7 +202,7 @@ def build(
         if lines and len(charts) < _MAX_CHARTS * 4:
             t0 = {line: starts[(overlays or {}).get(line, run_id)] for line in lines}
             most = max(map(len, lines.values()))
-            lines = {line: thin(points) for line, points in lines.items()}
+            lines = {line: thin(_gaps(points)) for line, points in lines.items()}
             note = (
                 f"{max(map(len, lines.values())):,} of {most:,} points shown: each stretch's lowest, highest "
                 "and first NaN"
@@ -165,8 +230,8 @@ def build(
         for stat in ("_recent_mean", "_ema"):
             if name + stat in derived:
                 lines[name + stat] = derived[name + stat]
-        for other, other_events in others.items():
-            overlay = _series(other_events, False).get(name)
+        for other, reading in others.items():
+            overlay = reading.seen.series.get(name)
             if overlay:
                 lines[f"{name} ({other})"] = overlay
                 overlays[f"{name} ({other})"] = other
@@ -175,21 +240,16 @@ def build(
     chart("Loss parts", "policy, value, entropy, KL", parts)
     lr = {n: v for n, v in logged.items() if n.startswith("lr/") or "learning_rate" in n}
     chart("Learning-rate schedule", "learning rate", lr)
-    epochs: dict[int, dict[str, float]] = {}
-    for e in events:
-        if e.kind == METRICS and e.producer_id == DERIVED_PRODUCER and e.body["epoch"] is not None:
-            for n, v in e.body["scalars"].items():
-                if n.startswith("Epoch/"):
-                    epochs.setdefault(e.body["epoch"], {})[n[len("Epoch/") :]] = v
+    epochs = run.epochs
 
-    grad = [v for _, v, _ in logged.get("grad/total_norm", []) if v is not None]
+    grad = [v for _, v, _ in logged.get("grad/total_norm", []) if v is not None and math.isfinite(v)]
     grad_rows = []
     if len(grad) >= 3:
         third = len(grad) // 3
         for label, part in (("early", grad[:third]), ("middle", grad[third:-third]), ("late", grad[-third:])):
             grad_rows.append([label, len(part), *_quantiles(part)])
     reward_rows = []
-    samples = _samples(events)
+    samples = run.samples
     reward_samples = next((n for n in REWARD_ALIASES if n in samples), None) or next(
         iter(sorted(samples)), None
     )  # episode/reward is in the catalog: per-episode rewards come before other samples
@@ -202,12 +262,16 @@ def build(
     diff: dict[str, dict[str, Any]] = {}
     groups: dict[str, list[str]] = {}
     if others:
-        runs = {
-            r: [e for e in ev if e.producer_id != DERIVED_PRODUCER]
-            for r, ev in {run_id: events, **others}.items()
-        }
-        shared = [n for n in main if all(n in _series(ev, False) for ev in others.values())]
-        result = compare_runs(runs, run_id, shared)
+        runs = {run_id: run, **others}
+        shared = [n for n in main if all(n in other.logged for other in others.values())]
+        chosen = set(shared) or set(run.seen.series)  # none shared: every series they have in common
+        result = compare_series(
+            {r: reading.config for r, reading in runs.items()},
+            # only the series compared (a copy of each on the step axis is made)
+            {r: {n: s for n, s in reading.seen.series.items() if n in chosen} for r, reading in runs.items()},
+            run_id,
+            shared,
+        )
         diff, groups = result.config_diff, result.groups
         for m in result.metrics:
             comparison_rows.append(
@@ -227,7 +291,7 @@ def build(
                 ]
             )
 
-    timeline: dict[str, Points] = {}
+    timeline: dict[str, list[tuple[int, float | None, int]]] = {}
     for a in alerts:
         if a.get("step") is not None:
             timeline.setdefault(f"{a['rule']} ({a['metric']})", []).append(
@@ -317,8 +381,7 @@ def build(
             ]
     page += [
         "<h2>Config</h2>",
-        "<pre id='config'>"
-        + html.escape(json.dumps(run_config(events), indent=2, sort_keys=True, default=str)),
+        "<pre id='config'>" + html.escape(json.dumps(run.config, indent=2, sort_keys=True, default=str)),
         "</pre>",
         "<p class='muted'>charts: uPlot (MIT licence, © Leon Sorokin), inlined</p>",
         f"<script>{_asset('uPlot.iife.min.js')}</script>",

@@ -323,6 +323,10 @@ def test_a_run_read_in_chunks_is_the_run_read_whole_with_every_event_whole(archi
     archive.flush()
     whole = read_events(archive.archive_dir, "run-1")
     assert [(e.seq, e.kind) for e in whole] == [(e.seq, e.kind) for e in events]
+    # names and fingerprints are read dictionary-encoded: each comes back as written
+    assert [(e.fingerprint, repr(e.body.get("scalars"))) for e in whole] == [
+        (e.fingerprint, repr(e.body.get("scalars"))) for e in events
+    ]
     expected = [(e.seq, e.ts_ms, e.fingerprint, repr(e.body)) for e in whole]  # repr: NaN, -0.0
     for rows in (1, 2, 3, 7, 1000):
         seen, chunks = [], 0
