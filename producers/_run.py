@@ -47,11 +47,12 @@ from ._publisher import PER_EVENT, Publisher
 from ._spool import SUFFIX, Spool
 from ._system import SystemSampler
 from ._transport import KafkaTransport, Transport, TransportError
-from ._values import PLAIN_TYPES, ValueGate, _flatten
+from ._values import ValueGate, _flatten
 
 log = logging.getLogger("metricbus.producer")
 SDK_VERSION = "0.1.0"
-_LONG = 2**63  #: steps and epochs are Avro longs
+_LONG = 2**63  #: steps and epochs are Avro longs: -_LONG <= n < _LONG
+_MIN_LONG = -_LONG  #: (one big int made once: log() compared with a new one each call)
 #: The kind of log()'s queued events of plain numbers not yet checked (see Run._bodies).
 PLAIN = "metricbus.Metrics#plain"
 _PLAIN_ONLY = {PLAIN}
@@ -150,6 +151,7 @@ class Run:
         self._publisher.start()
         self._split = self._gate.split
         self._fast = not strict  # strict: every value checked in the caller, to raise there
+        self._quick = self._fast  # log()'s quick path: not strict, not finished
         self._queue = self._publisher.queue
         self._max_items = self._publisher.max_items
         self._watchers: list[Any] = []
@@ -188,20 +190,29 @@ class Run:
         Non-blocking: this only enqueues; a background thread encodes and publishes.
         """
         try:
-            if self._finished:
+            plain: object = False  # strict: every value checked here, to raise here
+            if self._quick:  # not strict, not finished
+                # the common case: when sum(values, 0.0) is a float, every value is a Python int,
+                # float or bool (a list or a string makes sum raise, a numpy number or a tensor
+                # makes the sum one, an int past float's range overflows), none of which can change
+                # after the call: so the names are checked and the ints converted on the
+                # publisher's thread (ValueGate.split), and the caller pays one C loop. (An object
+                # whose __radd__ returns a float passes too: converted with float() there, or
+                # dropped and counted.)
+                try:
+                    plain = type(sum(data.values(), 0.0)) is float and data
+                except Exception:  # noqa: BLE001 - a list, a string, ...: the careful path
+                    plain = False
+            elif self._finished:
                 self._closed("log")
                 return
-            try:  # the common case, plain numbers, at C speed (see PLAIN_TYPES)
-                plain = self._fast and data and type(sum(data.values())) in PLAIN_TYPES
-            except Exception:  # noqa: BLE001 - a list, a string, ...: the careful path
-                plain = False
             if not plain:  # arrays, tensors, numpy numbers, odd values: checked here
                 scalars, samples = self._split(data)
                 if not (scalars or samples):
                     return
             if step is None:
                 step = self._step
-            elif type(step) is not int or not -_LONG <= step < _LONG:
+            elif type(step) is not int or not _MIN_LONG <= step < _LONG:
                 step = _long(step, "step")
             if epoch is not None:
                 epoch = _long(epoch, "epoch")
@@ -210,7 +221,7 @@ class Run:
             if len(queue) >= self._max_items and not self._publisher.room():
                 return  # shed (counted, said once): the loop outruns encoding
             tags = self._gate.labels(labels) if labels else None
-            if plain:  # names checked, ints converted and ns made ms on the publisher's thread
+            if plain:
                 queue.extend(((_time_ns(), PLAIN, step, epoch, tags), dict(data)))
                 return
             body = {
@@ -417,7 +428,7 @@ class Run:
             status = "finished"
         scalars, _ = self._gate.split(summary or {})
         self._emit(RUN_FINISHED, {"status": status, "summary": scalars})
-        self._finished = True
+        self._quick, self._finished = False, True
         self.status = status
         atexit.unregister(self._atexit)
         clean = self._publisher.stop(
@@ -584,7 +595,7 @@ class RunConfig(dict):  # type: ignore[type-arg]
 def _long(value: Any, what: str) -> int:
     """``value`` as an Avro long (steps and epochs); ValueError when it does not fit."""
     number = int(value)
-    if not -_LONG <= number < _LONG:
+    if not _MIN_LONG <= number < _LONG:
         raise ValueError(f"{what} {number} does not fit in 64 bits")
     return number
 

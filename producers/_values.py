@@ -23,13 +23,6 @@ MAX_SAMPLES = 65_536
 MAX_LABELS = 16
 MAX_LABEL_LENGTH = 128
 _NUMBER = (float, int, bool)
-#: ``log()``'s common case: when ``type(sum(values))`` is one of these, every value is a Python
-#: int, float or bool (a list or a string makes ``sum`` raise, a numpy number or a tensor makes
-#: the sum one), all of which cannot change after the call: so the names are checked and the
-#: ints converted on the publisher's thread (:meth:`ValueGate.split`), and the caller pays one C
-#: loop. (An object whose ``__radd__`` returns a float would pass too: it is converted with
-#: ``float()`` there, or dropped and counted.)
-PLAIN_TYPES = (int, float)
 _BIG = 2**1023  # ints beyond this overflow float(): the careful path says so
 
 

@@ -403,3 +403,24 @@ def test_a_status_that_is_no_string_ends_the_run_as_finished_with_one_warning(se
         assert run.finish(60)  # meant timeout=60
     assert fake.events()[-1][2] == (RUN_FINISHED, {"status": "finished", "summary": {}})
     assert sum("a status is a string" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_log_after_finish_is_ignored_with_a_warning_and_a_strict_run_raises_in_the_caller(settings, caplog):
+    """log()'s quick path is taken only by an open run that is not strict."""
+    from schemas import MetricValueError
+
+    fake = FakeTransport()
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    run.log({"x": 1.0}, step=0)
+    assert run.finish(timeout=10)
+    with caplog.at_level(logging.WARNING, logger="metricbus.producer"):
+        run.log({"x": 2.0}, step=1)
+    assert [b["scalars"] for _, b in metrics(fake.events())] == [{"x": 1.0}]
+    assert any("is finished; log() is ignored" in r.getMessage() for r in caplog.records)
+
+    strict = Run("p", settings=settings, transport=FakeTransport(), system_metrics=False, strict=True)
+    try:
+        with pytest.raises(MetricValueError):
+            strict.log({7: 1.0}, step=0)  # plain numbers, a name no str: checked here, not later
+    finally:
+        strict.finish(timeout=10)
