@@ -264,8 +264,8 @@ def publish(settings: Settings, records: list[Record], attempts: int = 5) -> Pla
             acks="all",
             compression_type=settings.compression_type,
         )
-        await producer.start()
-        try:
+        try:  # started inside: one that cannot reach the broker is stopped too
+            await producer.start()
             for attempt in range(attempts):
                 sent = {
                     tp: [await producer.send(t, value=v, key=k, partition=p) for t, p, _, k, v in rs]
@@ -353,8 +353,8 @@ def commit(settings: Settings, resume: dict[str, dict[tuple[str, int], int]]) ->
                 settings, group_id=group, client_id="metricbus-up-carry", enable_auto_commit=False
             )
             consumer.assign(list(offsets))
-            await consumer.start()
             try:
+                await consumer.start()
                 await consumer.commit(offsets)
             finally:
                 await consumer.stop()

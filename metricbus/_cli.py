@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import threading
@@ -439,8 +440,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    import os
-
     from ._web import serve
 
     settings = _settings(args)
@@ -658,3 +657,7 @@ def main(argv: list[str] | None = None) -> int:
     except MetricbusError as exc:
         print(f"metricbus {args.command}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `metricbus export ... | head`: the reader has what it wanted
+        # what is still buffered would fail again at exit: it goes nowhere (Python's docs' recipe)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

@@ -56,8 +56,8 @@ def read_topic(
             enable_auto_commit=False,
             auto_offset_reset="earliest",
         )
-        await consumer.start()
-        try:
+        try:  # started inside: one that cannot reach the broker is stopped too (else "Unclosed")
+            await consumer.start()
             partitions = consumer.partitions_for_topic(topic)
             if not partitions:
                 await consumer._client.force_metadata_update()

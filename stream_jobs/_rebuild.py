@@ -62,8 +62,8 @@ async def _replay(
     consumer = AIOKafkaConsumer(
         **client_options(settings), **fetch_options(settings), enable_auto_commit=False
     )
-    await consumer.start()
-    try:
+    try:  # started inside: one that cannot reach the broker is stopped too
+        await consumer.start()
         tps = {TopicPartition(settings.topics.events, p): bounds for p, bounds in sorted(todo.items())}
         consumer.assign(list(tps))
         for tp, (first, _) in tps.items():

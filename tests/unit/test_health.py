@@ -141,3 +141,28 @@ def test_labels_are_broken_down_and_a_label_that_does_not_improve_is_named():
     assert health.as_dict()["labels"] == health.labels
     # validity and the other parts see each value once, not once per label
     assert health.score == 97
+
+
+def test_with_no_broker_the_dead_letters_are_not_checked_and_no_client_is_left_open(tmp_path, monkeypatch):
+    """A client that cannot reach the broker is stopped too (asyncio said "Unclosed AIOKafkaConsumer")."""
+    import socket
+
+    import aiokafka
+
+    from metricbus._health import dead_letters_of
+    from schemas import Settings
+
+    made = []
+
+    class Consumer(aiokafka.AIOKafkaConsumer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(aiokafka, "AIOKafkaConsumer", Consumer)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = Settings(data_dir=tmp_path, bootstrap=f"127.0.0.1:{port}")
+    assert dead_letters_of(settings, "r", timeout_s=1.0) is None
+    assert len(made) == 1 and made[0]._closed  # stopped, its connections closed

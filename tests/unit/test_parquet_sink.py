@@ -341,3 +341,22 @@ def test_a_run_read_in_chunks_is_the_run_read_whole_with_every_event_whole(archi
         for e in chunk
     ]
     assert [(e.seq, e.kind, e.body) for e in only] == [(e.seq, e.kind, e.body) for e in (events[0], hist)]
+
+
+def test_export_into_a_reader_that_stops_early_ends_quietly(archive):
+    """`metricbus export ... | head`: no traceback when the reader closes the pipe."""
+    import subprocess
+    import sys
+
+    archive.write(
+        [started()] + [metric(i + 1, i, {f"m{j}": float(j) for j in range(20)}) for i in range(2000)]
+    )
+    archive.flush()
+    data_dir = str(archive.archive_dir.parent)
+    command = [sys.executable, "-m", "metricbus", "--data-dir", data_dir, "export", "--run", "run-1"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    head = proc.stdout.readline()  # type: ignore[union-attr]
+    proc.stdout.close()  # type: ignore[union-attr]  # as `head -1` does: 40,000 rows are far more than a pipe holds
+    _, err = proc.communicate(timeout=60)
+    assert head.startswith(b'"run","step","name","value"')
+    assert proc.returncode == 1 and b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
