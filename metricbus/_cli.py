@@ -225,10 +225,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
+    from stream_jobs import DEFAULT_RULES
+
     from ._replay import backtest, describe_alert
 
     settings = _settings(args)
-    alerts = backtest(settings, Path(args.rules), args.run, Path(args.config) if args.config else None)
+    rules = Path(args.rules) if args.rules else DEFAULT_RULES
+    alerts = backtest(settings, rules, args.run, Path(args.config) if args.config else None)
     for alert in alerts:
         print(describe_alert(alert))
     firing = sum(a["state"] == "firing" for a in alerts)
@@ -556,7 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_replay)
 
     s = sub.add_parser("backtest", help="what alert rules would have fired on an archived run")
-    s.add_argument("--rules", required=True)
+    s.add_argument("--rules", help="alert rules YAML (default: the seed rule pack, as `metricbus up` runs)")
     s.add_argument("--config", help="YAML of StreamConfig fields, as for `metricbus worker --config`")
     s.add_argument("--run", required=True)
     s.set_defaults(func=cmd_backtest)

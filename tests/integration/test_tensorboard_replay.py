@@ -164,6 +164,10 @@ def test_backtest_prints_what_new_rules_would_have_fired(settings, sink, tmp_pat
     assert "step       30" in fired[0] and "nan_loss" in fired[0]
     assert "step       43" in fired[1] and "mem" in fired[1]
     assert out[-1] == f"2 alert(s) would have fired on run {run.run_id} (2 transitions)"
+    seed = subprocess.run(  # no --rules: the seed rule pack, as `metricbus up` runs it
+        cli(settings, "backtest", "--run", run.run_id), capture_output=True, text=True, check=True
+    ).stdout
+    assert "step       30  firing   nan_loss [critical] Train/Loss:" in seed, seed
 
 
 def test_live_wandb_history_equals_a_replay_from_the_archive(settings, tmp_path, monkeypatch):
