@@ -426,13 +426,21 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import json
 
-    from ._status import collect, format_status
+    from schemas import BrokerError
+
+    from ._status import collect, format_status, unreachable
 
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # an unreachable broker is said once, below
     settings = _settings(args)
     stop = _stop_on_signals() if args.watch else threading.Event()
     while True:
-        snap = collect(settings, window_s=args.window, stop_after_s=args.stop_after, since_s=args.since)
+        try:
+            snap = collect(settings, window_s=args.window, stop_after_s=args.stop_after, since_s=args.since)
+        except BrokerError as exc:  # said, with what is kept here (the spools); --watch goes on
+            snap = unreachable(settings, str(exc))
+            if not args.watch:
+                print(json.dumps(snap, indent=2) if args.json else format_status(snap), flush=True)
+                raise
         if args.json:
             print(json.dumps(snap, indent=None if args.watch else 2, default=str), flush=True)
         else:

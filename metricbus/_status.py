@@ -155,12 +155,34 @@ def snapshot(
         "kafka": settings.bootstrap_servers,
         "topic_prefix": settings.topic_prefix,
         "healthy": worst < STATUSES.index("STOP"),
+        "error": None,
         "runs": board.runs_table(),
         "groups": groups,
         "dead_letters": deadletters,
         "spools": spools(settings),
         "catching_up": catching_up(settings),
         "board": {"records": board.records, "skipped": board.skipped, "error": board.error},
+    }
+
+
+def unreachable(settings: Settings, error: str) -> dict[str, Any]:
+    """What status can say while Kafka cannot be reached: the reason, and what is kept here.
+
+    The local spools are what matters then: the runs' events wait there until the broker is
+    back (a planned restart under ``metricbus up``) or ``metricbus sync`` publishes them.
+    """
+    return {
+        "at": round(time.time(), 3),
+        "kafka": settings.bootstrap_servers,
+        "topic_prefix": settings.topic_prefix,
+        "healthy": False,
+        "error": error,
+        "runs": [],
+        "groups": [],
+        "dead_letters": {"count": None, "error": "Kafka unreachable"},
+        "spools": spools(settings),
+        "catching_up": catching_up(settings),
+        "board": {"records": 0, "skipped": 0, "error": error},
     }
 
 
@@ -211,7 +233,10 @@ def format_status(snap: dict[str, Any]) -> str:
         "RUNS",
     ]
     runs = snap["runs"]
-    if not runs:
+    if snap.get("error"):
+        lines[1:1] = ["", f"KAFKA UNREACHABLE: {snap['error']}"]
+        lines.append("  unknown while Kafka cannot be reached")
+    elif not runs:
         lines.append("  no runs on the topics")
     else:
         lines.append(
@@ -227,7 +252,7 @@ def format_status(snap: dict[str, Any]) -> str:
             )
     lines += ["", "CONSUMER GROUPS"]
     if not snap["groups"]:
-        lines.append("  no consumer groups yet")
+        lines.append("  unknown" if snap.get("error") else "  no consumer groups yet")
     for g in snap["groups"]:
         lines.append(
             f"  {_cut(g['group'], 40):<40} {g['status']:<5} lag {g['lag']:>7} records "

@@ -182,7 +182,7 @@ def iter_events(
 ) -> Iterator[list[Event]]:
     """:func:`read_events` in chunks of the events of about ``rows`` archive rows each.
 
-    Only the run's Arrow table (~100 bytes an archive row) and one chunk's Python objects are
+    Only the run's Arrow table (~70 bytes an archive row) and one chunk's Python objects are
     held at once: a whole run's rows as Python dicts took ~14 KB per ten-scalar event (2.8 GB
     to replay 200,000 events). A Metrics event whose rows go on in the next chunk goes whole
     in the next. ``kinds``: only events of these kinds (``{RUN_STARTED, RUN_FINISHED}``: no

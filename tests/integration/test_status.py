@@ -118,13 +118,41 @@ def test_status_lists_unsent_spools_and_finished_runs(settings):
     assert "bytes unsent" in spool_line and "metricbus sync" in spool_line
 
 
-def test_status_against_an_unreachable_broker_says_so_and_exits_2(tmp_path):
+def test_status_against_an_unreachable_broker_says_so_shows_the_spools_and_watch_goes_on(tmp_path):
+    """A broker that is down (or restarting under `metricbus up`): the reason, once; what waits
+    in the local spools; and `--watch` keeps watching instead of exiting."""
+
     from schemas import Settings
 
     from .conftest import free_port
 
     nowhere = Settings(bootstrap=f"127.0.0.1:{free_port()}", data_dir=tmp_path)
+    spooled = Run(
+        "ops", name="offline", settings=dataclasses.replace(nowhere, offline=True), system_metrics=False
+    )
+    spooled.log({"x": 1.0}, step=0)
+    spooled.finish(timeout=5)
     result = subprocess.run(cli(nowhere, "status"), capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert f"cannot reach Kafka at {nowhere.bootstrap_servers}" in result.stderr
     assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    assert "KAFKA UNREACHABLE: cannot reach Kafka" in result.stdout
+    (spool_line,) = [ln for ln in result.stdout.splitlines() if spooled.run_id in ln]
+    assert "bytes unsent" in spool_line and "metricbus sync" in spool_line
+    as_json = subprocess.run(cli(nowhere, "status", "--json"), capture_output=True, text=True, timeout=60)
+    snap = json.loads(as_json.stdout)
+    assert as_json.returncode == 2 and snap["healthy"] is False and "cannot reach Kafka" in snap["error"]
+    assert [s["run_id"] for s in snap["spools"]] == [spooled.run_id]
+    watch = subprocess.Popen(
+        cli(nowhere, "status", "--json", "--watch", "1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        seen = [json.loads(watch.stdout.readline()) for _ in range(2)]  # type: ignore[union-attr]
+        assert watch.poll() is None  # still watching
+        assert all(s["error"] and s["spools"] for s in seen) and seen[1]["at"] > seen[0]["at"]
+    finally:
+        watch.terminate()
+        watch.wait(timeout=30)
