@@ -360,6 +360,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from schemas import check_run_id
     from stream_jobs import DEFAULT_RULES
 
     from ._replay import raising
@@ -374,8 +375,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         _chunks(settings, args.run, derived=True), lambda logged: raising(logged, alerts, rules, config)
     )
     page = build(args.run, run, others, alerts)
-    Path(args.out).write_text(page)
-    print(f"wrote {args.out} ({len(page) // 1024} kB); open it in a browser, no network needed")
+    out = Path(args.out) if args.out else settings.data_dir / "reports" / f"{check_run_id(args.run)}.html"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page)
+    print(f"wrote {out} ({len(page) // 1024} kB); open it in a browser, no network needed")
     return 0
 
 
@@ -602,7 +605,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--compare", action="append", metavar="RUN", help="overlay and test another run (repeatable)"
     )
-    s.add_argument("--out", required=True, help="the HTML file to write")
+    s.add_argument("--out", help="the HTML file to write (default: <data dir>/reports/<run>.html)")
     s.add_argument("--rules", help="alert rules for the alert timeline (default: the default rules)")
     s.add_argument("--config", help="stream config the rules' derived series follow (YAML)")
     s.set_defaults(func=cmd_report)

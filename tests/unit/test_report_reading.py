@@ -74,3 +74,13 @@ def test_the_report_reads_a_run_once_and_any_chunking_makes_the_same_page(tmp_pa
     assert page.count("<tr><td>") >= 3 + 3 + 3  # epochs, gradient phases, rewards per epoch
     assert '"Train/Loss_recent_mean"' in page and '"Train/Loss (run-b)"' in page
     assert "900 logged values" in page  # three scalars a step, the stream's not counted
+
+
+def test_the_report_goes_into_the_data_directory_unless_told_where(tmp_path, capsys):
+    from metricbus._cli import main
+
+    archive_run(tmp_path / "archive", "run-a", steps=20)
+    assert main(["--data-dir", str(tmp_path), "report", "run-a"]) == 0
+    out = tmp_path / "reports" / "run-a.html"
+    assert f"wrote {out}" in capsys.readouterr().out
+    assert "name-run-a (run-a)" in out.read_text()
