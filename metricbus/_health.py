@@ -179,7 +179,7 @@ def _role(series: Series, catalog: Sequence[str]) -> str | None:
     return next((n for n in catalog if n in series), None)
 
 
-def _finite(points: list[tuple[int, float, int]]) -> list[float]:
+def _finite(points: Iterable[tuple[int, float, int]]) -> list[float]:
     return [v for _, v, _ in points if math.isfinite(v)]
 
 

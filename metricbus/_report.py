@@ -38,7 +38,7 @@ from schemas import (
 from ._compare import compare_series
 from ._health import Seen, judge
 from ._replay import describe_alert
-from ._series import Series, split
+from ._series import Points, Series, split
 
 _LOSS_PARTS = ("policy", "value", "entropy", "kl", "clip")
 _MAX_CHARTS = 24
@@ -47,7 +47,7 @@ EPISODE_REWARD = "episode/reward"  #: what run.log_episode logs per episode
 
 #: (step, value, ts_ms) in event order; a NaN/inf value is a gap in the chart (None on the page);
 #: ts_ms the event's time, for the charts' wall-clock and time-since-start axes
-Points = Sequence[tuple[int, float | None, int]]
+Line = Sequence[tuple[int, float | None, int]]
 
 
 @dataclasses.dataclass
@@ -107,7 +107,8 @@ class Reading:
     def _derived(self, e: Event) -> None:
         step, epoch = e.body["step"], e.body["epoch"]
         for name, value in e.body["scalars"].items():
-            self.derived.setdefault(name, []).append((step, value, e.ts_ms))
+            line = self.derived.get(name) or self.derived.setdefault(name, Points())
+            line.append((step, value, e.ts_ms))
             if epoch is not None and name.startswith("Epoch/"):
                 self.epochs.setdefault(epoch, {})[name[len("Epoch/") :]] = value
 
@@ -135,7 +136,7 @@ def read_run(
     return reading
 
 
-def _gaps(points: Points) -> Points:
+def _gaps(points: Line) -> Line:
     """``points`` with each NaN/inf value None (JSON has no NaN; the chart draws a gap)."""
     return [(s, v if v is not None and math.isfinite(v) else None, t) for s, v, t in points]
 
@@ -145,7 +146,7 @@ def _gaps(points: Points) -> Points:
 MAX_LINE_POINTS = 2_000
 
 
-def thin(points: Points, limit: int = MAX_LINE_POINTS) -> Points:
+def thin(points: Line, limit: int = MAX_LINE_POINTS) -> Line:
     """At most ``limit`` of ``points``, in their order.
 
     The first and the last, and of each stretch of consecutive points (``limit // 3 - 1`` of
@@ -194,7 +195,7 @@ def build(
     def chart(
         section: str,
         name: str,
-        lines: Mapping[str, Points],
+        lines: Mapping[str, Line],
         stepped: bool = False,
         overlays: Mapping[str, str] | None = None,
     ) -> None:
@@ -409,9 +410,9 @@ def _table(columns: list[str], rows: list[list[Any]], ident: str) -> str:
     return f"<table id='{ident}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _by_label(derived: Mapping[str, Points], reward: str | None) -> dict[str, dict[str, dict[str, Points]]]:
+def _by_label(derived: Mapping[str, Line], reward: str | None) -> dict[str, dict[str, dict[str, Line]]]:
     """The stream's per-label series: key -> chart title -> value -> its points."""
-    out: dict[str, dict[str, dict[str, Points]]] = {}
+    out: dict[str, dict[str, dict[str, Line]]] = {}
     for name, points in derived.items():
         if not name.startswith("by_"):
             continue

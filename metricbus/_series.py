@@ -9,12 +9,59 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from typing import overload
 
 from schemas import METRICS, Event
 
-#: name -> [(step, value, ts_ms)] in event order
-Series = dict[str, list[tuple[int, float, int]]]
+Point = tuple[int, float, int]  #: (step, value, ts_ms)
+
+
+class Points(Sequence[Point]):
+    """One series' points in event order, kept as three typed arrays.
+
+    24 bytes a point, where a tuple of three objects took about 100: the two million points of a
+    200,000-step run of ten metrics held ~200 MB while health or a report read it. Iterating,
+    indexing and slicing give ``(step, value, ts_ms)`` tuples, made as they are read.
+    """
+
+    __slots__ = ("steps", "values", "stamps")
+
+    def __init__(self, points: Iterable[Point] = ()) -> None:
+        self.steps, self.values, self.stamps = array("q"), array("d"), array("q")
+        for point in points:
+            self.append(point)
+
+    def append(self, point: Point) -> None:
+        step, value, ts = point
+        self.steps.append(step)
+        self.values.append(value)
+        self.stamps.append(ts)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __iter__(self) -> Iterator[Point]:
+        return zip(self.steps, self.values, self.stamps, strict=True)
+
+    @overload
+    def __getitem__(self, i: int) -> Point: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Point]: ...
+
+    def __getitem__(self, i: int | slice) -> Point | list[Point]:
+        if isinstance(i, slice):
+            return list(zip(self.steps[i], self.values[i], self.stamps[i], strict=True))
+        return self.steps[i], self.values[i], self.stamps[i]
+
+    def __repr__(self) -> str:
+        return f"Points({list(self)!r})"
+
+
+#: name -> its points in event order
+Series = dict[str, Points]
 
 #: The axes every run has; any logged metric (env steps, tokens) is an axis too.
 AXES = ("step", "time")
@@ -42,9 +89,10 @@ def scalars(events: Iterable[Event], labels: bool = True) -> Series:
         step, tags = e.body["step"], e.body.get("labels") if labels else None
         for name, value in e.body["scalars"].items():
             point = (step, value, e.ts_ms)
-            out.setdefault(name, []).append(point)
+            (out.get(name) or out.setdefault(name, Points())).append(point)
             for key, tag in (tags or {}).items():
-                out.setdefault(labelled(name, key, tag), []).append(point)
+                series = labelled(name, key, tag)
+                (out.get(series) or out.setdefault(series, Points())).append(point)
     return out
 
 
