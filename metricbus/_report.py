@@ -243,7 +243,7 @@ def build(
     chart("Learning-rate schedule", "learning rate", lr)
     epochs = run.epochs
 
-    grad = [v for _, v, _ in logged.get("grad/total_norm", []) if v is not None and math.isfinite(v)]
+    grad = [v for _, v, _ in logged.get("grad/total_norm", ()) if math.isfinite(v)]
     grad_rows = []
     if len(grad) >= 3:
         third = len(grad) // 3
