@@ -10,7 +10,6 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -255,34 +254,15 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 1 if report.spools_failed else 0
 
 
-def _chunks(settings: Settings, run: str, derived: bool = False) -> Iterator[list[Any]]:
-    """A run's events from the archive, a chunk at a time; a clear error when it has none.
-
-    A long run is never held as events at once (a 200,000-step run's report held 1.3 GB).
-    """
-    from schemas import check_run_id
-    from sinks import iter_events
-
-    found = False
-    try:
-        for chunk in iter_events(settings.archive_dir, check_run_id(run), derived=derived):
-            found = found or bool(chunk)
-            yield chunk
-    except (FileNotFoundError, ValueError):  # no such run, or no usable run id
-        if found:
-            raise
-    if not found:
-        raise MetricbusError(f"run {run!r} is not in the archive at {settings.archive_dir}")
-
-
 def cmd_health(args: argparse.Namespace) -> int:
     import json
 
     from ._health import assess, dead_letters_of
+    from ._replay import archived
 
     settings = _settings(args)
     run_id = args.run
-    events = (e for chunk in _chunks(settings, run_id) for e in chunk)
+    events = (e for chunk in archived(settings, run_id) for e in chunk)
     health = assess(run_id, events, dead_letters_of(settings, run_id))
     if args.json:
         print(json.dumps(health.as_dict(), indent=2))
@@ -306,6 +286,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from schemas import check_run_id
 
     from ._compare import compare_series
+    from ._replay import archived
     from ._report import read_run
 
     settings = _settings(args)
@@ -315,7 +296,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         runs.insert(0, baseline)
     if len(runs) < 2:
         raise MetricbusError("compare needs at least two runs")
-    readings = {run: read_run(_chunks(settings, run)) for run in runs}
+    readings = {run: read_run(archived(settings, run)) for run in runs}
     try:
         result = compare_series(
             {run: r.config for run, r in readings.items()},
@@ -363,16 +344,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     from schemas import check_run_id
     from stream_jobs import DEFAULT_RULES
 
-    from ._replay import raising
+    from ._replay import archived, raising
     from ._report import build, read_run
 
     settings = _settings(args)
     rules = Path(args.rules) if args.rules else DEFAULT_RULES
     config = Path(args.config) if args.config else None
-    others = {r: read_run(_chunks(settings, r, derived=True)) for r in args.compare or ()}
+    others = {r: read_run(archived(settings, r, derived=True)) for r in args.compare or ()}
     alerts: list[dict[str, Any]] = []
     run = read_run(
-        _chunks(settings, args.run, derived=True), lambda logged: raising(logged, alerts, rules, config)
+        archived(settings, args.run, derived=True), lambda logged: raising(logged, alerts, rules, config)
     )
     page = build(args.run, run, others, alerts)
     out = Path(args.out) if args.out else settings.data_dir / "reports" / f"{check_run_id(args.run)}.html"

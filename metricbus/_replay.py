@@ -146,19 +146,28 @@ def backtest(
     settings: Settings, rules_path: Path, run_id: str, config_path: Path | None = None
 ) -> list[dict[str, Any]]:
     """Alerts ``rules_path`` would have raised on an archived run, in order (read a chunk at a time)."""
+    events = (e for chunk in archived(settings, run_id) for e in chunk)
+    return rule_alerts(events, rules_path, config_path)
+
+
+def archived(settings: Settings, run: str, derived: bool = False) -> Iterator[list[Any]]:
+    """A run's events from the archive, a chunk at a time; a clear error when it has none.
+
+    A long run is never held as events at once (a 200,000-step run's report held 1.3 GB).
+    """
+    from schemas import check_run_id
     from sinks import iter_events
 
-    found = [0]
-
-    def events() -> Iterator[Event]:
-        for chunk in iter_events(settings.archive_dir, run_id):
-            found[0] += len(chunk)
-            yield from chunk
-
-    alerts = rule_alerts(events(), rules_path, config_path)
-    if not found[0]:
-        raise MetricbusError(f"run {run_id!r} is not in the archive at {settings.archive_dir}")
-    return alerts
+    found = False
+    try:
+        for chunk in iter_events(settings.archive_dir, check_run_id(run), derived=derived):
+            found = found or bool(chunk)
+            yield chunk
+    except (FileNotFoundError, ValueError):  # no such run, or no usable run id
+        if found:
+            raise
+    if not found:
+        raise MetricbusError(f"run {run!r} is not in the archive at {settings.archive_dir}")
 
 
 def rule_alerts(
