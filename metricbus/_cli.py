@@ -10,6 +10,8 @@ import os
 import signal
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -638,6 +640,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Repeats(logging.Filter):
+    """A Kafka client's line said again within ``every_s`` is counted, not printed.
+
+    With the broker down (or restarting under ``metricbus up``) kafka-python logged two ERROR
+    lines a second in every process that waits for it (the dashboard: 29 in 20 s). The first
+    is printed; the next one after ``every_s`` says how many were held back.
+    """
+
+    def __init__(self, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.every_s, self.clock = every_s, clock
+        self._said: dict[tuple[str, str], tuple[float, int]] = {}  # (logger, template): (when, held)
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(("kafka", "aiokafka")):
+            return True
+        key, now = (record.name, str(record.msg)), self.clock()
+        with self._lock:
+            when, held = self._said.get(key, (None, 0))
+            if when is not None and now - when < self.every_s:
+                self._said[key] = (when, held + 1)
+                return False
+            self._said[key] = (now, 0)
+        if held:
+            record.msg, record.args = f"{record.getMessage()} (and {held} more like it held back)", None
+        return True
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``metricbus`` console script."""
     args = build_parser().parse_args(argv)
@@ -647,6 +678,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("kafka", "aiokafka", "tensorboard"):  # their chatter is ours to report, once
         logging.getLogger(noisy).setLevel(logging.ERROR if not args.verbose else logging.INFO)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(Repeats())
     try:
         return int(args.func(args))
     except MetricbusError as exc:

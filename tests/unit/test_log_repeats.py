@@ -1,0 +1,29 @@
+"""A Kafka client's line said again within a minute is counted, not printed (a broker that is
+down made kafka-python log two ERROR lines a second in the dashboard), and said once it is back."""
+
+import logging
+
+from metricbus._cli import Repeats
+
+
+def record(name, msg, *args):
+    return logging.LogRecord(name, logging.ERROR, __file__, 1, msg, args, None)
+
+
+def test_a_kafka_clients_repeated_line_is_held_back_and_counted():
+    now = [0.0]
+    repeats = Repeats(every_s=60.0, clock=lambda: now[0])
+    lost = "%s: Connection lost: %s"
+    assert repeats.filter(record("kafka.net.connection", lost, "<conn 1>", "ECONNREFUSED"))
+    for t in (0.5, 1.0, 30.0):  # the same line, another connection's repr: held back
+        now[0] = t
+        assert not repeats.filter(record("kafka.net.connection", lost, f"<conn {t}>", "ECONNREFUSED"))
+    assert repeats.filter(record("kafka.net.manager", "Connection failed: %s", "x"))  # another line
+    assert repeats.filter(record("metricbus.stack", lost, "ours", "always said"))  # not a client's
+    assert repeats.filter(record("metricbus.stack", lost, "ours", "always said"))
+    now[0] = 61.0
+    again = record("kafka.net.connection", lost, "<conn 61>", "ECONNREFUSED")
+    assert repeats.filter(again)
+    assert again.getMessage() == "<conn 61>: Connection lost: ECONNREFUSED (and 3 more like it held back)"
+    now[0] = 62.0
+    assert not repeats.filter(record("kafka.net.connection", lost, "<conn 62>", "ECONNREFUSED"))
