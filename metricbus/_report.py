@@ -264,7 +264,7 @@ def build(
     groups: dict[str, list[str]] = {}
     if others:
         runs = {run_id: run, **others}
-        shared = [n for n in main if all(n in other.logged for other in others.values())]
+        shared = [n for n in main if all(n in other.seen.series for other in others.values())]
         chosen = set(shared) or set(run.seen.series)  # none shared: every series they have in common
         result = compare_series(
             {r: reading.config for r, reading in runs.items()},
