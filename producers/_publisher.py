@@ -124,8 +124,8 @@ class Publisher:
         #: EventBatch v5's columns for scalars-only Metrics events (False: one Avro record per
         #: event, the v4 layout; bench/stream_throughput.py compares the two)
         self.columnar = True
-        #: turns the queue's items into encodable events on this thread, given the first's seq
-        #: (Run._bodies)
+        #: turns the queue's items into encodable events on this thread, given the first's seq,
+        #: their seqs consecutive (Run._bodies; it may leave out a queued event it refuses)
         self.prepare = prepare
         self._next_seq = 0  #: the seq of the next event taken off the queue
         self._lock = threading.Lock()
@@ -309,18 +309,19 @@ class Publisher:
             prepared = self.prepare(items, self._next_seq)
             time.sleep(0)  # a training thread waiting for the GIL gets it between the two stages
             records = self._encode(prepared)
-            self._next_seq += n
+            taken = len(prepared.seqs) if isinstance(prepared, ScalarRows) else len(prepared)
+            self._next_seq += taken
             try:
                 self.spool.append(records)
-                self.events_spooled += n
+                self.events_spooled += taken
             except OSError as exc:
-                self.lost_events += n
+                self.lost_events += taken
                 log.error(
                     "cannot write the spool %s (%s): %d events lost. Free disk space or set "
                     "METRICBUS_DATA_DIR to a writable disk.",
                     self.spool.path,
                     exc,
-                    n,
+                    taken,
                 )
 
     def _encode(self, events: list[Event] | ScalarRows) -> list[bytes]:

@@ -52,7 +52,7 @@ from ._values import ValueGate, _flatten
 log = logging.getLogger("metricbus.producer")
 SDK_VERSION = "0.1.0"
 _LONG = 2**63  #: steps and epochs are Avro longs: -_LONG <= n < _LONG
-_MIN_LONG = -_LONG  #: (one big int made once: log() compared with a new one each call)
+_MIN_LONG = -_LONG  #: (one big int made once, not one per comparison)
 #: The kind of log()'s queued events of plain numbers not yet checked (see Run._bodies).
 PLAIN = "metricbus.Metrics#plain"
 _PLAIN_ONLY = {PLAIN}
@@ -190,53 +190,64 @@ class Run:
         Non-blocking: this only enqueues; a background thread encodes and publishes.
         """
         try:
-            plain: object = False  # strict: every value checked here, to raise here
-            if self._quick:  # not strict, not finished
-                # the common case: when sum(values, 0.0) is a float, every value is a Python int,
-                # float or bool (a list or a string makes sum raise, a numpy number or a tensor
-                # makes the sum one, an int past float's range overflows), none of which can change
-                # after the call: so the names are checked and the ints converted on the
-                # publisher's thread (ValueGate.split), and the caller pays one C loop. (An object
-                # whose __radd__ returns a float passes too: converted with float() there, or
-                # dropped and counted.)
+            if self._quick and (step is None or type(step) is int) and (epoch is None or type(epoch) is int):
+                # the common case (not strict, not finished): when sum(values, 0.0) is a float,
+                # every value is a Python int, float or bool (a list or a string makes sum raise,
+                # a numpy number or a tensor makes the sum one, an int past float's range
+                # overflows), none of which can change after the call: so the names are checked,
+                # the ints converted and the step and epoch range-checked on the publisher's
+                # thread (Run._bodies), and the caller pays one C loop. (An object whose __radd__
+                # returns a float passes too: converted with float() there, or dropped and
+                # counted.)
                 try:
                     plain = type(sum(data.values(), 0.0)) is float and data
                 except Exception:  # noqa: BLE001 - a list, a string, ...: the careful path
                     plain = False
-            elif self._finished:
-                self._closed("log")
-                return
-            if not plain:  # arrays, tensors, numpy numbers, odd values: checked here
-                scalars, samples = self._split(data)
-                if not (scalars or samples):
+                if plain:
+                    if step is None:
+                        step = self._step
+                    self._step = step + 1
+                    queue = self._queue
+                    if len(queue) >= self._max_items and not self._publisher.room():
+                        return  # shed (counted, said once): the loop outruns encoding
+                    tags = self._gate.labels(labels) if labels else None
+                    queue.extend(((_time_ns(), PLAIN, step, epoch, tags), dict(data)))
                     return
-            if step is None:
-                step = self._step
-            elif type(step) is not int or not _MIN_LONG <= step < _LONG:
-                step = _long(step, "step")
-            if epoch is not None:
-                epoch = _long(epoch, "epoch")
-            self._step = step + 1
-            queue = self._queue
-            if len(queue) >= self._max_items and not self._publisher.room():
-                return  # shed (counted, said once): the loop outruns encoding
-            tags = self._gate.labels(labels) if labels else None
-            if plain:
-                queue.extend(((_time_ns(), PLAIN, step, epoch, tags), dict(data)))
-                return
-            body = {
-                "step": step,
-                "epoch": epoch,
-                "rank": self.rank,
-                "scalars": scalars,
-                "samples": samples,
-                "labels": tags or {},
-            }
-            queue.extend(((_time_ns() // 1_000_000, METRICS, None, None, None), body))
+            self._log_checked(data, step, epoch, labels)
         except MetricValueError:
             raise
         except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
             self._internal_error("log", exc)
+
+    def _log_checked(
+        self, data: Mapping[str, Any], step: Any, epoch: Any, labels: Mapping[str, Any] | None
+    ) -> None:
+        """log()'s careful path: arrays, tensors, numpy numbers, odd values and steps, strict mode.
+
+        Every value is checked (and converted) here, on the caller's thread: a tensor or an array
+        may change after the call. Strict mode raises MetricValueError here.
+        """
+        if self._finished:
+            self._closed("log")
+            return
+        scalars, samples = self._split(data)
+        if not (scalars or samples):
+            return
+        step = self._step if step is None else _long(step, "step")
+        if epoch is not None:
+            epoch = _long(epoch, "epoch")
+        self._step = step + 1
+        if len(self._queue) >= self._max_items and not self._publisher.room():
+            return  # shed (counted, said once): the loop outruns encoding
+        body = {
+            "step": step,
+            "epoch": epoch,
+            "rank": self.rank,
+            "scalars": scalars,
+            "samples": samples,
+            "labels": self._gate.labels(labels) if labels else {},
+        }
+        self._queue.extend(((_time_ns() // 1_000_000, METRICS, None, None, None), body))
 
     def _bodies(self, items: list[Any], first_seq: int) -> list[Any] | ScalarRows:
         """The queue's items as events, log()'s plain ones as checked SCALARS rows (publisher's thread).
@@ -244,7 +255,9 @@ class Run:
         ``items``: a head and a body per event (see ``PER_EVENT``), their seqs counting from
         ``first_seq``. The common batch, all plain without labels and with names seen before, is
         checked in C loops (:meth:`ValueGate.plain_columns`) and returned as its columns
-        (ScalarRows: no tuple per event for the garbage collector); otherwise event by event.
+        (ScalarRows: no tuple per event for the garbage collector); otherwise event by event. A
+        plain event whose step or epoch is no Avro long is left out (a skipped call, said once
+        and counted, as log() skips what it refuses) and takes no seq.
         """
         heads, bodies = items[0::PER_EVENT], items[1::PER_EVENT]
         if not heads:
@@ -258,14 +271,21 @@ class Run:
             and (columns := gate.plain_columns(bodies)) is not None
         ):
             stamps, steps, epochs = (list(map(itemgetter(i), heads)) for i in (0, 2, 3))
-            seqs = range(first_seq, first_seq + len(heads))
-            ts_ms = list(map(floordiv, stamps, repeat(1_000_000)))
-            return ScalarRows(seqs, ts_ms, steps, epochs, self.rank, bodies, *columns)
+            if _longs(steps) and _longs(epochs):
+                seqs = range(first_seq, first_seq + len(heads))
+                ts_ms = list(map(floordiv, stamps, repeat(1_000_000)))
+                return ScalarRows(seqs, ts_ms, steps, epochs, self.rank, bodies, *columns)
         out = []
-        for seq, ((ts, kind, step, epoch, labels), body) in enumerate(
-            zip(heads, bodies, strict=True), first_seq
-        ):
+        seq = first_seq
+        for (ts, kind, step, epoch, labels), body in zip(heads, bodies, strict=True):
             if kind is PLAIN:
+                try:  # log() left the range check to this thread
+                    _long(step, "step")
+                    if epoch is not None:
+                        _long(epoch, "epoch")
+                except ValueError as exc:
+                    self._internal_error("log", exc)
+                    continue  # skipped, as log() skips a call it refuses: no seq
                 try:
                     scalars = gate.split_owned(body)  # ints as floats; a name that is not a str dropped
                 except Exception as exc:  # noqa: BLE001 - the event keeps its seq, with no values
@@ -274,6 +294,7 @@ class Run:
                 out.append((seq, ts // 1_000_000, SCALARS, (step, epoch, self.rank, scalars, labels)))
             else:
                 out.append((seq, ts, kind, body))
+            seq += 1
         return out
 
     def log_episode(
@@ -590,6 +611,12 @@ class RunConfig(dict):  # type: ignore[type-arg]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (dict, (dict(self),))
+
+
+def _longs(numbers: list[int | None]) -> bool:
+    """Whether every int of ``numbers`` (Nones aside) fits in an Avro long (C loops)."""
+    present = numbers if None not in numbers else [n for n in numbers if n is not None]
+    return not present or (_MIN_LONG <= min(present) and max(present) < _LONG)  # type: ignore[type-var, operator]
 
 
 def _long(value: Any, what: str) -> int:

@@ -308,6 +308,32 @@ def test_an_out_of_range_step_is_said_once_and_counted_not_a_traceback_per_event
     assert len(errors) == 1 and "does not fit in 64 bits" in errors[0].getMessage()
 
 
+def test_a_step_or_epoch_past_64_bits_among_plain_numbers_is_skipped_and_takes_no_seq(settings, caplog):
+    """log()'s quick path leaves the range check to the publisher's thread: the batch of columns
+    that holds a bad step goes event by event, the bad calls are skipped (said once, counted) and
+    the seqs stay consecutive, so nothing reads as lost."""
+    fake = FakeTransport()
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    bad = {100: (2**63, None), 200: (5, -(2**63) - 1), 300: (-(2**63) - 1, 7)}
+    with caplog.at_level(logging.ERROR, logger="metricbus.producer"):
+        for i in range(400):
+            step, epoch = bad.get(i, (i, i // 100))
+            run.log({"a": float(i), "b": i}, step=step, epoch=epoch)
+            if i == 0:
+                assert run.flush(timeout=10)  # the names seen: the later batches go as columns
+        assert run.flush(timeout=10)  # (and none of them shares a batch with RunFinished)
+    assert run.finish(timeout=10)
+    got = metrics(fake.events())
+    assert [(b["step"], b["epoch"], b["scalars"]) for _, b in got] == [
+        (i, i // 100, {"a": float(i), "b": float(i)}) for i in range(400) if i not in bad
+    ]
+    seqs = [seq for _, seq, _ in fake.events()]
+    assert seqs == list(range(len(seqs))) and len(seqs) == 397 + 2  # + RunStarted, RunFinished
+    assert run.stats()["skipped_calls"] == 3
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "does not fit in 64 bits" in errors[0]
+
+
 def test_with_no_broker_the_run_says_so_once_and_kafka_pythons_own_errors_stay_quiet(tmp_path, caplog):
     """Issue 13 point 10: ECONNREFUSED lines from kafka-python reached the user's log over and over."""
     s = Settings(data_dir=tmp_path, bootstrap="127.0.0.1:1")
