@@ -339,17 +339,22 @@ class RunBoard:
             self._thread.join(5.0)
 
     def _follow(self) -> None:
+        said: str | None = None  # the last reason logged
         while not self._stop.is_set():
             try:
                 consumer = self._consumer()
                 try:
-                    self.error = None
+                    said = self.error = None
                     self._consume(consumer, until_caught_up=False, deadline=None)
                 finally:
                     consumer.close()
             except Exception as exc:  # noqa: BLE001 - the board outlives a broker restart
-                self.error = f"{type(exc).__name__}: {exc}"
-                log.warning("run board: %s; reconnecting in 2s", self.error)
+                error = str(exc)  # kafka's errors name their class; others get it here
+                if not error.startswith(type(exc).__name__):
+                    error = f"{type(exc).__name__}: {error}"
+                if error != said:  # once per reason: with the broker down this comes every 2 s
+                    log.warning("run board: %s; reconnecting every 2s", error)
+                said = self.error = error
                 self._stop.wait(2.0)
 
     def _consumer(self) -> Any:

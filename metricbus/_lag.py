@@ -30,7 +30,7 @@ from typing import Any
 
 from schemas import Settings, client_options
 
-from ._read import topic_reader
+from ._read import reach, topic_reader
 
 log = logging.getLogger("metricbus.lag")
 
@@ -161,6 +161,7 @@ class LagProbe:
         from kafka.admin import KafkaAdminClient
 
         if self._admin is None:
+            reach(self.settings)  # nothing listening: said now, not after kafka-python's 25 s
             ms = int(self.timeout_s * 1000)
             self._admin = KafkaAdminClient(
                 **client_options(self.settings),

@@ -7,6 +7,7 @@ LATEST with the last batch's base offset + 1, which would stop a reader early.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,13 +15,38 @@ from typing import Any
 from schemas import MAX_RECORD_BYTES, Settings, client_options, fetch_options
 
 
+def reach(settings: Settings, timeout_s: float = 2.0) -> None:
+    """Raise kafka's KafkaConnectionError now when no bootstrap server accepts a TCP connection.
+
+    kafka-python tries to bootstrap for about 25 s before it gives up: the dashboard's pipeline
+    page and ``status`` showed nothing for that long with the broker down, and again at each
+    sample. A server that accepts but does not answer as Kafka is still left to kafka-python.
+    """
+    from kafka.errors import KafkaConnectionError
+
+    refused = []
+    for server in settings.bootstrap_servers.split(","):
+        host, colon, port = server.strip().rpartition(":")
+        if not colon:  # a host alone: Kafka's port, as kafka-python takes it
+            host, port = port, "9092"
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+                return
+        except (OSError, ValueError) as exc:
+            refused.append(f"{server.strip()} ({exc})")
+    raise KafkaConnectionError(f"no broker answers at {'; '.join(refused)}")
+
+
 def topic_reader(settings: Settings, client_id: str, **overrides: Any) -> Any:
     """The one kafka-python consumer of the ops tools: no group, no commits, records up to the limit.
 
     ``status``, the dashboard's run board and the dead-letter count read with it (on threads of
-    their own, so a synchronous client); raises kafka's KafkaError when Kafka is unreachable.
+    their own, so a synchronous client); raises kafka's KafkaError when Kafka is unreachable
+    (at once when nothing listens: :func:`reach`).
     """
     from kafka import KafkaConsumer
+
+    reach(settings)
 
     opts: dict[str, Any] = {
         **client_options(settings),

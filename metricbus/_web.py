@@ -94,6 +94,10 @@ class Pipeline:
             "catching_up": catching_up(self.settings),
             "at": round(time.time(), 3),
         }
+        # Kafka unreachable: the probe's one ERR row with no group says why; the page heads with it
+        down = [g["reason"] for g in groups if g["group"] == "" and g["status"] == "ERR"]
+        if down:
+            self.latest["error"] = down[0]
         self.samples += 1
 
     def _loop(self) -> None:

@@ -262,3 +262,56 @@ def test_a_token_guards_every_page_but_health(settings, tmp_path):
     finally:
         proc.terminate()
         assert proc.wait(20) == 0
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: `make test` installs it")
+def test_with_kafka_down_the_pipeline_page_says_so_at_once_and_shows_the_waiting_spools(tmp_path):
+    """Ops open the dashboard while the broker is down: the page said nothing for the ~25 s
+    kafka-python takes to give up bootstrapping, and again at each sample; now it names the
+    address and the reason within seconds, lists the runs whose events wait in their spools,
+    and the log says it once, not every reconnect."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from schemas import Settings
+
+    down = Settings(bootstrap=f"127.0.0.1:{free_port()}", topic_prefix="down.", data_dir=tmp_path / "data")
+    run = Run("ops", settings=down, system_metrics=False)
+    run.log({"Train/Loss": 0.5}, step=0)
+    assert not run.finish(timeout=1)  # nowhere to deliver: its events wait in its spool
+    port = free_port()
+    log_path = tmp_path / "dashboard.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cli(down, "dashboard", "--port", str(port)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **down.to_env()},
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    if get(f"{base}/healthz", 2)[0] == 200:
+                        break
+                except OSError:
+                    time.sleep(0.2)
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+                try:
+                    page = browser.new_page()
+                    page.goto(base + "/pipeline")
+                    said = f"no broker answers at {down.bootstrap_servers}"
+                    expect(page.locator("main")).to_contain_text(said, timeout=10_000)
+                    expect(page.locator("#spools")).to_contain_text(run.run_id)
+                finally:
+                    browser.close()
+            status, body = get(f"{base}/readyz")
+            assert status == 503 and said in json.loads(body)["problems"][-1]
+            time.sleep(5)  # two more reconnects of the run board
+        finally:
+            proc.terminate()
+            code = proc.wait(20)
+    text = log_path.read_text()
+    assert code == 0 and "Traceback" not in text, text
+    assert text.count("run board:") == 1, text
