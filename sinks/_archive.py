@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Collection, Iterator, Mapping
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -80,22 +81,9 @@ def read_table(
     """
     import pyarrow.dataset as ds
 
-    schema, fmt = SCHEMA, ds.ParquetFileFormat()
-    if dictionary:
-        for name in dictionary:
-            schema = schema.set(
-                schema.get_field_index(name), pa.field(name, pa.dictionary(pa.int32(), pa.string()))
-            )
-        fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(dictionary)))
-
-    archive = Path(archive)
+    schema, fmt = _read_format(dictionary)
     for attempt in range(10):  # a live sink may compact the run while we read it: list again
-        if run_id is not None:
-            paths = [p for d in find_run_dirs(archive, run_id) for p in sorted(d.glob("*.parquet"))]
-        elif project is not None:
-            paths = sorted((archive / f"project={path_segment(project)}").glob("run=*/*.parquet"))
-        else:
-            paths = sorted(archive.glob("project=*/run=*/*.parquet"))
+        paths = _paths(archive, run_id, project)
         try:
             paths = _current(paths)
             if not paths:
@@ -110,6 +98,31 @@ def read_table(
     if ordered and (columns is None or {"producer_id", "seq"} <= set(columns)):
         table = table.sort_by([("producer_id", "ascending"), ("seq", "ascending")])
     return table
+
+
+def _read_format(dictionary: Collection[str] = ()) -> tuple[pa.Schema, Any]:
+    """The schema to read with (``dictionary``'s string columns dictionary-encoded) and its format."""
+    import pyarrow.dataset as ds
+
+    if not dictionary:
+        return SCHEMA, ds.ParquetFileFormat()
+    schema = SCHEMA
+    for name in dictionary:
+        schema = schema.set(
+            schema.get_field_index(name), pa.field(name, pa.dictionary(pa.int32(), pa.string()))
+        )
+    read = ds.ParquetReadOptions(dictionary_columns=list(dictionary))
+    return schema, ds.ParquetFileFormat(read_options=read)
+
+
+def _paths(archive: Path, run_id: str | None = None, project: str | None = None) -> list[Path]:
+    """The archive's files (or one run's, or one project's), as listed now."""
+    archive = Path(archive)
+    if run_id is not None:
+        return [p for d in find_run_dirs(archive, run_id) for p in sorted(d.glob("*.parquet"))]
+    if project is not None:
+        return sorted((archive / f"project={path_segment(project)}").glob("run=*/*.parquet"))
+    return sorted(archive.glob("project=*/run=*/*.parquet"))
 
 
 def _row_filter(kinds: Collection[str] | None, since: Mapping[str, int] | None) -> Any:
@@ -182,35 +195,18 @@ def iter_events(
 ) -> Iterator[list[Event]]:
     """:func:`read_events` in chunks of the events of about ``rows`` archive rows each.
 
-    Only the run's Arrow table (~70 bytes an archive row) and one chunk's Python objects are
-    held at once: a whole run's rows as Python dicts took ~14 KB per ten-scalar event (2.8 GB
-    to replay 200,000 events). A Metrics event whose rows go on in the next chunk goes whole
-    in the next. ``kinds``: only events of these kinds (``{RUN_STARTED, RUN_FINISHED}``: no
-    metric row becomes a Python object); ``since``: as :func:`read_table`'s.
+    Only one file's rows of one producer (:func:`_sorted_rows`) and one chunk's Python objects
+    are held at once: the whole run as one Arrow table took ~70 bytes an archive row (150 MB for
+    a 200,000-step run of ten metrics), its rows as Python dicts ~14 KB per ten-scalar event
+    (2.8 GB). A Metrics event whose rows go on in the next chunk goes whole in the next.
+    ``kinds``: only events of these kinds (``{RUN_STARTED, RUN_FINISHED}``: no metric row
+    becomes a Python object); ``since``: as :func:`read_table`'s.
     """
-    import pyarrow.compute as pc
-
     codec = codec or default_codec()
-    table = read_table(
-        archive,
-        run_id,
-        columns=list(_EVENT_COLUMNS),
-        ordered=False,
-        kinds=kinds,
-        since=since,
-        dictionary=("name", "fingerprint"),
-    )
-    if not derived:
-        table = table.filter(pc.not_equal(table["producer_id"], DERIVED_PRODUCER))
-    # sorted a chunk at a time by the order's indices: a sorted copy of the whole table doubled
-    # what a read holds
-    order = pc.sort_indices(table, sort_keys=[("producer_id", "ascending"), ("seq", "ascending")])
     events: list[Event] = []
     current: tuple[str, int] | None = None  # the Metrics event whose rows are being read
     body: dict[str, Any] = {}
-    rows = max(1, rows)
-    for start in range(0, len(order), rows):
-        batch = table.take(order.slice(start, rows))
+    for batch in _sorted_rows(archive, run_id, derived, kinds, since, max(1, rows)):
         # a dictionary column decoded first: its to_pylist is ~3x slower than a string column's
         columns = [_plain(column).to_pylist() for column in batch.columns]
         for producer_id, seq, ts_ms, step, epoch, rank, labels, name, value, samples, payload, fp in zip(
@@ -249,6 +245,109 @@ def iter_events(
             yield done
     if events:
         yield events
+
+
+#: :func:`_sorted_rows` keeps a run's files open while it reads them, up to this many; a run of
+#: more files is read whole
+MAX_OPEN_FILES = 256
+
+
+def _sorted_rows(
+    archive: Path,
+    run_id: str,
+    derived: bool,
+    kinds: Collection[str] | None,
+    since: Mapping[str, int] | None,
+    rows: int,
+) -> Iterator[pa.Table]:
+    """The run's archive rows (:data:`_EVENT_COLUMNS`) in (producer_id, seq) order, ``rows`` at a time.
+
+    A file at a time: the files are opened first (a live sink's compaction may delete one while
+    the run is read; an open file stays readable), then each file's producers and seq span read
+    from two columns, then per producer its files in seq order, each read and sorted alone, or
+    a few together where their seqs interleave (an event archived twice; a compacted file).
+    Past :data:`MAX_OPEN_FILES` files the run is read as one table (sorted a chunk at a time by
+    the order's indices: a sorted copy of the whole table doubled what a read held).
+    """
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    schema, fmt = _read_format(("name", "fingerprint"))
+    columns, only = list(_EVENT_COLUMNS), _row_filter(kinds, since)
+    files = _open_run(archive, run_id)
+    if files is None:
+        table = read_table(
+            archive,
+            run_id,
+            columns=columns,
+            ordered=False,
+            kinds=kinds,
+            since=since,
+            dictionary=("name", "fingerprint"),
+        )
+        if not derived:
+            table = table.filter(pc.not_equal(table["producer_id"], DERIVED_PRODUCER))
+        order = pc.sort_indices(table, sort_keys=[("producer_id", "ascending"), ("seq", "ascending")])
+        for start in range(0, len(order), rows):
+            yield table.take(order.slice(start, rows))
+        return
+    try:
+        spans: dict[str, list[tuple[int, int, Any]]] = {}  # producer: (first seq, last seq, file)
+        for file in files:
+            fragment = fmt.make_fragment(file)
+            keys = fragment.to_table(schema=schema, columns=["producer_id", "seq"], filter=only)
+            for span in keys.group_by("producer_id").aggregate([("seq", "min"), ("seq", "max")]).to_pylist():
+                spans.setdefault(span["producer_id"], []).append((span["seq_min"], span["seq_max"], fragment))
+        for producer in sorted(spans):
+            if producer == DERIVED_PRODUCER and not derived:
+                continue
+            where = ds.field("producer_id") == producer
+            where = where if only is None else where & only
+            for together in _interleaved(spans[producer]):
+                table = pa.concat_tables(
+                    [f.to_table(schema=schema, columns=columns, filter=where) for f in together]
+                )
+                # a stable sort: an event's rows keep their order
+                order = pc.sort_indices(table, sort_keys=[("seq", "ascending")])
+                for start in range(0, len(order), rows):
+                    yield table.take(order.slice(start, rows))
+    finally:
+        for file in files:
+            file.close()
+
+
+def _interleaved(spans: list[tuple[int, int, Any]]) -> Iterator[list[Any]]:
+    """The files of ``spans`` (first seq, last seq, file) in seq order, those whose spans overlap together."""
+    group: list[Any] = []
+    last = 0
+    for first, end, file in sorted(spans, key=itemgetter(0, 1)):
+        if group and first > last:
+            yield group
+            group = []
+        last = max(last, end) if group else end
+        group.append(file)
+    if group:
+        yield group
+
+
+def _open_run(archive: Path, run_id: str) -> list[pa.NativeFile] | None:
+    """The run's current files, opened; None past :data:`MAX_OPEN_FILES` of them."""
+    for attempt in range(10):  # a live sink may compact the run while we list it: list again
+        opened: list[pa.NativeFile] = []
+        try:
+            paths = _current(_paths(archive, run_id))
+            if len(paths) > MAX_OPEN_FILES:
+                return None
+            for path in paths:
+                opened.append(pa.OSFile(str(path)))
+            return opened
+        except FileNotFoundError:
+            for file in opened:
+                file.close()
+            if attempt == 9:
+                raise
+            time.sleep(0.05)
+    return None  # (not reached)
 
 
 def _plain(column: pa.ChunkedArray) -> pa.ChunkedArray:
