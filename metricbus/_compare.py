@@ -136,7 +136,9 @@ def welch(
     else:
         result = stats.ttest_ind(b, a, equal_var=False)
         p = float(result.pvalue) if math.isfinite(result.pvalue) else 1.0
-    pooled = math.sqrt(((len(a) - 1) * sa**2 + (len(b) - 1) * sb**2) / (len(a) + len(b) - 2))
+    pooled = math.sqrt(
+        ((len(a) - 1) * sa * sa + (len(b) - 1) * sb * sb) / (len(a) + len(b) - 2)
+    )  # ** raised past 1e154
     correction = 1 - 3 / (4 * (len(a) + len(b)) - 9)
     diff = statistics.fmean(b) - statistics.fmean(a)
     g = diff / pooled * correction if pooled > 0 else (math.inf if diff else 0.0) * (1 if diff >= 0 else -1)

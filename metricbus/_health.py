@@ -318,9 +318,10 @@ def _spans(spans: Sequence[tuple[int, int]]) -> str:
 
 def dead_letters_of(settings: Settings, run_id: str, timeout_s: float = 5.0) -> int | None:
     """Records of ``run_id`` in the dead-letter topic (keyed by run id); None without a broker."""
-    from ._read import read_topic
+    from ._read import reach, read_topic
 
     try:
+        reach(settings)  # nothing listening: said at once, and without aiokafka's ERROR lines
         records = read_topic(settings, settings.topics.deadletter, idle_s=0.5, timeout_s=timeout_s)
     except Exception:  # noqa: BLE001 - no broker: the part says it was not checked
         return None

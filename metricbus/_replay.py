@@ -205,9 +205,12 @@ def raising(
 
 def describe_alert(alert: Mapping[str, Any]) -> str:
     """One line: when, at which step, what."""
-    when = datetime.datetime.fromtimestamp(alert["ts_ms"] / 1000, tz=datetime.timezone.utc).strftime(
-        "%Y-%m-%d %H:%M:%S"
-    )
+    try:
+        when = datetime.datetime.fromtimestamp(alert["ts_ms"] / 1000, tz=datetime.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M:%S"
+        )
+    except (ValueError, OverflowError, OSError):  # a record's time past year 9999 (a topic is untrusted)
+        when = f"ts_ms={alert['ts_ms']}"
     step = "-" if alert["step"] is None else alert["step"]
     what = f"{alert['state']:<9}{alert['rule']} [{alert['severity']}] {alert['metric']}: {alert['message']}"
     return f"{when}Z  step {step:>8}  {what}"

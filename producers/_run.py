@@ -39,6 +39,7 @@ from schemas import (
     check_run_id,
     config_update,
     default_codec,
+    histogram,
     merge_config,
     run_started,
 )
@@ -345,18 +346,19 @@ class Run:
         counts: Sequence[int] | None = None,
         step: int | None = None,
     ) -> None:
-        """Log a histogram, from raw ``values`` (binned here with numpy) or ready ``edges``/``counts``."""
+        """Log a histogram, from raw ``values`` (binned here with numpy) or ready ``edges``/``counts``.
+
+        Of raw values the finite ones are binned (:func:`schemas.histogram`: a NaN or inf has no
+        bin; any NaN made numpy refuse the whole call).
+        """
         try:
             if self._closed("log_histogram"):
                 return
             if values is not None:
-                import numpy as np
-
                 if hasattr(values, "detach"):  # torch: no autograd, on the host
                     values = values.detach().cpu().numpy()
                 flat = values if hasattr(values, "shape") else _flatten(values, MAX_HISTOGRAM_VALUES)
-                counts_a, edges_a = np.histogram(np.asarray(flat, dtype=float).ravel(), bins=bins)
-                edges, counts = edges_a.tolist(), counts_a.tolist()
+                counts, edges = histogram(flat, bins)
             if edges is None or counts is None or len(edges) != len(counts) + 1:
                 raise ConfigError(
                     f"histogram {name!r} needs values, or edges with exactly len(counts) + 1 items"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -74,3 +75,22 @@ def run_config(events: Iterable[Any]) -> dict[str, Any]:
         except ValueError:
             continue
     return out
+
+
+def histogram(values: Any, bins: int) -> tuple[list[int], list[float]]:
+    """``(counts, edges)`` of the finite ``values`` in ``bins`` equal bins (a Histogram body's).
+
+    NaN and inf have no bin and are left out (no finite value: one empty bin at 0). Values whose
+    range passes float's (1e308 and -1e308) made numpy refuse to bin them ("Too many bins for
+    data range"): the producer's log_histogram skipped the call, the TensorBoard sink refused
+    the event and the stream worker's reward histogram raised; they are binned at half scale.
+    """
+    import numpy as np
+
+    arr = np.asarray(values, dtype=float).ravel()
+    finite = arr[np.isfinite(arr)]
+    if not finite.size:
+        return [0], [0.0, 1.0]
+    scale = 1.0 if math.isfinite(float(finite.max()) - float(finite.min())) else 2.0
+    counts, edges = np.histogram(finite / scale, bins=max(1, int(bins)))
+    return counts.tolist(), (edges * scale).tolist()

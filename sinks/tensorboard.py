@@ -46,6 +46,7 @@ from schemas import (
     atomic_write,
     check_run_id,
     config_object,
+    histogram,
     path_segment,
 )
 
@@ -330,10 +331,8 @@ def _histogram_value(name: str, values: Sequence[float]) -> Any:
 
     arr = np.asarray(values, dtype=float)
     finite = arr[np.isfinite(arr)]
-    if not finite.size:
-        finite = np.zeros(1)
-    counts, edges = np.histogram(finite, bins=min(30, max(1, finite.size)))
-    return _histogram_from_bins(name, edges.tolist(), counts.tolist(), finite)
+    counts, edges = histogram(finite, min(30, max(1, finite.size)))
+    return _histogram_from_bins(name, edges, counts, finite)
 
 
 def _histogram_from_bins(name: str, edges: Sequence[float], counts: Sequence[int], raw: Any = None) -> Any:
@@ -342,7 +341,10 @@ def _histogram_from_bins(name: str, edges: Sequence[float], counts: Sequence[int
     total = float(sum(counts))
     centers = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:], strict=True)]
     if raw is not None:
-        s, s2 = float(raw.sum()), float((raw * raw).sum())
+        import numpy as np
+
+        with np.errstate(over="ignore", invalid="ignore"):  # inf past float's range
+            s, s2 = float(raw.sum()), float((raw * raw).sum())
     else:
         s = sum(c * w for c, w in zip(centers, counts, strict=True))
         s2 = sum(c * c * w for c, w in zip(centers, counts, strict=True))

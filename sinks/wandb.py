@@ -54,6 +54,7 @@ from schemas import (
     atomic_write,
     check_run_id,
     config_object,
+    histogram,
 )
 
 from ._wandb_file import finish, logged_ids, run_files
@@ -221,7 +222,8 @@ class WandbSink:
                     arr = np.asarray(values, dtype=float)
                     finite = arr[np.isfinite(arr)]
                     if finite.size:  # W&B's histogram refuses NaN and inf; the archive keeps them
-                        row[k] = wandb.Histogram(finite)  # type: ignore[arg-type]
+                        # 64 bins, as wandb bins; lists, which wandb takes as arrays
+                        row[k] = wandb.Histogram(np_histogram=histogram(finite, 64))  # type: ignore[arg-type]
             if row and body["epoch"] is not None:
                 row[EPOCH] = body["epoch"]
         elif e.kind == HISTOGRAM and self._wanted(body["name"]):

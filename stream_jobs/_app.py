@@ -147,42 +147,52 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
         unacked.add(future)
         future.add_done_callback(unacked.discard)
 
+    async def bury(event: Any, why: BaseException) -> None:
+        """The record to the dead-letter topic with the reason, counted and said."""
+        message = event.message
+        log.error(
+            "record %s[%d]@%d not processed (%s: %s); sent to %s",
+            message.topic,
+            message.partition,
+            message.offset,
+            type(why).__name__,
+            why,
+            topics.deadletter,
+            exc_info=not isinstance(why, SchemaError),  # a bug of ours: its traceback
+        )
+        letter = dead_letter(
+            event.value,
+            event.key,
+            f"{type(why).__name__}: {why}",
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            consumer=group_id(settings),
+        )
+        await deadletter.send(key=letter.key, value=letter.value, headers=dict(letter.headers))
+        counts["deadlettered"] += 1
+
     @app.agent(events)
     async def derive(stream: Any) -> None:
         async for event in stream.events():
             try:
                 batch, columns = decode_record(codec, event.value)
             except SchemaError as exc:
-                message = event.message
-                log.error(
-                    "undecodable record %s[%d]@%d (%s); sent to %s",
-                    message.topic,
-                    message.partition,
-                    message.offset,
-                    exc,
-                    topics.deadletter,
-                )
-                letter = dead_letter(
-                    event.value,
-                    event.key,
-                    f"{type(exc).__name__}: {exc}",
-                    topic=message.topic,
-                    partition=message.partition,
-                    offset=message.offset,
-                    consumer=group_id(settings),
-                )
-                await deadletter.send(key=letter.key, value=letter.value, headers=dict(letter.headers))
-                counts["deadlettered"] += 1
+                await bury(event, exc)
             else:
                 message = event.message
                 processor = await state.ensure(message.partition, message.offset)
                 started = time.perf_counter()
-                output = processor.process_record(batch, columns)
-                publish(output)
-                metrics.observe(time.perf_counter() - started)
-                counts["events"] += len(batch) + (len(columns.seqs) if columns is not None else 0)
-                counts["outputs"] += sum(map(len, output.points.values()))
-                counts["alerts"] += len(output.alerts)
+                try:
+                    output = processor.process_record(batch, columns)
+                except Exception as exc:  # noqa: BLE001 - one record must not stop the worker
+                    await bury(event, exc)
+                else:
+                    publish(output)
+                    metrics.observe(time.perf_counter() - started)
+                    counts["events"] += len(batch) + (len(columns.seqs) if columns is not None else 0)
+                    counts["outputs"] += sum(map(len, output.points.values()))
+                    counts["alerts"] += len(output.alerts)
             counts["records"] += 1
             state.advance(event.message.partition, event.message.offset)  # no await since process()
 

@@ -11,13 +11,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from schemas import HEARTBEAT, METRICS, NO_EPOCH, RUN_FINISHED, RUN_STARTED, Event, ScalarColumns
+from schemas import HEARTBEAT, METRICS, NO_EPOCH, RUN_FINISHED, RUN_STARTED, Event, ScalarColumns, histogram
 
 from ._config import StreamConfig
 from ._labels import LabelSeries
 from ._ranks import RankMerger
 from ._roles import RoleBinding
-from ._stats import EMA, Convergence, Welford, Window, trend_class
+from ._stats import EMA, Convergence, Welford, Window, fsum, trend_class
 
 
 class Point(NamedTuple):
@@ -394,11 +394,11 @@ class RunDeriver:
                 elif name == self._loss.name:
                     ep.loss.extend(values)
                 elif name == cfg.sample_count_metric:
-                    ep.counted = (ep.counted or 0.0) + math.fsum(v for v in values if math.isfinite(v))
+                    ep.counted = (ep.counted or 0.0) + fsum([v for v in values if math.isfinite(v)])
                 for suffix in cfg.epoch_sums:
                     if name.endswith(suffix):
-                        ep.sums[suffix] = ep.sums.get(suffix, 0.0) + math.fsum(
-                            v for v in values if math.isfinite(v)
+                        ep.sums[suffix] = ep.sums.get(suffix, 0.0) + fsum(
+                            [v for v in values if math.isfinite(v)]
                         )
             if columns is not None:
                 columns.append(Column(name, values, col_steps, col_stamps))
@@ -445,7 +445,7 @@ class RunDeriver:
             if ep is not None and batch.count and name == self._reward_samples.name:
                 ep.reward_samples.add(batch.mean)
         if total_means:
-            point("rewards/total_mean", "rewards/*", "sum_of_means", math.fsum(total_means))
+            point("rewards/total_mean", "rewards/*", "sum_of_means", fsum(total_means))
         if ep is not None:
             ep.samples += batch_size
 
@@ -459,14 +459,14 @@ class RunDeriver:
         if len(recent) < cfg.hist_min_samples or (last is not None and step - last < cfg.hist_every):
             return
         self._hist_step[source] = step
-        counts, edges = np.histogram(np.fromiter(recent.values, float, len(recent)), bins=cfg.hist_bins)
+        counts, edges = histogram(np.fromiter(recent.values, float, len(recent)), cfg.hist_bins)
         self._histograms.append(
             {
                 "name": name,
                 "source": source,
                 "step": step,
-                "edges": edges.tolist(),
-                "counts": counts.tolist(),
+                "edges": edges,
+                "counts": counts,
                 "ts_ms": ts,
             }
         )

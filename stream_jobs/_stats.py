@@ -14,6 +14,21 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 
+def fsum(values: Iterable[float]) -> float:
+    """:func:`math.fsum` of ``values``; where it cannot be had, the IEEE sum: inf, -inf or nan.
+
+    math.fsum raises OverflowError when its partial sums pass float's range (two values of
+    1e308) and ValueError on inf and -inf together: a training job's finite values must not
+    stop the statistics (the stream worker dead-lettered the record; a report stopped).
+    """
+    values = values if isinstance(values, list) else list(values)
+    try:
+        return math.fsum(values)
+    except (OverflowError, ValueError):
+        with np.errstate(over="ignore", invalid="ignore"):
+            return float(np.sum(np.asarray(values, dtype=float)))
+
+
 class Welford:
     """Running count, mean, variance (population and sample), min and max; mergeable (Chan et al.).
 
@@ -157,8 +172,8 @@ class Window:
             return math.nan
         shift = self.values[0]
         d = [v - shift for v in self.values]
-        m = math.fsum(d) / n
-        return math.sqrt(math.fsum((x - m) ** 2 for x in d) / n)
+        m = fsum(d) / n
+        return math.sqrt(fsum([(x - m) * (x - m) for x in d]) / n)  # x*x: inf past float's range, ** raised
 
     def quantile(self, q: float) -> float:
         """Linear-interpolated quantile, as numpy's default; q in [0, 1]."""
@@ -173,11 +188,12 @@ class Window:
         n = len(self.values)
         if n < 2:
             return 0.0
-        y = np.fromiter(self.values, float)
-        y -= y[0]  # shift first: a large offset would swamp the centring below
-        x = np.arange(n, dtype=float)
-        x -= x.mean()
-        return float((x * (y - y.mean())).sum() / (x * x).sum())
+        with np.errstate(invalid="ignore", over="ignore"):  # inf or nan past float's range, not a warning
+            y = np.fromiter(self.values, float)
+            y -= y[0]  # shift first: a large offset would swamp the centring below
+            x = np.arange(n, dtype=float)
+            x -= x.mean()
+            return float((x * (y - y.mean())).sum() / (x * x).sum())
 
 
 class RollingMoments:
@@ -211,6 +227,8 @@ class RollingMoments:
             old = self.values.popleft()
             self._sum -= old
             self._sumsq -= old * old
+            if not math.isfinite(self._sumsq):  # a square past float's range left (inf - inf): sum again
+                self._sum, self._sumsq = sum(self.values), sum(d * d for d in self.values)
 
     def scores(self, xs: Sequence[float], min_count: int) -> np.ndarray:
         """The z-score of each finite value against the window just before it, as if added in turn.
@@ -221,12 +239,12 @@ class RollingMoments:
         shift = self._shift if self._shift is not None else (float(xs[0]) if len(xs) else 0.0)
         held = len(self.values)
         a = np.concatenate([np.fromiter(self.values, float, held), np.asarray(xs, dtype=float) - shift])
-        c1 = np.concatenate([[0.0], np.cumsum(a)])
-        c2 = np.concatenate([[0.0], np.cumsum(a * a)])
         p = np.arange(held, a.size)  # where each new value sits
         lo = np.maximum(p - self.size, 0)
         n = p - lo
-        with np.errstate(invalid="ignore", divide="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # inf and nan past float's range
+            c1 = np.concatenate([[0.0], np.cumsum(a)])
+            c2 = np.concatenate([[0.0], np.cumsum(a * a)])
             mean = (c1[p] - c1[lo]) / n
             std = np.sqrt(np.maximum((c2[p] - c2[lo]) / n - mean * mean, 0.0))
             z = (a[held:] - mean) / std

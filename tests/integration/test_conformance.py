@@ -41,13 +41,15 @@ NAMES = {  # logged scalar -> value at step s
     "big/offset": lambda s: 1e9 + 1e-3 * s,
     "métrique/ü🙂": lambda s: float(s % 5),
     "unsafe name/a:b*c?": lambda s: -float(s),
+    "huge/range": lambda s: 1e300 if s % 2 else -1e300,  # squares, sums and spreads past float's range
 }
 
 
 def _key(value: float, f32: bool) -> str:
     value = float(value) + 0.0  # W&B's JSON writes 1.0 as 1, and -0.0 as 0 (equal values)
     if f32:
-        value = float(np.float32(value))
+        with np.errstate(over="ignore"):  # past float32's range: inf, as TensorBoard keeps it
+            value = float(np.float32(value))
     return "nan" if math.isnan(value) else repr(value)
 
 
@@ -65,7 +67,7 @@ def train(settings, stop_at: dict[int, callable] | None = None) -> tuple[str, Co
         scalars = {name: f(s) for name, f in NAMES.items()}
         samples = {
             "Train/Reward": [0.1 * (s % 7), 0.2, math.nan],
-            "rewards/format": [1.0, math.inf, 0.0, 0.5],
+            "rewards/format": [1.0, math.inf, 0.0, 0.5] + ([1e308, -1e308] if s == 60 else []),
         }
         run.log({**scalars, **samples}, step=s, epoch=s // 30)
         logged.update((n, s, v) for n, v in scalars.items())

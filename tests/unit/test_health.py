@@ -177,4 +177,9 @@ def test_with_no_broker_the_dead_letters_are_not_checked_and_no_client_is_left_o
         port = s.getsockname()[1]
     settings = Settings(data_dir=tmp_path, bootstrap=f"127.0.0.1:{port}")
     assert dead_letters_of(settings, "r", timeout_s=1.0) is None
+    assert made == []  # nothing listens: said before any client is made (no aiokafka ERROR lines)
+    from metricbus._read import read_topic
+
+    with pytest.raises(Exception):  # noqa: B017 - aiokafka's own connection error
+        read_topic(settings, settings.topics.deadletter, timeout_s=1.0)
     assert len(made) == 1 and made[0]._closed  # stopped, its connections closed

@@ -120,3 +120,32 @@ def test_rolling_moments_match_the_exact_window(name):
         exact.add(float(x))
         assert fast.mean() == pytest.approx(exact.mean(), rel=1e-12)
         assert fast.std() == pytest.approx(exact.std(), rel=1e-6, abs=1e-12)
+
+
+def test_values_past_floats_range_give_inf_or_nan_never_an_exception_and_the_window_recovers():
+    """A finite 1e200 squares past float's range: ``** 2`` raised OverflowError and math.fsum
+    raised on two values of 1e308 (the report and backtest stopped; the worker dead-lettered
+    the record), and the rolling sums went inf - inf = NaN for good once it left the window."""
+    import warnings
+
+    from stream_jobs._stats import RollingMoments, fsum
+
+    window = Window(4)
+    for x in (1.0, 1e200, -1e200, 3.0):
+        window.add(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning either
+        assert fsum([1e308, 1e308]) == math.inf and math.isnan(fsum([math.inf, -math.inf]))
+        assert fsum([0.1] * 10) == 1.0  # still exact where it can be
+        assert math.isinf(window.std()) and window.slope() < 0
+        rolling = RollingMoments(4)
+        for x in (1.0, 1e200, 2.0, 3.0, 4.0):
+            rolling.add(x)
+        assert not math.isfinite(rolling.std())
+        for x in (5.0, 6.0, 7.0, 8.0):  # 1e200 has left the window
+            rolling.add(x)
+        exact = Window(4)
+        for x in (5.0, 6.0, 7.0, 8.0):
+            exact.add(x)
+        assert rolling.std() == pytest.approx(exact.std(), rel=1e-9)
+        assert rolling.scores([1e300, -1e300], 1).shape == (2,)
