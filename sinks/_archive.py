@@ -276,10 +276,10 @@ def _sorted_rows(
 ) -> Iterator[pa.Table]:
     """The run's archive rows (:data:`_EVENT_COLUMNS`) in (producer_id, seq) order, ``rows`` at a time.
 
-    A file at a time: the files are opened first (a live sink's compaction may delete one while
-    the run is read; an open file stays readable), then each file's producers and seq span read
-    from two columns, then per producer its files in seq order, each read and sorted alone, or
-    a few together where their seqs interleave (an event archived twice; a compacted file).
+    A row group at a time: the files are opened first (a live sink's compaction may delete one
+    while the run is read; an open file stays readable), then each row group's producers and seq
+    span read from two columns, then per producer its row groups in seq order, each read and
+    sorted alone, or a few together where their seqs interleave (an event archived twice).
     Past :data:`MAX_OPEN_FILES` files the run is read as one table (sorted a chunk at a time by
     the order's indices: a sorted copy of the whole table doubled what a read held).
     """
@@ -308,8 +308,9 @@ def _sorted_rows(
         return
     try:
         spans: dict[str, list[tuple[int, int, Any]]] = {}  # producer: (first seq, last seq, file)
-        for file in files:
-            fragment = fmt.make_fragment(file)
+        # a row group at a time: a compacted file holds up to 2M rows, in row groups of ~100k
+        fragments = [part for file in files for part in fmt.make_fragment(file).split_by_row_group()]
+        for fragment in fragments:
             keys = fragment.to_table(schema=schema, columns=["producer_id", "seq"], filter=only)
             for span in keys.group_by("producer_id").aggregate([("seq", "min"), ("seq", "max")]).to_pylist():
                 spans.setdefault(span["producer_id"], []).append((span["seq_min"], span["seq_max"], fragment))
