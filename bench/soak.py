@@ -32,7 +32,10 @@ the TensorBoard and W&B sinks hold: after the fix, 12 min the same way, 5 planne
 most 40 MB, the archive and TensorBoard every event once, W&B no hole (a tail not yet read).
 Ninth session, a sink too far behind left behind to catch up from the archive: 3,000 events/s
 for 10 min through 25 MB, 8 planned restarts, at most 27 MB, the archive and TensorBoard every
-event once, W&B 832,616 of 1,779,902 with no hole (it writes ~1,400 rows/s).
+event once, W&B 832,616 of 1,779,902 with no hole (it writes ~1,400 rows/s). Eleventh session,
+at the default bound: 3,000 events/s for 50 min through 1024 MB, no restart (the broker grew
+~4.8 MB a minute, to 243 MB), the archive every one of 8,903,702 events once; this check then
+failed to sort the 98.6M-row run (fixed) and read the other sinks back no more.
 """
 
 from __future__ import annotations
