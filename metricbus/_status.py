@@ -165,6 +165,14 @@ def snapshot(
     }
 
 
+def kafka_down(groups: list[dict[str, Any]]) -> str | None:
+    """Why Kafka could not be asked, from :meth:`StatusWatch.sample`'s statuses; None if it answered.
+
+    The probe says so in one ERR row with no group.
+    """
+    return next((g["reason"] for g in groups if g["group"] == "" and g["status"] == "ERR"), None)
+
+
 def unreachable(settings: Settings, error: str) -> dict[str, Any]:
     """What status can say while Kafka cannot be reached: the reason, and what is kept here.
 
@@ -198,9 +206,9 @@ def collect(
     watch = StatusWatch(settings, window=2, stop_after_s=stop_after_s)
     try:
         first = watch.sample()
-        unreachable = [g["reason"] for g in first if g["group"] == "" and g["status"] == "ERR"]
-        if unreachable:
-            raise BrokerError(f"cannot reach Kafka at {settings.bootstrap_servers}: {unreachable[0]}")
+        down = kafka_down(first)
+        if down:
+            raise BrokerError(f"cannot reach Kafka at {settings.bootstrap_servers}: {down}")
         started = time.monotonic()
         try:
             board = RunBoard(settings, since_s=since_s).read_once()

@@ -27,7 +27,7 @@ from typing import Any
 from schemas import MetricbusError, Settings, check_run_id
 
 from ._board import RunBoard
-from ._status import StatusWatch, catching_up, dead_letters, spools
+from ._status import StatusWatch, catching_up, dead_letters, kafka_down, spools
 
 log = logging.getLogger("metricbus.dashboard")
 
@@ -94,10 +94,9 @@ class Pipeline:
             "catching_up": catching_up(self.settings),
             "at": round(time.time(), 3),
         }
-        # Kafka unreachable: the probe's one ERR row with no group says why; the page heads with it
-        down = [g["reason"] for g in groups if g["group"] == "" and g["status"] == "ERR"]
+        down = kafka_down(groups)  # the page heads with it
         if down:
-            self.latest["error"] = down[0]
+            self.latest["error"] = down
         self.samples += 1
 
     def _loop(self) -> None:
