@@ -30,7 +30,9 @@ from ._processor import StreamProcessor
 log = logging.getLogger("metricbus.stream")
 
 #: Bumped whenever the pickled classes change shape; older checkpoints are then refused.
-FORMAT = 6  # 6: per-label series; 5: one checkpoint per partition (older ones: refused, rebuilt)
+#: 7: the rank merger keeps its leader time; 6: per-label series; 5: one checkpoint per
+#: partition (older ones: refused, rebuilt)
+FORMAT = 7
 
 
 def checkpoint_dir(settings: Settings, group_id: str) -> Path:

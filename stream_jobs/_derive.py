@@ -196,15 +196,11 @@ class RunDeriver:
             return out + self._finish(ts_ms)
         return []
 
-    def _ranks_running(self) -> list[int]:
-        """Ranks that have not finished and are not silent (never seen counts as not finished)."""
+    def _ranks_running(self) -> bool:
+        """Whether a rank has not finished and is not silent (never seen counts as not finished)."""
         assert self._ranks is not None
-        silent = self._ranks.silent()
-        return [
-            r
-            for r in range(self._ranks.world_size)
-            if self._rank_producer.get(r) not in self._finished_producers and r not in silent
-        ]
+        finished = {r for r, p in self._rank_producer.items() if p in self._finished_producers}
+        return self._ranks.running(finished)
 
     def _finish(self, ts_ms: int) -> list[Point]:
         self.finished = True

@@ -49,6 +49,7 @@ class RankMerger:
         self._emitted_below: int | None = None  # every step <= this has been emitted
         self._latest: dict[int, int] = {}  # rank -> latest step it reported
         self._last_ts: dict[int, int] = {}  # rank -> event time of its latest event
+        self._leader_ts = -(2**63)  # the latest of those
         self._first_ts: int | None = None
         self._times: dict[int, list[int]] = {}  # rank -> event times of its step reports, in order
         self.late_events = 0
@@ -57,6 +58,7 @@ class RankMerger:
         """Any event of ``rank`` (a heartbeat too): it is alive at ``ts_ms``."""
         if 0 <= rank < self.world_size:
             self._last_ts[rank] = max(ts_ms, self._last_ts.get(rank, ts_ms))
+            self._leader_ts = max(ts_ms, self._leader_ts)
         if self._first_ts is None or ts_ms < self._first_ts:
             self._first_ts = ts_ms
         return self._ready()
@@ -88,48 +90,62 @@ class RankMerger:
 
     def last_event_ms(self) -> int:
         """Event time of the latest event of any rank."""
-        return max(self._last_ts.values(), default=self._first_ts or 0)
+        return self._leader_ts if self._last_ts else self._first_ts or 0
 
-    def silent(self) -> set[int]:
-        """Ranks whose last event is more than the timeout behind the latest event of the run."""
-        leader_ts = max(self._last_ts.values(), default=0)
+    def silence(self) -> tuple[set[int], bool]:
+        """The silent ranks: those seen, and whether those never seen are silent too.
+
+        A rank seen is silent when its last event is more than the timeout behind the run's
+        latest; the ranks never seen, once the timeout passed since the run's first event. Never
+        a loop over the declared world size: a RunStarted is untrusted, and one declaring 2**31
+        ranks must cost what one declaring two does.
+        """
+        leader_ts, timeout_ms = self._leader_ts if self._last_ts else 0, self.timeout_ms
         start = self._first_ts if self._first_ts is not None else leader_ts
-        return {
-            r for r in range(self.world_size) if leader_ts - self._last_ts.get(r, start) > self.timeout_ms
-        }
+        silent = {r for r, ts in self._last_ts.items() if leader_ts - ts > timeout_ms}
+        return silent, leader_ts - start > timeout_ms
+
+    def running(self, finished: set[int]) -> bool:
+        """Whether any rank of the world is neither in ``finished`` nor silent."""
+        silent, unseen_silent = self.silence()
+        seen = self._last_ts.keys()
+        done = {r for r in finished | silent if 0 <= r < self.world_size}
+        if unseen_silent:
+            return len(done & seen) + self.world_size - len(seen) < self.world_size
+        return len(done) < self.world_size
 
     def _ready(self) -> list[Triple]:
         """Emit, in order, every pending step that is complete or whose missing ranks timed out."""
         out: list[Triple] = []
         if not self._pending:
             return out
-        leader_ts = max(self._last_ts.values(), default=0)
-        start = self._first_ts if self._first_ts is not None else leader_ts
-        silent = {
-            r for r in range(self.world_size) if leader_ts - self._last_ts.get(r, start) > self.timeout_ms
-        }
+        silent, unseen_silent = self.silence()
         latest = self._latest
+        # a rank that logged no step yet (never seen, or only its heartbeats) holds back every
+        # step from -1 on; every rank that logged one is in _last_ts too
+        stepless = (len(self._last_ts) < self.world_size and not unseen_silent) or any(
+            r not in latest and r not in silent for r in self._last_ts
+        )
         done = 0
         for step in self._order:
             reported = self._pending[step].reported_at
-            if any(
-                r not in reported and latest.get(r, -1) <= step and r not in silent
-                for r in range(self.world_size)
+            if (stepless and step >= -1) or any(
+                r not in reported and at <= step and r not in silent for r, at in latest.items()
             ):
                 break  # steps are emitted in order
-            out.extend(self._emit(step, silent))
+            out.extend(self._emit(step, silent, unseen_silent))
             done += 1
         del self._order[:done]
         return out
 
-    def _emit(self, step: int, silent: set[int]) -> list[Triple]:
+    def _emit(self, step: int, silent: set[int], unseen_silent: bool = False) -> list[Triple]:
         pending = self._pending.pop(step)
         self._emitted_below = step
         reported = pending.reported_at
         out = [
             ("ranks/reported", step, float(len(reported))),
             ("ranks/missing", step, float(self.world_size - len(reported))),
-            ("ranks/lag_steps", step, float(self._lag(step, reported, silent))),
+            ("ranks/lag_steps", step, float(self._lag(step, reported, silent, unseen_silent))),
         ]
         for name, w in pending.stats.items():
             out += [
@@ -140,11 +156,11 @@ class RankMerger:
             ]
         return out
 
-    def _lag(self, step: int, reported: dict[int, int], silent: set[int]) -> int:
+    def _lag(self, step: int, reported: dict[int, int], silent: set[int], unseen_silent: bool) -> int:
         """How many steps the first rank to reach ``step`` had logged past it when the last did.
 
         In event time, so a burst in the stream is no lag; a rank that timed out without
-        reporting the step lags by the steps since its latest one.
+        reporting the step lags by the steps since its latest one (a rank never seen: since -1).
         """
         lag = 0
         if len(reported) > 1:
@@ -155,6 +171,8 @@ class RankMerger:
         for rank in silent:
             if rank not in reported:
                 lag = max(lag, step - self._latest.get(rank, -1))
+        if unseen_silent and len(self._last_ts) < self.world_size:
+            lag = max(lag, step + 1)
         return lag
 
     def flush(self) -> list[Triple]:

@@ -116,6 +116,16 @@ def test_a_rank_that_goes_silent_lowers_completeness():
     assert assess("r", run(world=2), 0).score == 100
 
 
+def test_a_run_declaring_two_billion_ranks_is_judged_without_a_loop_over_them():
+    """A RunStarted is untrusted: its world_size of 2**31 - 1 once made health loop that often."""
+    events = run(world=2)
+    events[0] = events[0]._replace(body={**events[0].body, "world_size": 2**31 - 1})
+    text = evidence(assess("r", events, 0), "completeness")
+    assert "rank 2 of 2147483647 never reported a metric" in text
+    assert "rank 9 of 2147483647 never reported" in text and "rank 10 of" not in text
+    assert f"and {2**31 - 1 - 10} more rank(s) of 2147483647 never reported a metric" in text
+
+
 def test_no_progress_and_dead_letters():
     health = assess("r", run(loss=lambda s: 1.0 + s / 100), dead_letters=3)
     assert "did not improve" in evidence(health, "progress")

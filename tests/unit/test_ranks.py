@@ -179,3 +179,36 @@ def test_a_rank_that_dies_just_before_the_end_is_given_up_on_by_the_clock():
     out = proc.tick(last + 31_000)
     assert out.closing == {"run"} and proc._runs["run"].finished
     assert out.first_seq["run"] >= 0 and out.aggregate_batches()[0]["closes_run"]
+
+
+def test_a_run_declaring_two_billion_ranks_costs_what_two_do_and_its_steps_wait_for_the_timeout():
+    """A hostile RunStarted (world_size 2**31 - 1) once made every event loop over the world."""
+    world = 2**31 - 1
+    proc = StreamProcessor()
+    body = run_started("p", "n", world_size=world, rank=0)
+    events = [ev("rank0", 0, RUN_STARTED, body, 1000)]
+    events += [ev("rank0", 1 + s, METRICS, m(0, s, float(s))[1], 1000 + s * 1000) for s in range(100)]
+    events.append(ev("rank0", 101, RUN_FINISHED, {"status": "finished", "summary": {}}, 101_000))
+    points = []
+    for i in range(0, len(events), 7):
+        points += proc.process(events[i : i + 7]).points.get("run", [])
+    reported = by(points, "ranks/reported")
+    assert reported == {s: 1.0 for s in range(100)}  # every step, with the one rank there is
+    assert set(by(points, "ranks/missing").values()) == {float(world - 1)}
+    # the steps waited for the timeout: none went out before 30 s of event time had passed
+    first_emitted = min(p.ts_ms for p in points if p.name == "ranks/reported")
+    assert first_emitted > 1000 + 30_000
+    assert by(points, "ranks/lag_steps")[0] == 1.0  # the ranks never seen: behind by step + 1
+    assert proc._runs["run"].finished  # rank 0 finished, the rest are silent
+
+
+def test_a_rank_heard_only_by_its_heartbeats_holds_its_steps_back_until_it_falls_silent():
+    merger = RankMerger(world_size=2, timeout_s=30)
+    assert merger.seen(1, 1000) == []  # rank 1 started, logged nothing yet
+    out = []
+    for step in range(10):
+        out += merger.feed(0, step, {"x": 1.0}, 1000 + step * 1000)
+    assert out == []  # waiting for rank 1, which is alive
+    out += merger.feed(0, 10, {"x": 1.0}, 32_000)  # 31 s after rank 1's last heartbeat
+    assert {s for n, s, v in out if n == "ranks/reported"} == set(range(11))
+    assert {v for n, s, v in out if n == "ranks/missing"} == {1.0}
