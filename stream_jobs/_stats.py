@@ -176,8 +176,25 @@ class Window:
         return math.sqrt(fsum([(x - m) * (x - m) for x in d]) / n)  # x*x: inf past float's range, ** raised
 
     def quantile(self, q: float) -> float:
-        """Linear-interpolated quantile, as numpy's default; q in [0, 1]."""
-        return float(np.quantile(np.fromiter(self.values, float), q)) if self.values else math.nan
+        """Linear-interpolated quantile, as numpy's default, to the bit; q in [0, 1].
+
+        numpy's arithmetic (its ``_lerp``), except where the two neighbours' difference is past
+        float's range (-1e308 and 1e308): numpy's median of those is -inf, here it is 0.0.
+        """
+        if not self.values:
+            return math.nan
+        v = sorted(self.values)
+        h = (len(v) - 1) * q
+        lo = math.floor(h)
+        t = h - lo
+        a = v[lo]
+        if t == 0:
+            return float(a)
+        b = v[lo + 1]
+        d = b - a
+        if math.isinf(d):  # the window holds finite values only: an overflow
+            return a * (1 - t) + b * t
+        return b - d * (1 - t) if t >= 0.5 else a + d * t
 
     def median(self) -> float:
         """Median of the window."""

@@ -66,6 +66,22 @@ def test_window_matches_numpy_on_the_last_n(name):
     assert win.slope() == pytest.approx(exact_slope(last), rel=1e-9, abs=1e-15)
 
 
+def test_window_quantiles_equal_numpys_to_the_bit_and_survive_values_past_floats_range():
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n = int(rng.integers(1, 25))
+        xs = rng.normal(0, 10.0 ** rng.integers(-5, 12), n) + rng.choice([0.0, 1e9])
+        win = Window(n)
+        win.extend(xs.tolist())
+        for q in (0.0, 0.01, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0, float(rng.random())):
+            assert win.quantile(q) == float(np.quantile(xs, q)), (xs, q)  # == : numpy's arithmetic
+    win = Window(10)
+    win.extend([-1e308, 1e308])
+    assert win.median() == 0.0  # numpy: -inf (b - a overflows)
+    win.extend([1.0])
+    assert math.isfinite(win.quantile(0.99)) and win.quantile(0.99) == pytest.approx(0.98e308)
+
+
 def exact_slope(ys):
     # Exact rational least squares: np.polyfit itself loses digits on a 1e9 offset.
     y = [Fraction(float(v)) for v in ys]
