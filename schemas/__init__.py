@@ -4,7 +4,15 @@ Public names only; implementation lives in the private modules. Depends on nothi
 ours: producers, stream_jobs, sinks and the metricbus face all build on it.
 """
 
-from ._bodies import config_object, config_update, histogram, merge_config, run_config, run_started
+from ._bodies import (
+    config_object,
+    config_update,
+    histogram,
+    histogram_bins,
+    merge_config,
+    run_config,
+    run_started,
+)
 from ._catalog import LOSS_ALIASES, REWARD_ALIASES, THROUGHPUT_ALIASES
 from ._codec import HEADER_SIZE, MAGIC, Codec, default_codec
 from ._deadletter import DeadLetter, dead_letter
@@ -143,6 +151,7 @@ __all__ = [
     "run_started",
     "config_update",
     "histogram",
+    "histogram_bins",
     "merge_config",
     "config_object",
     "run_config",

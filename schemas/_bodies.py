@@ -94,3 +94,19 @@ def histogram(values: Any, bins: int) -> tuple[list[int], list[float]]:
     scale = 1.0 if math.isfinite(float(finite.max()) - float(finite.min())) else 2.0
     counts, edges = np.histogram(finite / scale, bins=max(1, int(bins)))
     return counts.tolist(), (edges * scale).tolist()
+
+
+def histogram_bins(body: Mapping[str, Any]) -> tuple[list[float], list[int]]:
+    """A Histogram body's ``(edges, counts)``; ValueError naming what is wrong when they cannot be drawn.
+
+    A topic is untrusted: edges must be len(counts) + 1 finite, ascending numbers, counts not
+    negative (the producer's ``log_histogram`` sends nothing else).
+    """
+    edges, counts = list(body["edges"]), list(body["counts"])
+    if not counts or len(edges) != len(counts) + 1:
+        raise ValueError(f"a histogram needs one edge more than counts: {len(edges)} for {len(counts)}")
+    if not all(map(math.isfinite, edges)) or any(b < a for a, b in zip(edges, edges[1:], strict=False)):
+        raise ValueError("a histogram's edges must be finite and ascending")
+    if min(counts) < 0:
+        raise ValueError("a histogram's counts must not be negative")
+    return edges, counts

@@ -47,6 +47,7 @@ from schemas import (
     check_run_id,
     config_object,
     histogram,
+    histogram_bins,
     path_segment,
 )
 
@@ -201,7 +202,7 @@ class TensorBoardSink:
                     wall_time=wall,
                     step=body["step"],
                     summary=summary_pb2.Summary(
-                        value=[_histogram_from_bins(body["name"], body["edges"], body["counts"])]
+                        value=[_histogram_from_bins(body["name"], *histogram_bins(body))]
                     ),
                 )
             )
@@ -292,7 +293,7 @@ class TensorBoardSink:
         from tensorboard.compat.proto import event_pb2
         from tensorboard.plugins.hparams import summary_v2 as hparams
 
-        config = json.loads(body["config_json"] or "{}")
+        config = config_object(body["config_json"])
         flat = {
             k: v if isinstance(v, (bool, int, float, str)) else json.dumps(v)
             for k, v in _flatten(config).items()

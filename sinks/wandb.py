@@ -55,6 +55,7 @@ from schemas import (
     check_run_id,
     config_object,
     histogram,
+    histogram_bins,
 )
 
 from ._wandb_file import finish, logged_ids, run_files
@@ -227,7 +228,8 @@ class WandbSink:
             if row and body["epoch"] is not None:
                 row[EPOCH] = body["epoch"]
         elif e.kind == HISTOGRAM and self._wanted(body["name"]):
-            row = {body["name"]: wandb.Histogram(np_histogram=(body["counts"], body["edges"]))}
+            edges, counts = histogram_bins(body)
+            row = {body["name"]: wandb.Histogram(np_histogram=(counts, edges))}  # type: ignore[arg-type]
         elif e.kind == TABLE and self._wanted(body["name"]):
             row = {body["name"]: wandb.Table(columns=body["columns"], data=body["rows"])}
         elif e.kind == CONFIG_UPDATE:
@@ -271,10 +273,14 @@ class WandbSink:
 
     def _remember(self, run_id: str, body: Mapping[str, Any]) -> None:
         """Keep what a later opening of the run needs (project, name, config, tags)."""
+        try:
+            config = config_object(body["config_json"])
+        except ValueError:  # not an object: the run opens without it (_write dead-letters the event)
+            config = {}
         meta = {
             "project": body["project"],
             "name": body["name"],
-            "config": json.loads(body["config_json"] or "{}"),
+            "config": config,
             "tags": list(body["tags"]),
         }
         path = self.root / RUNS_DIR / f"{check_run_id(run_id)}.json"

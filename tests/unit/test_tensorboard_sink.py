@@ -148,3 +148,36 @@ def test_a_killed_sinks_unflushed_tail_is_cut_so_redelivery_writes_it_once(tmp_p
     acc = EventAccumulator(str(directory))
     acc.Reload()
     assert [e.step for e in acc.Scalars("loss")] == list(range(10))
+
+
+def test_hostile_histograms_and_configs_are_refused_with_their_reason_and_the_run_goes_on(tmp_path):
+    """A topic is untrusted: what cannot be drawn comes back with a reason a user can act on."""
+    sink = TensorBoardSink(tmp_path / "tb")
+    sink.open()
+    bad_config = ev(0, RUN_STARTED, {**run_started("grpo", "gemma", {}), "config_json": "[1]"})
+    hist = {"step": 1, "name": "h", "rank": 0}
+    bad = [
+        bad_config,
+        ev(1, HISTOGRAM, {**hist, "edges": [], "counts": []}),
+        ev(2, HISTOGRAM, {**hist, "edges": [0.0, float("nan"), 1.0], "counts": [1, 2]}),
+        ev(3, HISTOGRAM, {**hist, "edges": [0.0, 1.0], "counts": [-5]}),
+    ]
+    good = ev(
+        4, METRICS, {"step": 9, "epoch": None, "rank": 0, "scalars": {"Train/Loss": 0.5}, "samples": {}}
+    )
+    rejected: list[str] = []
+    for e in [*bad, good]:
+        rejected += [why for _, why in (sink.write([e]) or [])]
+    sink.close()
+    assert rejected == [
+        "tensorboard cannot take this metricbus.RunStarted event: "
+        "ValueError: config_json must be a JSON object, got list",
+        "tensorboard cannot take this metricbus.Histogram event: "
+        "ValueError: a histogram needs one edge more than counts: 0 for 0",
+        "tensorboard cannot take this metricbus.Histogram event: "
+        "ValueError: a histogram's edges must be finite and ascending",
+        "tensorboard cannot take this metricbus.Histogram event: "
+        "ValueError: a histogram's counts must not be negative",
+    ]
+    (run_dir,) = [p for p in (tmp_path / "tb").rglob("*run-1") if p.is_dir()]
+    assert [(s.step, s.value) for s in accumulate(run_dir).Scalars("Train/Loss")] == [(9, 0.5)]

@@ -342,3 +342,29 @@ def test_closed_finds_an_exit_record_that_begins_in_the_block_before_the_last(tm
     assert closed(path)
     path.write_bytes(data[:-1])  # torn: its last piece is short
     assert not closed(path)
+
+
+def test_a_run_started_whose_config_is_no_object_is_refused_but_its_run_keeps_its_project(tmp_path, offline):
+    """A RunStarted with config_json "[1]" once made every later event of its run fail (dict([1]))."""
+    sink = WandbSink(tmp_path)
+    sink.open()
+    bad = ev(0, RUN_STARTED, {**run_started("grpo", "gemma", {}), "config_json": "[1]"})
+    no_bins = ev(1, HISTOGRAM, {"step": 1, "name": "h", "edges": [], "counts": [], "rank": 0})
+    rejected = sink.write(
+        [bad, no_bins, metrics(2, 3, {"Train/Loss": 0.5}), metrics(3, 4, {"Train/Loss": 0.25})]
+    )
+    sink.flush()
+    sink.close()
+    assert [(e.seq, why) for e, why in rejected] == [
+        (
+            0,
+            "wandb cannot take this metricbus.RunStarted event: ValueError: config_json must be a JSON object, got list",
+        ),
+        (
+            1,
+            "wandb cannot take this metricbus.Histogram event: ValueError: a histogram needs one edge more than counts: 0 for 0",
+        ),
+    ]
+    run = read_run(tmp_path, "run-wb1")
+    assert run["projects"] == {"grpo"}
+    assert [(r["Train/Loss"], r["metricbus/step"]) for r in run["history"]] == [(0.5, 3), (0.25, 4)]
