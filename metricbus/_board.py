@@ -48,6 +48,7 @@ MAX_POINTS = 2000
 MAX_RUNS = 500
 MAX_SERIES = 400
 MAX_CONFIG_BYTES = 64 * 1024
+MAX_RANKS = 4096  #: ranks listed per run (a hostile stream may name 2**31)
 
 
 @dataclasses.dataclass
@@ -188,8 +189,14 @@ class RunBoard:
             return
         derived_topic = topic == t.aggregates
         with self.changed:
-            for e in decoded:
-                self._event(e.run_id, e.producer_id, e.ts_ms, e.kind, e.body, derived_topic)
+            try:
+                for e in decoded:
+                    self._event(e.run_id, e.producer_id, e.ts_ms, e.kind, e.body, derived_topic)
+            except Exception as exc:  # noqa: BLE001 - raised, it would be read again at every reconnect
+                self.skipped += 1
+                log.warning(
+                    "run board: a record of %s not folded (%s: %.200s)", topic, type(exc).__name__, exc
+                )
             self._bump()
 
     def _bump(self) -> None:
@@ -213,7 +220,7 @@ class RunBoard:
                     view.recent.popleft()
         if kind == METRICS:
             step = body["step"]
-            if not derived:
+            if not derived and len(view.ranks) < MAX_RANKS:
                 view.ranks.add(int(body.get("rank") or 0))
                 view.last_step = step if view.last_step is None else max(view.last_step, step)
             epoch = body.get("epoch")
@@ -234,7 +241,8 @@ class RunBoard:
             view.host = str(body.get("host", ""))[:200]
             view.world_size = int(body.get("world_size") or 1)
             view.started_ms = ts_ms if view.started_ms is None else min(view.started_ms, ts_ms)
-            view.ranks.add(int(body.get("rank") or 0))
+            if len(view.ranks) < MAX_RANKS:
+                view.ranks.add(int(body.get("rank") or 0))
             self._config(view, body)
         elif kind == CONFIG_UPDATE:
             self._config(view, body)

@@ -52,7 +52,10 @@ def merge_config(config: dict[str, Any], changes: Mapping[str, Any]) -> dict[str
 
 def config_object(raw: str) -> dict[str, Any]:
     """The JSON object of a ``config_json`` (RunStarted, ConfigUpdate); ValueError if it is not one."""
-    value = json.loads(raw or "{}")
+    try:
+        value = json.loads(raw or "{}")
+    except RecursionError:  # "[[[[...": a topic is untrusted, and callers expect a ValueError
+        raise ValueError("config_json is nested too deeply to read") from None
     if not isinstance(value, dict):
         raise ValueError(f"config_json must be a JSON object, got {type(value).__name__}")
     return value
