@@ -212,3 +212,76 @@ def test_derived_series_are_archived_beside_the_logged_ones_and_replays_leave_th
     (directory,) = settings.archive_dir.glob(f"project=p/run={run.run_id}")  # one directory per run
     events = read_events(settings.archive_dir, run.run_id)
     assert {e.producer_id for e in events} == {run.producer_id} and len(events) == run.stats()["events"]
+
+
+#: Loaded by the worker process (a sitecustomize on its PYTHONPATH): processing a record of the
+#: run "poison" raises, as a bug of ours would. No hostile record found by fuzzing the processor
+#: makes it raise, so the fault is injected to prove the agent's guard in the real process.
+POISON = """
+from stream_jobs._processor import StreamProcessor
+
+_process_record = StreamProcessor.process_record
+
+
+def process_record(self, events, columns):
+    run = columns.run_id if columns is not None else events[0].run_id
+    if run == "poison":
+        raise RuntimeError("injected: a bug of ours")
+    return _process_record(self, events, columns)
+
+
+StreamProcessor.process_record = process_record
+"""
+
+
+def test_a_record_the_worker_cannot_decode_or_process_is_dead_lettered_and_the_worker_goes_on(
+    settings, tmp_path
+):
+    from kafka import KafkaProducer
+
+    from schemas import METRICS, client_options, encode_events
+
+    (tmp_path / "inject").mkdir()
+    (tmp_path / "inject" / "sitecustomize.py").write_text(POISON)
+    env = {**os.environ, **settings.to_env(), "PYTHONPATH": f"{tmp_path / 'inject'}{os.pathsep}{os.getcwd()}"}
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as out:
+        worker = subprocess.Popen(cli(settings, "worker"), stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        poison = encode_events(
+            default_codec(),
+            "poison",
+            "p",
+            [(0, 1, METRICS, {"step": 0, "epoch": None, "rank": 0, "scalars": {"x": 1.0}, "samples": {}})],
+        )
+        producer = KafkaProducer(**client_options(settings), enable_idempotence=False)
+        for value in (b"not avro at all", poison):
+            producer.send(settings.topics.events, key=b"bad-run", value=value)
+        producer.flush()
+        producer.close()
+        run = Run("after", settings=settings, system_metrics=False)
+        for step in range(20):
+            run.log({"Train/Loss": 1.0 / (step + 1)}, step=step)
+        assert run.finish(timeout=20)
+        deadline = time.monotonic() + 60
+        means: list = []
+        while not (means and means[-1]["step"] == 19) and time.monotonic() < deadline:
+            means = aggregates(settings, 1, timeout=5).get("Train/Loss_recent_mean", [])
+        mean = means[-1]  # the worker went on past both (a point per input record of the run)
+        assert mean["step"] == 19 and mean["value"] == pytest.approx(
+            sum(1 / (s + 1) for s in range(10, 20)) / 10
+        )
+        dead = read_topic(settings, settings.topics.deadletter, 2)
+        assert sorted(r.value for r in dead) == sorted([b"not avro at all", poison])
+        reasons = {r.value: dict(r.headers) for r in dead}
+        assert b"BadMagicError" in reasons[b"not avro at all"]["metricbus.reason"]
+        assert reasons[poison]["metricbus.reason"] == b"RuntimeError: injected: a bug of ours"
+        assert {h["metricbus.consumer"] for h in reasons.values()} == {
+            f"{settings.topic_prefix}stream".encode()
+        }
+        assert worker.poll() is None  # still running
+        text = log_path.read_text()
+        assert "not processed (RuntimeError: injected: a bug of ours)" in text and "Traceback" in text
+    finally:
+        worker.terminate()
+        worker.wait(20)
