@@ -3,9 +3,10 @@ import math
 import numpy as np
 import pytest
 
-from schemas import METRICS, RUN_FINISHED
-from stream_jobs import StreamConfig
+from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, run_started
+from stream_jobs import StreamConfig, StreamProcessor
 from stream_jobs._derive import RunDeriver, derive_all
+from stream_jobs._processor import FINISHED_KEPT
 from stream_jobs._stats import Window
 
 
@@ -235,3 +236,27 @@ def test_seed_002_rubric_summary_table_at_the_end_of_the_run():
     # the per-criterion means of seed 002 come from the same samples, every step
     points = by_name(derive_all([metrics(0, samples={"criteria/essay/clarity": [0.0, 1.0]})]))
     assert points["criteria/essay/clarity_mean"][0].value == 0.5
+
+
+def test_a_long_lived_worker_keeps_the_state_of_the_last_finished_runs_only_and_numbering_goes_on():
+    """A worker up for a week of sweeps held every finished run's windows (~120 kB each) for ever."""
+    proc = StreamProcessor()
+
+    def attempt(run_id, first_seq, steps):
+        bodies = [(RUN_STARTED, run_started("p", "n"))]
+        bodies += [metrics(s, {"Train/Loss": float(s)})[:2] for s in steps]
+        bodies.append((RUN_FINISHED, {"status": "finished", "summary": {}}))
+        producer = f"{run_id}-p"
+        return proc.process(
+            [Event(run_id, producer, first_seq + i, 1_000 + i, k, b, b"") for i, (k, b) in enumerate(bodies)]
+        )
+
+    attempt("r0", 0, range(10))
+    numbered = proc._out_seq["r0"]  # the derived events r0's first attempt took
+    for i in range(1, FINISHED_KEPT + 20):
+        attempt(f"r{i}", 0, range(10))
+    assert len(proc._runs) == FINISHED_KEPT and "r0" not in proc._runs  # the oldest forgotten
+    resumed = attempt("r0", 12, range(10, 15))  # a new attempt, its producer's seqs going on
+    assert resumed.first_seq["r0"] == numbered  # numbered after what went before: no sink drops it
+    recent = [p for p in resumed.points["r0"] if p.name == "Train/Loss_recent_mean"]
+    assert recent[-1].value == sum(range(10, 15)) / 5  # derived afresh: the attempt's 5 values
