@@ -220,8 +220,9 @@ class RunBoard:
                     view.recent.popleft()
         if kind == METRICS:
             step = body["step"]
-            if not derived and len(view.ranks) < MAX_RANKS:
-                view.ranks.add(int(body.get("rank") or 0))
+            if not derived:
+                if len(view.ranks) < MAX_RANKS:
+                    view.ranks.add(int(body.get("rank") or 0))
                 view.last_step = step if view.last_step is None else max(view.last_step, step)
             epoch = body.get("epoch")
             for name, value in (body.get("scalars") or {}).items():

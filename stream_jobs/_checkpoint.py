@@ -30,8 +30,8 @@ from ._processor import StreamProcessor
 log = logging.getLogger("metricbus.stream")
 
 #: Bumped whenever the pickled classes change shape; older checkpoints are then refused.
-#: 7: the rank merger keeps its leader time; 6: per-label series; 5: one checkpoint per
-#: partition (older ones: refused, rebuilt)
+#: 7: the rank merger's leader time, the finished runs' order; 6: per-label series; 5: one
+#: checkpoint per partition (older ones: refused, rebuilt)
 FORMAT = 7
 
 

@@ -38,4 +38,5 @@ def test_a_stream_naming_endless_ranks_keeps_a_bounded_list(tmp_path):
     board = RunBoard(Settings(data_dir=tmp_path))
     events = [(i, METRICS, metrics(i, rank=i)) for i in range(MAX_RANKS + 100)]
     board.take(board.settings.topics.events, record(*events))
-    assert len(board.run("r1")["ranks"]) == MAX_RANKS
+    run = board.run("r1")
+    assert len(run["ranks"]) == MAX_RANKS and run["last_step"] == MAX_RANKS + 99  # steps still followed
