@@ -540,6 +540,8 @@ def decode_aggregates(codec: Codec, value: bytes) -> DerivedRecord:
         body = {"step": t["step"], "name": t["name"], "columns": t["columns"], "rows": t["rows"]}
         parts.append((t["ts_ms"], TABLE, body))
     identified = first >= 0
+    if identified and first + len(parts) > 2**63:  # the seqs are Avro longs wherever they go next
+        raise SchemaError(f"first_seq {first}: its {len(parts)} events would be numbered past 2**63 - 1")
     events = [
         Event(run_id, DERIVED_PRODUCER, first + i if identified else -1, ts, kind, body, fingerprint)
         for i, (ts, kind, body) in enumerate(parts)

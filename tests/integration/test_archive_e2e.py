@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 import pytest
 
 from producers import Run
-from schemas import RUN_STARTED, client_options, default_codec, encode_events, run_started
+from schemas import RUN_STARTED, client_options, default_codec, encode_aggregates, encode_events, run_started
 from sinks import ParquetArchive, SinkRunner, read_table, tidy
 
 from .conftest import cli, read_topic
@@ -217,6 +217,11 @@ def test_undecodable_records_go_to_the_dead_letter_topic_and_the_sink_goes_on(se
         default_codec(), "a/../../../../escaped", "p", [(0, 1, RUN_STARTED, run_started("x", "y"))]
     )
     producer.send(settings.topics.events, key=b"bad-run", value=escaping)  # decodes; its run id would escape
+    point = {"name": "m", "source": "m", "kind": "recent_mean", "epoch": None, "value": 1.0, "ts_ms": 1}
+    past_long = encode_aggregates(
+        default_codec(), "bad-run", [{**point, "step": s} for s in range(3)], first_seq=2**63 - 2
+    )
+    producer.send(settings.topics.aggregates, key=b"bad-run", value=past_long)  # its flush failed for ever
     producer.flush()
     producer.close()
     run = Run("p", settings=settings, system_metrics=False)
@@ -224,11 +229,14 @@ def test_undecodable_records_go_to_the_dead_letter_topic_and_the_sink_goes_on(se
     assert run.finish(timeout=20)
     table = wait_for_rows(settings.archive_dir, run.run_id, lambda t: len(held_seqs(t)) >= 3)
     assert len(held_seqs(table)) == 3
-    dead = read_topic(settings, settings.topics.deadletter, 3)
-    assert [r.value for r in dead] == [b"not avro at all", b"\xc3\x01" + b"\x00" * 8 + b"xx", escaping]
-    reasons = [dict(r.headers)["metricbus.reason"].decode() for r in dead]
+    dead = read_topic(settings, settings.topics.deadletter, 4)
+    sent = [b"not avro at all", b"\xc3\x01" + b"\x00" * 8 + b"xx", escaping, past_long]
+    assert sorted(r.value for r in dead) == sorted(sent)  # two topics: no order between them
+    by_value = {r.value: dict(r.headers)["metricbus.reason"].decode() for r in dead}
+    reasons = [by_value[v] for v in sent]
     assert "BadMagicError" in reasons[0] and "UnknownSchemaError" in reasons[1]
     assert "UnsafeRecordError: run_id 'a/../../../../escaped' is not usable" in reasons[2]
+    assert "SchemaError: first_seq 9223372036854775806: its 3 events would be numbered past" in reasons[3]
     assert not (settings.data_dir.parent / "escaped").exists()
     assert proc.proc.poll() is None  # still running
 

@@ -208,6 +208,32 @@ def test_aggregate_batches_decode_into_events_sinks_take_old_and_new():
     assert kinds[TABLE].body["rows"] == [["essay/clarity", 0.75, 12]] and kinds[TABLE].body["step"] == 11
 
 
+def test_an_aggregate_batch_numbered_past_the_longest_seq_is_refused():
+    """Its seqs would not fit the archive's int64 column: the Parquet sink's flush failed for ever."""
+    from schemas import SchemaError, decode_aggregates, encode_aggregates
+
+    codec = default_codec()
+    points = [
+        {
+            "name": "m",
+            "source": "m",
+            "kind": "recent_mean",
+            "step": s,
+            "epoch": None,
+            "value": 1.0,
+            "ts_ms": 1,
+        }
+        for s in range(4)
+    ]
+    last = 2**63 - 1
+    assert [
+        e.seq
+        for e in decode_aggregates(codec, encode_aggregates(codec, "r", points, first_seq=last - 3)).events
+    ][-1] == last
+    with pytest.raises(SchemaError, match="numbered past 2\\*\\*63 - 1"):
+        decode_aggregates(codec, encode_aggregates(codec, "r", points, first_seq=last - 2))
+
+
 def test_derived_events_are_numbered_from_first_seq_in_the_order_the_schema_states():
     from schemas import decode_aggregates, derived_event_count, encode_aggregates
 
