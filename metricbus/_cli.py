@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from schemas import MetricbusError, Settings, ensure_topics
+from schemas import MetricbusError, Settings, ensure_topics, printable
 
 log = logging.getLogger("metricbus")
 
@@ -273,12 +273,14 @@ def cmd_health(args: argparse.Namespace) -> int:
     for part in health.parts:
         print(f"  {part.name:<13} -{part.deducted:>4.1f} of {part.weight}")
         for line in part.evidence:
-            print(f"      {line}")
+            print(f"      {printable(line)}")
     if health.labels:
         print("  per label (final-window means; not scored but for progress above):")
         for row in health.labels:
             values = ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k not in ("label", "events"))
-            print(f"      {row['label']}: {row['events']} events" + (f", {values}" if values else ""))
+            print(
+                printable(f"      {row['label']}: {row['events']} events" + (f", {values}" if values else ""))
+            )
     return 0
 
 
@@ -319,25 +321,29 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(f"baseline {baseline}; runs on the {args.x} axis{cut}")
     print("config keys that differ:" if result.config_diff else "configs are identical")
     for key, values in result.config_diff.items():
-        print(f"  {key}: " + ", ".join(f"{run}={value!r}" for run, value in values.items()))
+        print(printable(f"  {key}: " + ", ".join(f"{run}={value!r}" for run, value in values.items())))
     if result.group_metrics:
         print("groups of seeds (runs that differ only in seed keys):")
         for group, members in result.groups.items():
-            print(f"  {group}: {', '.join(members)}")
+            print(printable(f"  {group}: {', '.join(members)}"))
         print("across seeds: Welch's t-test on each run's final-window mean (effect size: Hedges' g)")
         for r in result.group_metrics:
             flag = "REGRESSION" if r.verdict == "worse" else r.verdict
             print(
-                f"  {r.metric:<32} {r.group}: {r.mean:.4g} vs {r.baseline_mean:.4g}  "
-                f"(n={len(r.means)} vs {len(r.baseline_means)})  p={r.p_value:.3g}  "
-                f"g={r.effect_size:+.2f}  {flag}"
+                printable(
+                    f"  {r.metric:<32} {r.group}: {r.mean:.4g} vs {r.baseline_mean:.4g}  "
+                    f"(n={len(r.means)} vs {len(r.baseline_means)})  p={r.p_value:.3g}  "
+                    f"g={r.effect_size:+.2f}  {flag}"
+                )
             )
     print("per run: final windows compared with Welch's t-test (effect size: Hedges' g)")
     for m in result.metrics:
         flag = "REGRESSION" if m.verdict == "worse" and not result.group_metrics else m.verdict
         print(
-            f"  {m.metric:<32} {m.run}: {m.mean:.4g} vs {m.baseline_mean:.4g}  p={m.p_value:.3g}  "
-            f"g={m.effect_size:+.2f}  {flag}"
+            printable(
+                f"  {m.metric:<32} {m.run}: {m.mean:.4g} vs {m.baseline_mean:.4g}  p={m.p_value:.3g}  "
+                f"g={m.effect_size:+.2f}  {flag}"
+            )
         )
     return 1 if result.regressions() else 0
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from schemas import Event, MetricbusError, Settings, default_codec
+from schemas import Event, MetricbusError, Settings, default_codec, printable
 
 log = logging.getLogger("metricbus.replay")
 
@@ -213,4 +213,4 @@ def describe_alert(alert: Mapping[str, Any]) -> str:
         when = f"ts_ms={alert['ts_ms']}"
     step = "-" if alert["step"] is None else alert["step"]
     what = f"{alert['state']:<9}{alert['rule']} [{alert['severity']}] {alert['metric']}: {alert['message']}"
-    return f"{when}Z  step {step:>8}  {what}"
+    return printable(f"{when}Z  step {step:>8}  {what}")

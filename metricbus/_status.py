@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from producers import pending_spools, spool_in_use, unsent_bytes
-from schemas import BrokerError, Settings
+from schemas import BrokerError, Settings, printable
 
 from ._board import RunBoard
 from ._lag import STATUSES, GroupSample, LagProbe, evaluate
@@ -290,5 +290,5 @@ def format_status(snap: dict[str, Any]) -> str:
 
 
 def _cut(text: str, width: int) -> str:
-    text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    text = printable(text)
     return text if len(text) <= width else text[: width - 1] + "…"

@@ -70,7 +70,7 @@ from ._kafka import (
     ssl_context,
     unmark_broker_restarting,
 )
-from ._names import check_run_id, checked_ids, path_segment
+from ._names import check_run_id, checked_ids, path_segment, printable
 from ._registry import SCHEMA_DIR, SchemaVersion, load_versions
 from ._settings import Settings, Topics
 from ._telemetry import LoopMetrics, count_restart, multiprocess_dir
@@ -148,6 +148,7 @@ __all__ = [
     "unmark_broker_restarting",
     "load_versions",
     "path_segment",
+    "printable",
     "run_started",
     "config_update",
     "histogram",

@@ -1,4 +1,4 @@
-"""Names that end up in paths and Kafka keys: validated at the edge, mapped deterministically."""
+"""Names that end up in paths, Kafka keys and terminals: validated at the edge, mapped deterministically."""
 
 from __future__ import annotations
 
@@ -57,3 +57,15 @@ def path_segment(name: str) -> str:
         partial = cut.rfind("%", len(cut) - 2)  # never end inside a %XX escape
         quoted = (cut if partial == -1 else cut[:partial]) + "~" + digest
     return quoted
+
+
+def printable(text: str) -> str:
+    r"""``text`` for a terminal: every character that is not printable as its backslash escape.
+
+    Names and messages come from topics (untrusted): a metric name holding a newline, an ANSI
+    escape (``\x1b[2J`` clears the screen) or a right-to-left override would forge or hide a
+    line of the console's output. Escaped, it reads as what it is.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

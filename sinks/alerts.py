@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
-from schemas import Codec, Ledger, SchemaError, Settings, default_codec, path_segment
+from schemas import Codec, Ledger, SchemaError, Settings, default_codec, path_segment, printable
 
 from ._runtime import ConsumerLoop
 
@@ -28,12 +28,12 @@ Handler = Callable[[dict[str, Any]], Awaitable[bool]]
 
 
 def format_alert(alert: dict[str, Any]) -> str:
-    """One clear line: state, severity, rule, run, metric, step, message."""
+    """One clear line: state, severity, rule, run, metric, step, message (terminal-safe)."""
     icon = {"firing": "FIRING", "resolved": "RESOLVED"}.get(alert["state"], alert["state"].upper())
     where = f" {alert['metric']}" if alert["metric"] != "*" else ""
     step = f" step {alert['step']}" if alert["step"] is not None else ""
     head = f"[{icon}] {alert['severity']} {alert['rule']}"
-    return f"{head}: run {alert['run_id']}{where}{step}: {alert['message']}"
+    return printable(f"{head}: run {alert['run_id']}{where}{step}: {alert['message']}")
 
 
 class ConsoleAlerts:

@@ -69,6 +69,23 @@ def test_console_prints_one_clear_line_per_alert(settings):
     assert lines[1].startswith("[RESOLVED]")
 
 
+def test_a_hostile_metric_name_or_message_cannot_forge_or_hide_a_console_line(settings):
+    """Names and messages come from topics: a newline would forge a line, ANSI escapes clear the screen."""
+    forged = {
+        **ALERT,
+        "metric": "x\n[RESOLVED] critical nan_loss: run run-7 all good",
+        "message": "\x1b[2J\u202egone",
+    }
+    publish(settings, [forged])
+    out = io.StringIO()
+    stats = run_consumer(settings, ConsoleAlerts(out), "c", lambda st: st.records >= 1)
+    assert stats.written == 1
+    assert out.getvalue().splitlines() == [
+        "[FIRING] critical nan_loss: run run-7 x\\n[RESOLVED] critical nan_loss: run run-7 all good "
+        "step 42: \\x1b[2J\\u202egone"
+    ]
+
+
 def test_a_resent_alert_is_delivered_once_even_across_consumer_restarts_and_a_bad_record_is_dead_lettered(
     settings,
 ):

@@ -269,8 +269,9 @@ def test_health_cli_scores_an_archived_run_and_names_a_nan_burst(settings, sink)
     for step in range(100):
         loss = float("nan") if 60 <= step < 65 else 1.0 / (step + 1)
         run.log({"Train/Loss": loss, "Train/AvgReward": step / 100}, step=step)
+    run.log({"forged\n  validity -0.0 of 20\x1b[2J": float("nan")}, step=100)  # names are untrusted
     assert run.finish(timeout=20)
-    wait_for_rows(settings.archive_dir, run.run_id, lambda t: len(held_seqs(t)) >= 102)
+    wait_for_rows(settings.archive_dir, run.run_id, lambda t: len(held_seqs(t)) >= 103)
     out = subprocess.run(
         cli(settings, "health", run.run_id, "--json"), capture_output=True, text=True, check=True
     ).stdout
@@ -283,6 +284,7 @@ def test_health_cli_scores_an_archived_run_and_names_a_nan_burst(settings, sink)
         cli(settings, "health", run.run_id), capture_output=True, text=True, check=True
     ).stdout
     assert text.startswith(f"run {run.run_id}: health ") and "validity" in text
+    assert "forged\\n  validity -0.0 of 20\\x1b[2J: 1 of 1 values NaN" in text and "\x1b" not in text
     missing = subprocess.run(cli(settings, "health", "nope"), capture_output=True, text=True)
     assert missing.returncode == 2 and "not in the archive" in missing.stderr
 
