@@ -149,7 +149,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     # Faust's worker logs at WARN (its handlers too); a partition's state moving here is worth a line
     stream_log = logging.getLogger("metricbus.stream")
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s"))
+    handler.setFormatter(Printable("[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s"))
     stream_log.addHandler(handler)
     stream_log.setLevel(logging.INFO)
     stream_log.propagate = False
@@ -675,13 +675,29 @@ class Repeats(logging.Filter):
         return True
 
 
+class Printable(logging.Formatter):
+    """Log lines with every non-printable character of the message escaped (:func:`printable`).
+
+    Messages quote names from topics; a newline or an ANSI escape in one would forge or hide a
+    line of the terminal `metricbus up` writes to. Tracebacks keep their lines (each escaped).
+    """
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 - logging's name
+        return "\n".join(map(printable, super().formatException(ei).split("\n")))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``metricbus`` console script."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    root = logging.getLogger()
+    if not root.handlers:  # as logging.basicConfig, with a Printable formatter
+        console = logging.StreamHandler()
+        console.setFormatter(Printable("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(console)
+        root.setLevel(logging.DEBUG if args.verbose else logging.INFO)
     for noisy in ("kafka", "aiokafka", "tensorboard"):  # their chatter is ours to report, once
         logging.getLogger(noisy).setLevel(logging.ERROR if not args.verbose else logging.INFO)
     for handler in logging.getLogger().handlers:

@@ -226,7 +226,7 @@ _process_record = StreamProcessor.process_record
 def process_record(self, events, columns):
     run = columns.run_id if columns is not None else events[0].run_id
     if run == "poison":
-        raise RuntimeError("injected: a bug of ours")
+        raise RuntimeError("injected: a bug of ours\\x1b[2J")
     return _process_record(self, events, columns)
 
 
@@ -275,13 +275,14 @@ def test_a_record_the_worker_cannot_decode_or_process_is_dead_lettered_and_the_w
         assert sorted(r.value for r in dead) == sorted([b"not avro at all", poison])
         reasons = {r.value: dict(r.headers) for r in dead}
         assert b"BadMagicError" in reasons[b"not avro at all"]["metricbus.reason"]
-        assert reasons[poison]["metricbus.reason"] == b"RuntimeError: injected: a bug of ours"
+        assert reasons[poison]["metricbus.reason"] == b"RuntimeError: injected: a bug of ours\x1b[2J"
         assert {h["metricbus.consumer"] for h in reasons.values()} == {
             f"{settings.topic_prefix}stream".encode()
         }
         assert worker.poll() is None  # still running
         text = log_path.read_text()
-        assert "not processed (RuntimeError: injected: a bug of ours)" in text and "Traceback" in text
+        assert "not processed (RuntimeError: injected: a bug of ours\\x1b[2J)" in text and "Traceback" in text
+        assert "\x1b[2J" not in text  # escaped in the log line and in its traceback
     finally:
         worker.terminate()
         worker.wait(20)
