@@ -266,8 +266,10 @@ class RunBoard:
         except ValueError:
             return
         merged = merge_config(view.config, config)  # in arrival order, as schemas.run_config does
-        if len(json.dumps(merged, default=str)) <= MAX_CONFIG_BYTES:
-            view.config = merged
+        text = json.dumps(merged, default=str)
+        if len(text) <= MAX_CONFIG_BYTES:
+            # NaN and infinities as text: the page's JSON has none ({"lr": NaN} made it a 500)
+            view.config = json.loads(text, parse_constant=str)
 
     def _point(self, view: RunView, name: str, step: int, value: float, ts_ms: int) -> None:
         points = view.series.get(name)

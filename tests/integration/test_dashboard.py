@@ -74,7 +74,8 @@ def test_a_live_run_in_the_browser_gains_points_and_shows_a_nan_alert(
     from playwright.sync_api import expect, sync_playwright
 
     run_started_s = time.time()
-    run = Run("ops", name="browser-run", settings=settings, system_metrics=False, config={"lr": 0.001})
+    config = {"lr": 0.001, "beta": float("nan")}  # NaN in a config made the run page's JSON a 500
+    run = Run("ops", name="browser-run", settings=settings, system_metrics=False, config=config)
     for step in range(5):
         run.log({"Train/Loss": 1.0 / (step + 1), "Train/Reward": 0.1 * step}, step=step)
     assert run._publisher.flush(20)
@@ -92,6 +93,7 @@ def test_a_live_run_in_the_browser_gains_points_and_shows_a_nan_alert(
             expect(chart).to_have_attribute("data-points", "5", timeout=20_000)
             expect(chart.locator("canvas")).to_be_visible()
             expect(page.locator("#config")).to_contain_text('"lr": 0.001')
+            expect(page.locator("#config")).to_contain_text('"beta": "NaN"')
             run.config.update({"lr": 0.0005, "warmup": 10})  # a config update reaches the page too
             expect(page.locator("#config")).to_contain_text('"warmup": 10', timeout=20_000)
             expect(page.locator("#config")).to_contain_text('"lr": 0.0005')
