@@ -1,0 +1,191 @@
+"""Schema-valid hostile records: every event kind, its fields at the ends of their types.
+
+What a topic may hold that decodes cleanly (``tests/chaos.py`` fuzzes the bytes): steps, seqs and
+times at both ends of 64 bits, ±1e308 and NaN, histograms whose edges and counts do not fit,
+table rows shorter or longer than their columns, configs that are no JSON object or nest past the
+recursion limit, world sizes of 2**31 - 1, names with control characters. Seeded: a failure
+replays. Used by ``tests/unit/test_hostile_records.py``; a longer run is a loop over seeds.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from schemas import (
+    CONFIG_UPDATE,
+    HEARTBEAT,
+    HISTOGRAM,
+    METRICS,
+    RUN_FINISHED,
+    RUN_STARTED,
+    TABLE,
+    Codec,
+    encode_aggregates,
+    encode_events,
+)
+
+LONG = 2**63 - 1
+NAMES = [
+    "Train/Loss",
+    "train/loss",
+    "rewards/format_exact",
+    "Epoch/AvgLoss",
+    "time/fps",
+    "a",
+    "x" * 300,
+    "Loss/../../etc",
+    "sp ace",
+    "é",
+    "\u202e",
+    "a\x00b",
+    "x\n[RESOLVED] forged",
+    "\x1b[2J",
+    "<script>",
+]
+TEXT = ["", "x", "task", "\x00", "a" * 500, "é/..", "timeout", "\x1b[31m"]
+CONFIGS = [
+    "{}",
+    "[]",
+    "[1]",
+    "null",
+    "nope",
+    '{"a": {"b": 1}}',
+    '{"lr": NaN}',
+    "1e999",
+    '{"a": ' + "[" * 50_000 + "]" * 50_000 + "}",
+]
+
+
+class Hostile:
+    """A seeded source of hostile bodies and records."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def value(self) -> float:
+        r = self.rng
+        return r.choice(
+            [0.0, -0.0, 1.0, math.nan, math.inf, -math.inf, 1e308, -1e308, 5e-324, r.uniform(-1e6, 1e6)]
+        )
+
+    def long(self) -> int:
+        r = self.rng
+        return r.choice([0, 1, -1, LONG, -LONG - 1, r.randint(-1000, 1000), 2**31])
+
+    def name(self) -> str:
+        return self.rng.choice(NAMES)
+
+    def text(self) -> str:
+        return self.rng.choice(TEXT)
+
+    def body(self, kind: str) -> dict[str, Any]:
+        r = self.rng
+        if kind == METRICS:
+            return {
+                "step": self.long(),
+                "epoch": r.choice([None, self.long()]),
+                "rank": r.choice([0, 1, -1, 2**31 - 1]),
+                "scalars": {self.name(): self.value() for _ in range(r.randint(0, 5))},
+                "samples": {
+                    self.name(): [self.value() for _ in range(r.randint(0, 6))]
+                    for _ in range(r.randint(0, 2))
+                },
+                "labels": {self.text(): self.text() for _ in range(r.randint(0, 3))}
+                if r.random() < 0.3
+                else {},
+            }
+        if kind == HISTOGRAM:
+            n = r.randint(0, 5)
+            return {
+                "step": self.long(),
+                "name": self.name(),
+                "edges": [self.value() for _ in range(r.choice([n + 1, n, 0]))],
+                "counts": [self.long() for _ in range(n)],
+                "rank": r.choice([0, -1]),
+            }
+        if kind == RUN_STARTED:
+            return {
+                "project": self.text(),
+                "name": self.text(),
+                "config_json": r.choice(CONFIGS),
+                "tags": [self.text()],
+                "host": self.text(),
+                "pid": r.choice([0, -1, 2**31 - 1]),
+                "git": r.choice([None, self.text()]),
+                "rank": r.choice([0, 1, -5, 2**31 - 1]),
+                "world_size": r.choice([1, 0, -1, 4, 2**31 - 1]),
+            }
+        if kind == RUN_FINISHED:
+            return {"status": r.choice(["finished", "", "\x1b[2J"]), "summary": {self.name(): self.value()}}
+        if kind == HEARTBEAT:
+            return {"last_step": r.choice([None, self.long()])}
+        if kind == TABLE:
+            columns = [self.text() for _ in range(r.randint(0, 3))]
+            return {
+                "step": self.long(),
+                "name": self.name(),
+                "columns": columns,
+                "rows": [
+                    [
+                        r.choice([None, True, 1, 1.5, "x", math.nan])
+                        for _ in range(r.choice([len(columns), 0, 4]))
+                    ]
+                    for _ in range(r.randint(0, 3))
+                ],
+            }
+        assert kind == CONFIG_UPDATE
+        return {"config_json": r.choice(CONFIGS), "step": r.choice([None, self.long()])}
+
+    def event_records(self, codec: Codec, n: int) -> Iterator[bytes]:
+        """``n`` EventBatch records of two runs and two producers, seqs mostly rising."""
+        r = self.rng
+        kinds = [METRICS] * 6 + [HISTOGRAM, RUN_STARTED, RUN_FINISHED, HEARTBEAT, TABLE, CONFIG_UPDATE]
+        next_seq: dict[tuple[str, str], int] = {}
+        for i in range(n):
+            run, producer = r.choice(["r1", "r2"]), r.choice(["p1", "p2"])
+            events = []
+            for _ in range(r.randint(1, 8)):
+                seq = next_seq.get((run, producer), 0)
+                if r.random() < 0.2:
+                    seq = r.choice([max(0, seq - 3), min(seq + 5, LONG), 0, LONG - 1])
+                next_seq[(run, producer)] = min(seq + 1, LONG)
+                kind = r.choice(kinds)
+                ts = r.choice([0, 1_700_000_000_000 + i, LONG, -1])
+                events.append((seq, ts, kind, self.body(kind)))
+            yield encode_events(codec, run, producer, events, columnar=r.random() < 0.7)
+
+    def aggregate_records(self, codec: Codec, n: int) -> Iterator[bytes]:
+        """``n`` AggregateBatch records (what the worker would publish), hostile alike."""
+        r = self.rng
+        for _ in range(n):
+            points = [
+                {
+                    "name": self.name(),
+                    "source": self.name(),
+                    "kind": r.choice(["recent_mean", "", "epoch_mean"]),
+                    "step": self.long(),
+                    "epoch": r.choice([None, self.long()]),
+                    "value": self.value(),
+                    "ts_ms": r.choice([0, LONG, -1]),
+                }
+                for _ in range(r.randint(0, 6))
+            ]
+            histograms = [
+                {**self.body(HISTOGRAM), "source": self.name(), "ts_ms": 0} for _ in range(r.randint(0, 2))
+            ]
+            for h in histograms:
+                del h["rank"]
+            tables = [{**self.body(TABLE), "ts_ms": 0} for _ in range(r.randint(0, 1))]
+            first_seq = r.choice([0, 10, -1, LONG - 3])
+            yield encode_aggregates(
+                codec,
+                r.choice(["r1", "r2"]),
+                points,
+                histograms,
+                tables,
+                first_seq=first_seq,
+                closes_run=r.random() < 0.2,
+            )
