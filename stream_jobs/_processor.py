@@ -55,6 +55,9 @@ class Output:
 #: after this many others finished on its partition derives its windows afresh. Measured: a
 #: finished run of 21 metrics and a samples series holds ~120 kB, pickled ~20 kB.
 FINISHED_KEPT = 64
+#: Runs whose derivation state is kept at all, the most recently active: a run killed without
+#: its RunFinished never finishes, and is forgotten once this many others logged after it.
+RUNS_KEPT = 1024
 
 
 class StreamProcessor:
@@ -65,7 +68,7 @@ class StreamProcessor:
         self.alerts = AlertEngine(list(rules))
         self._timed = {r.name for r in self.alerts.rules if r.kind == "absent"}
         self.dedupe = Deduper()
-        self._runs: dict[str, RunDeriver] = {}
+        self._runs: dict[str, RunDeriver] = {}  #: the least recently active first (RUNS_KEPT)
         #: finished runs, the most recently finished last (see FINISHED_KEPT)
         self._finished: dict[str, None] = {}
         #: run -> seq of its next derived event: derived output is a function of the input
@@ -114,9 +117,14 @@ class StreamProcessor:
         return self._ordered(out)
 
     def _deriver(self, run: str) -> RunDeriver:
-        deriver = self._runs.get(run)
+        deriver = self._runs.pop(run, None)
         if deriver is None:
-            deriver = self._runs[run] = RunDeriver(run, self.cfg)
+            deriver = RunDeriver(run, self.cfg)
+            while len(self._runs) >= RUNS_KEPT:  # the least recently active first
+                oldest = next(iter(self._runs))
+                del self._runs[oldest]
+                self._finished.pop(oldest, None)
+        self._runs[run] = deriver  # the most recently active last
         return deriver
 
     def _derived(

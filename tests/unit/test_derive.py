@@ -6,7 +6,7 @@ import pytest
 from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, run_started
 from stream_jobs import StreamConfig, StreamProcessor
 from stream_jobs._derive import RunDeriver, derive_all
-from stream_jobs._processor import FINISHED_KEPT
+from stream_jobs._processor import FINISHED_KEPT, RUNS_KEPT
 from stream_jobs._stats import Window
 
 
@@ -260,3 +260,19 @@ def test_a_long_lived_worker_keeps_the_state_of_the_last_finished_runs_only_and_
     assert resumed.first_seq["r0"] == numbered  # numbered after what went before: no sink drops it
     recent = [p for p in resumed.points["r0"] if p.name == "Train/Loss_recent_mean"]
     assert recent[-1].value == sum(range(10, 15)) / 5  # derived afresh: the attempt's 5 values
+
+
+def test_runs_killed_without_their_run_finished_are_forgotten_once_enough_others_logged_after_them():
+    proc = StreamProcessor()
+
+    def log(run_id, seq):
+        body = metrics(seq, {"Train/Loss": 1.0})[1]
+        return proc.process([Event(run_id, f"{run_id}-p", seq, 1_000 + seq, METRICS, body, b"")])
+
+    for i in range(RUNS_KEPT):
+        log(f"r{i}", 0)
+    log("r0", 1)  # r0 is active again: r1 is now the least recently active
+    for i in range(RUNS_KEPT, RUNS_KEPT + 10):
+        log(f"r{i}", 0)
+    assert len(proc._runs) == RUNS_KEPT
+    assert "r0" in proc._runs and not any(f"r{i}" in proc._runs for i in range(1, 11))
