@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import sys
 import urllib.error
 import urllib.request
@@ -65,7 +66,10 @@ class WebhookAlerts:
 
     async def __call__(self, alert: dict[str, Any]) -> bool:
         """POST the alert; retry with backoff; False (logged with the alert) after the last try."""
-        body = json.dumps({"text": format_alert(alert), "alert": alert}).encode()
+        # strict JSON (Slack refuses NaN, and a NaN-loss alert's value is NaN): non-finite as null
+        value = alert["value"]
+        shown = {**alert, "value": value if value is None or math.isfinite(value) else None}
+        body = json.dumps({"text": format_alert(alert), "alert": shown}, allow_nan=False).encode()
         delay = self.backoff_s
         for attempt in range(1, self.retries + 1):
             try:
