@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -257,7 +259,6 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    import json
 
     from ._health import assess, dead_letters_of
     from ._replay import archived
@@ -267,7 +268,7 @@ def cmd_health(args: argparse.Namespace) -> int:
     events = (e for chunk in archived(settings, run_id) for e in chunk)
     health = assess(run_id, events, dead_letters_of(settings, run_id))
     if args.json:
-        print(json.dumps(health.as_dict(), indent=2))
+        print(strict_json(health.as_dict(), indent=2))
         return 0
     print(f"run {run_id}: health {health.score:.0f}/100")
     for part in health.parts:
@@ -285,7 +286,6 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    import json
 
     from schemas import check_run_id
 
@@ -315,7 +315,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             f"--x {args.x}: a run never logged {exc}; use step, time or a shared metric"
         ) from None
     if args.json:
-        print(json.dumps(result.as_dict(), indent=2, default=str))
+        print(strict_json(result.as_dict(), indent=2))
         return 1 if result.regressions() else 0
     cut = f", every run cut at {args.x} = {result.budget:.6g}" if result.budget is not None else ""
     print(f"baseline {baseline}; runs on the {args.x} axis{cut}")
@@ -372,7 +372,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    import json
 
     import pyarrow as pa
     import pyarrow.csv as pacsv
@@ -404,6 +403,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             for batch in table.to_batches(max_chunksize=1 << 16):  # not every row as a dict at once
                 for row in batch.to_pylist():
                     row["wall_time"] = row["wall_time"].isoformat()
+                    if not math.isfinite(row["value"]):  # JSON has no NaN: null, as pandas writes it
+                        row["value"] = None
                     if "labels" in row:
                         row["labels"] = dict(row["labels"] or ())
                     out.write(json.dumps(row) + "\n")
@@ -416,7 +417,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    import json
 
     from schemas import BrokerError
 
@@ -431,10 +431,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         except BrokerError as exc:  # said, with what is kept here (the spools); --watch goes on
             snap = unreachable(settings, str(exc))
             if not args.watch:
-                print(json.dumps(snap, indent=2) if args.json else format_status(snap), flush=True)
+                print(strict_json(snap, indent=2) if args.json else format_status(snap), flush=True)
                 raise
         if args.json:
-            print(json.dumps(snap, indent=None if args.watch else 2, default=str), flush=True)
+            print(strict_json(snap, indent=None if args.watch else 2), flush=True)
         else:
             print(("\x1b[2J\x1b[H" if args.watch and sys.stdout.isatty() else "") + format_status(snap))
             print(flush=True)
@@ -673,6 +673,15 @@ class Repeats(logging.Filter):
         if held:
             record.msg, record.args = f"{record.getMessage()} (and {held} more like it held back)", None
         return True
+
+
+def strict_json(value: Any, indent: int | None = None) -> str:
+    """``value`` as JSON any parser reads: NaN and infinities null, what JSON cannot hold text.
+
+    Python writes ``NaN``, which jq, JavaScript and DuckDB refuse.
+    """
+    loose = json.dumps(value, default=str)
+    return json.dumps(json.loads(loose, parse_constant=lambda _: None), indent=indent, allow_nan=False)
 
 
 class Printable(logging.Formatter):

@@ -275,7 +275,7 @@ def test_health_cli_scores_an_archived_run_and_names_a_nan_burst(settings, sink)
     out = subprocess.run(
         cli(settings, "health", run.run_id, "--json"), capture_output=True, text=True, check=True
     ).stdout
-    health = json.loads(out)
+    health = json.loads(out, parse_constant=pytest.fail)  # strict JSON: jq and JavaScript read it
     parts = {p["name"]: p for p in health["parts"]}
     assert parts["completeness"]["deducted"] == 0 and parts["pipeline"]["deducted"] == 0  # broker read
     assert "first at step 60" in " ".join(parts["validity"]["evidence"])
@@ -310,7 +310,7 @@ def test_compare_cli_shows_the_config_difference_and_flags_a_regression(settings
         text=True,
     )
     assert done.returncode == 1, done.stderr  # a regression
-    out = json.loads(done.stdout)
+    out = json.loads(done.stdout, parse_constant=pytest.fail)  # strict JSON
     assert out["config_diff"] == {"lr": {runs["base"]: 0.1, runs["slower"]: 0.01}}  # seed is the same
     (loss,) = out["metrics"]
     assert loss["verdict"] == "worse" and loss["p_value"] < 1e-6 and loss["effect_size"] > 5

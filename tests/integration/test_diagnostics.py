@@ -73,7 +73,7 @@ def test_two_configs_three_seeds_of_the_demo_ppo_give_scipys_verdict(settings, s
         text=True,
     )
     assert done.returncode == 1, done.stdout + done.stderr  # the small learning rate is a regression
-    out = json.loads(done.stdout)
+    out = json.loads(done.stdout, parse_constant=pytest.fail)  # strict JSON
     good = [runs[(LEARNING_RATES[0], s)][0] for s in SEEDS]
     bad = [runs[(LEARNING_RATES[1], s)][0] for s in SEEDS]
     assert out["groups"] == {"learning_rate=0.0025": good, "learning_rate=1e-05": bad}

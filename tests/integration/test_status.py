@@ -22,7 +22,7 @@ def status(settings, *flags: str) -> tuple[int, dict]:
         cli(settings, "status", "--json", "--window", "1", *flags), capture_output=True, text=True, timeout=60
     )
     assert result.stdout, result.stderr
-    return result.returncode, json.loads(result.stdout)
+    return result.returncode, json.loads(result.stdout, parse_constant=pytest.fail)  # strict JSON
 
 
 def group(snap: dict, name: str) -> dict:

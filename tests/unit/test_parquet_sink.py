@@ -211,12 +211,28 @@ def test_export_writes_json_lines_and_parquet(archive, tmp_path, capsys):
 
     from metricbus._cli import main
 
-    archive.write([started()] + [metric(i + 1, i, {"Train/Loss": i / 4}) for i in range(4)])
+    losses = [0.0, 0.25, float("nan"), float("inf")]
+    archive.write([started()] + [metric(i + 1, i, {"Train/Loss": loss}) for i, loss in enumerate(losses)])
     archive.flush()
     data_dir = str(archive.archive_dir.parent)
     assert main(["--data-dir", data_dir, "export", "--run", "run-1", "--format", "json"]) == 0
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(r["step"], r["name"], r["value"]) for r in lines] == [(i, "Train/Loss", i / 4) for i in range(4)]
+    out = capsys.readouterr().out
+    lines = [json.loads(line, parse_constant=pytest.fail) for line in out.splitlines()]  # strict JSON
+    assert [(r["step"], r["name"], r["value"]) for r in lines] == [
+        (0, "Train/Loss", 0.0),
+        (1, "Train/Loss", 0.25),
+        (2, "Train/Loss", None),  # NaN and inf: null, as pandas writes them
+        (3, "Train/Loss", None),
+    ]
+    (tmp_path / "loss.jsonl").write_text(out)
+    assert duckdb.sql(
+        f"SELECT step, value FROM read_json('{tmp_path / 'loss.jsonl'}') ORDER BY step"
+    ).fetchall() == [
+        (0, 0.0),
+        (1, 0.25),
+        (2, None),
+        (3, None),
+    ]
     assert lines[0]["run"] == "run-1" and lines[0]["wall_time"].startswith("2023-11-14T22:13:20")
     out = tmp_path / "loss.parquet"
     assert (
