@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from schemas import MetricbusError, Settings, ensure_topics, printable
+from schemas import MetricbusError, Settings, ensure_topics, printable, strict_json
 
 log = logging.getLogger("metricbus")
 
@@ -259,7 +259,6 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-
     from ._health import assess, dead_letters_of
     from ._replay import archived
 
@@ -286,7 +285,6 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-
     from schemas import check_run_id
 
     from ._compare import compare_series
@@ -372,7 +370,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
@@ -417,7 +414,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-
     from schemas import BrokerError
 
     from ._status import collect, format_status, unreachable
@@ -673,15 +669,6 @@ class Repeats(logging.Filter):
         if held:
             record.msg, record.args = f"{record.getMessage()} (and {held} more like it held back)", None
         return True
-
-
-def strict_json(value: Any, indent: int | None = None) -> str:
-    """``value`` as JSON any parser reads: NaN and infinities null, what JSON cannot hold text.
-
-    Python writes ``NaN``, which jq, JavaScript and DuckDB refuse.
-    """
-    loose = json.dumps(value, default=str)
-    return json.dumps(json.loads(loose, parse_constant=lambda _: None), indent=indent, allow_nan=False)
 
 
 class Printable(logging.Formatter):

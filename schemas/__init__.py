@@ -12,6 +12,7 @@ from ._bodies import (
     merge_config,
     run_config,
     run_started,
+    strict_json,
 )
 from ._catalog import LOSS_ALIASES, REWARD_ALIASES, THROUGHPUT_ALIASES
 from ._codec import HEADER_SIZE, MAGIC, Codec, default_codec
@@ -150,6 +151,7 @@ __all__ = [
     "path_segment",
     "printable",
     "run_started",
+    "strict_json",
     "config_update",
     "histogram",
     "histogram_bins",

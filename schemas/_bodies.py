@@ -61,6 +61,15 @@ def config_object(raw: str) -> dict[str, Any]:
     return value
 
 
+def strict_json(value: Any, indent: int | None = None) -> str:
+    """``value`` as JSON any parser reads: NaN and infinities null, what JSON cannot hold text.
+
+    Python writes ``NaN``, which jq, JavaScript, DuckDB and Slack's webhooks refuse.
+    """
+    loose = json.dumps(value, default=str)
+    return json.dumps(json.loads(loose, parse_constant=lambda _: None), indent=indent, allow_nan=False)
+
+
 def run_config(events: Iterable[Any]) -> dict[str, Any]:
     """A run's config from its events: every RunStarted's and ConfigUpdate's, merged in time order.
 

@@ -10,16 +10,14 @@ so nothing is silently lost.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import math
 import sys
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
-from schemas import Codec, Ledger, SchemaError, Settings, default_codec, path_segment, printable
+from schemas import Codec, Ledger, SchemaError, Settings, default_codec, path_segment, printable, strict_json
 
 from ._runtime import ConsumerLoop
 
@@ -66,10 +64,7 @@ class WebhookAlerts:
 
     async def __call__(self, alert: dict[str, Any]) -> bool:
         """POST the alert; retry with backoff; False (logged with the alert) after the last try."""
-        # strict JSON (Slack refuses NaN, and a NaN-loss alert's value is NaN): non-finite as null
-        value = alert["value"]
-        shown = {**alert, "value": value if value is None or math.isfinite(value) else None}
-        body = json.dumps({"text": format_alert(alert), "alert": shown}, allow_nan=False).encode()
+        body = strict_json({"text": format_alert(alert), "alert": alert}).encode()  # a NaN loss: null
         delay = self.backoff_s
         for attempt in range(1, self.retries + 1):
             try:
