@@ -28,14 +28,14 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def checked_ids(run_id: str, producer_id: str) -> None:
+def checked_ids(run_id: str, producer_id: str | None = None) -> None:
     """Raise UnsafeRecordError unless a record's ids are usable (consumers call this on decode).
 
     Everything from a topic is untrusted: run ids become directory names, producer ids keys of
-    ledgers. Both must be what :func:`check_run_id` accepts.
+    ledgers. Both must be what :func:`check_run_id` accepts (an Alert has no producer id).
     """
     for what, value in (("run_id", run_id), ("producer_id", producer_id)):
-        if not _RUN_ID.match(value):
+        if value is not None and not _RUN_ID.match(value):
             shown = repr(value[:60]) + (f"... ({len(value)} characters)" if len(value) > 60 else "")
             raise UnsafeRecordError(
                 f"{what} {shown} is not usable: 1-128 letters, digits, '.', '_' or '-' expected"

@@ -17,7 +17,17 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
-from schemas import Codec, Ledger, SchemaError, Settings, default_codec, path_segment, printable, strict_json
+from schemas import (
+    Codec,
+    Ledger,
+    SchemaError,
+    Settings,
+    checked_ids,
+    default_codec,
+    path_segment,
+    printable,
+    strict_json,
+)
 
 from ._runtime import ConsumerLoop
 
@@ -203,6 +213,7 @@ class AlertRunner(ConsumerLoop):
                 name, alert = self.codec.decode(record.value)
                 if name != "Alert":
                     raise SchemaError(f"a {name} record on the alerts topic")
+                checked_ids(alert["run_id"])  # W&B would open a run named "..", ledgers key by it
             except SchemaError as exc:
                 await self._deadletter(record.value, record.key, f"{type(exc).__name__}: {exc}", record)
                 continue

@@ -69,6 +69,21 @@ def test_console_prints_one_clear_line_per_alert(settings):
     assert lines[1].startswith("[RESOLVED]")
 
 
+def test_an_alert_whose_run_id_is_unusable_is_dead_lettered_by_every_deliverer(settings):
+    """W&B's deliverer opened a run named ".." and failed on a 300-character id with OSError."""
+    publish(settings, [{**ALERT, "run_id": ".."}, {**ALERT, "run_id": "a" * 300}, ALERT])
+    out = io.StringIO()
+    stats = run_consumer(settings, ConsoleAlerts(out), "c", lambda st: st.records >= 3)
+    assert stats.deadlettered == 2 and stats.written == 1
+    assert out.getvalue().startswith("[FIRING] critical nan_loss: run run-7 ")
+    reasons = [
+        dict(r.headers)["metricbus.reason"].decode()
+        for r in read_topic(settings, settings.topics.deadletter, 2)
+    ]
+    assert [r.split(":")[0] for r in reasons] == ["UnsafeRecordError", "UnsafeRecordError"]
+    assert "run_id '..' is not usable" in reasons[0]
+
+
 def test_a_hostile_metric_name_or_message_cannot_forge_or_hide_a_console_line(settings):
     """Names and messages come from topics: a newline would forge a line, ANSI escapes clear the screen."""
     forged = {
