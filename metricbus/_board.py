@@ -29,6 +29,7 @@ from schemas import (
     MetricbusError,
     SchemaError,
     Settings,
+    checked_ids,
     config_object,
     decode_aggregates,
     decode_events,
@@ -178,6 +179,7 @@ class RunBoard:
                 name, alert = self.codec.decode(value)
                 if name != "Alert":
                     raise SchemaError(f"expected an Alert, got a {name}")
+                checked_ids(alert["run_id"])  # as the alert deliverers: no run page named ".."
                 with self.changed:
                     self._alert(alert)
                     self._bump()

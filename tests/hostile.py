@@ -3,8 +3,8 @@
 What a topic may hold that decodes cleanly (``tests/chaos.py`` fuzzes the bytes): steps, seqs and
 times at both ends of 64 bits, ±1e308 and NaN, histograms whose edges and counts do not fit,
 table rows shorter or longer than their columns, configs that are no JSON object or nest past the
-recursion limit, world sizes of 2**31 - 1, names with control characters. Seeded: a failure
-replays. Used by ``tests/unit/test_hostile_records.py``; a longer run is a loop over seeds.
+recursion limit, world sizes of 2**31 - 1, names with control characters, alerts with unusable
+run ids or repeated. Seeded: a failure replays. Used by ``tests/unit/test_hostile_records.py``; a longer run is a loop over seeds.
 """
 
 from __future__ import annotations
@@ -189,3 +189,31 @@ class Hostile:
                 first_seq=first_seq,
                 closes_run=r.random() < 0.2,
             )
+
+    def alert(self) -> dict[str, Any]:
+        """One Alert (what the worker would publish): ids, states and severities it never writes."""
+        r = self.rng
+        return {
+            "run_id": r.choice(["r1", "r2", "r1", "..", "", "a/b", "x" * 300, "\x1b[2J"]),
+            "rule": r.choice([self.name(), "nan_loss"]),
+            "state": r.choice(["firing", "resolved", "firing", "", "\x1b[2J", "x" * 300]),
+            "severity": r.choice(["critical", "warning", "info", "", "\x00"]),
+            "metric": r.choice([self.name(), "*"]),
+            "value": r.choice([None, self.value()]),
+            "step": r.choice([None, self.long()]),
+            "message": self.text(),
+            "ts_ms": r.choice([0, 1_700_000_000_000, LONG, -LONG - 1, -1]),
+            "seq": r.choice([-1, 0, 1, 2, LONG, -LONG - 1]),
+        }
+
+    def alert_records(self, codec: Codec, n: int) -> Iterator[bytes]:
+        """``n`` Alert records, hostile alike (some repeated: a worker re-sending after a restart)."""
+        sent: list[bytes] = []
+        for _ in range(n):
+            value = (
+                self.rng.choice(sent)
+                if sent and self.rng.random() < 0.15
+                else codec.encode("Alert", self.alert())
+            )
+            sent.append(value)
+            yield value
