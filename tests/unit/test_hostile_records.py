@@ -1,8 +1,8 @@
 """Schema-valid hostile records (``tests/hostile.py``) through every in-process reader.
 
 The stream worker's processor, the TensorBoard and Parquet sinks, the dashboard's board, the
-console and webhook alert consumers, and ``health`` and the report over what the archive kept: none raises out of its guard, none hangs,
-and what they wrote reads back. Each finding of the twelfth session's fuzzing was a test of its
+console and webhook alert consumers, and ``health`` and the report over what the archive kept:
+none raises out of its guard, none hangs, and what they wrote reads back. Each finding of the twelfth session's fuzzing was a test of its
 own; this keeps the fuzzing itself in ``make test`` (seeded; the W&B sink, a wandb-core process
 per run, is fuzzed by hand: see the README).
 """
