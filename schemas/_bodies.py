@@ -96,6 +96,8 @@ def histogram(values: Any, bins: int) -> tuple[list[int], list[float]]:
     range passes float's (1e308 and -1e308) made numpy refuse to bin them ("Too many bins for
     data range"): the producer's log_histogram skipped the call, the TensorBoard sink refused
     the event and the stream worker's reward histogram raised; they are binned at half scale.
+    numpy refuses too when the range is narrower than ``bins`` distinct floats (1.0 and
+    1.0 + 2**-52; 0.0 and 5e-324; 1e308 twice): those values get one bin.
     """
     import numpy as np
 
@@ -103,8 +105,15 @@ def histogram(values: Any, bins: int) -> tuple[list[int], list[float]]:
     finite = arr[np.isfinite(arr)]
     if not finite.size:
         return [0], [0.0, 1.0]
-    scale = 1.0 if math.isfinite(float(finite.max()) - float(finite.min())) else 2.0
-    counts, edges = np.histogram(finite / scale, bins=max(1, int(bins)))
+    lo, hi = float(finite.min()), float(finite.max())
+    scale = 1.0 if math.isfinite(hi - lo) else 2.0
+    try:
+        counts, edges = np.histogram(finite / scale, bins=max(1, int(bins)))
+    except ValueError:  # too narrow a range for that many bins
+        if lo == hi:
+            up = math.nextafter(hi, math.inf)
+            lo, hi = (lo, up) if math.isfinite(up) else (math.nextafter(lo, -math.inf), hi)
+        return [int(finite.size)], [lo, hi]
     return counts.tolist(), (edges * scale).tolist()
 
 

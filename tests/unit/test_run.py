@@ -1,4 +1,5 @@
 import logging
+import math
 import sys
 import threading
 import time
@@ -169,6 +170,23 @@ def test_histograms_tables_and_summary(settings):
     assert kinds["metricbus.Table"]["rows"] == [["clarity", 0.5]]
     assert kinds[RUN_FINISHED] == {"status": "finished", "summary": {"final/a_mean": 1.0}}
     assert '"lr": 0.1' in kinds[RUN_STARTED]["config_json"]
+
+
+@pytest.mark.parametrize(
+    "values", [[1.0, 1.0 + 2**-52], [0.0, 5e-324], [1e16] * 4, [1.7976931348623157e308] * 2, [7.0] * 3]
+)
+def test_a_histogram_of_values_too_close_for_its_bins_is_logged_not_skipped(settings, values):
+    """numpy cannot draw 64 distinct edges between 1.0 and its next float, nor around 1e16
+    (where +-0.5 rounds away): the call was skipped with an internal error. One bin holds them."""
+    fake = FakeTransport()
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    run.log_histogram("w", values, bins=64)
+    run.finish(timeout=5)
+    (body,) = [b for _, _, (kind, b) in fake.events() if kind == "metricbus.Histogram"]
+    assert sum(body["counts"]) == len(values) and run.stats()["skipped_calls"] == 0
+    edges = body["edges"]
+    assert len(edges) == len(body["counts"]) + 1 and all(map(math.isfinite, edges))
+    assert edges[0] <= min(values) and max(values) <= edges[-1] and edges[0] < edges[-1]
 
 
 def test_unsafe_run_ids_are_refused_at_the_edge(settings):
