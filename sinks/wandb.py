@@ -71,6 +71,8 @@ ID_KEY = "_metricbus_id"
 #: what W&B refuses in a project name (UsageError), and its length limit
 _NOT_IN_PROJECT = re.compile(r"[/\\#?%:\x00-\x1f\x7f]")
 _PROJECT_MAX = 128
+#: W&B's length limit of a tag
+_TAG_MAX = 64
 
 
 def wandb_project(project: str) -> str:
@@ -85,6 +87,22 @@ def wandb_project(project: str) -> str:
         digest = hashlib.sha256(project.encode("utf-8", "surrogatepass")).hexdigest()[:16]
         clean = clean[: _PROJECT_MAX - 17] + "~" + digest
     return clean
+
+
+def wandb_tags(tags: Sequence[str]) -> list[str]:
+    """Tags W&B accepts: 1 to 64 characters each (it refused to open a run with any other).
+
+    An empty tag is left out; a longer one keeps its start plus a hash of the whole (the
+    originals are in the run's config as ``metricbus/tags``); duplicates once.
+    """
+    out: list[str] = []
+    for tag in tags:
+        if len(tag) > _TAG_MAX:
+            digest = hashlib.sha256(tag.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+            tag = tag[: _TAG_MAX - 17] + "~" + digest
+        if tag and tag not in out:
+            out.append(tag)
+    return out
 
 
 class WandbSink:
@@ -219,7 +237,11 @@ class WandbSink:
         elif e.kind == METRICS:
             row = {k: v for k, v in body["scalars"].items() if self._wanted(k)}
             for k, values in body["samples"].items():
-                if values and self._wanted(k):
+                if k in row:  # our producers never send a name as both; a W&B key holds one
+                    log.warning(
+                        "run %s: %r is a scalar and samples in one event; W&B keeps the scalar", e.run_id, k
+                    )
+                elif values and self._wanted(k):
                     arr = np.asarray(values, dtype=float)
                     finite = arr[np.isfinite(arr)]
                     if finite.size:  # W&B's histogram refuses NaN and inf; the archive keeps them
@@ -305,12 +327,15 @@ class WandbSink:
         project = wandb_project(meta["project"])
         if project != meta["project"]:
             config["metricbus/project"] = meta["project"]
+        tags = wandb_tags(meta["tags"])
+        if tags != meta["tags"]:
+            config["metricbus/tags"] = meta["tags"]
         run = wandb.init(
             project=project,
             name=meta["name"],
             id=run_id,
             config=config,
-            tags=meta["tags"],
+            tags=tags,
             dir=str(self.root),
             mode=self.mode,  # type: ignore[arg-type]
             resume="allow",

@@ -33,6 +33,7 @@ def read_run(root: Path, run_id: str, every_opening: bool = False) -> dict:
         out["kinds"].add(kind)
         if kind == "run":
             out["projects"].add(r.run.project)
+            out["tags"] = list(r.run.tags)
             for item in r.run.config.update:
                 out["config"][item.key] = json.loads(item.value_json)
         elif kind == "config":
@@ -52,5 +53,7 @@ def read_run(root: Path, run_id: str, every_opening: bool = False) -> dict:
 def _put(target: dict, item, value) -> None:
     keys = [item.key] if item.key else list(item.nested_key)
     for key in keys[:-1]:
-        target = target.setdefault(key, {})
+        if not isinstance(target.get(key), dict):  # a summary key set first to a number, then nested
+            target[key] = {}
+        target = target[key]
     target[keys[-1]] = value

@@ -1,10 +1,10 @@
 """Schema-valid hostile records (``tests/hostile.py``) through every in-process reader.
 
-The stream worker's processor, the TensorBoard and Parquet sinks, the dashboard's board, the
-console and webhook alert consumers, and ``health`` and the report over what the archive kept:
-none raises out of its guard, none hangs, and what they wrote reads back. Each finding of the twelfth session's fuzzing was a test of its
-own; this keeps the fuzzing itself in ``make test`` (seeded; the W&B sink, a wandb-core process
-per run, is fuzzed by hand: see the README).
+The stream worker's processor, the TensorBoard, Parquet and W&B sinks, the dashboard's board,
+the console, webhook and W&B alert consumers, and ``health`` and the report over what the
+archive kept: none raises out of its guard, none hangs, and what they wrote reads back (W&B's
+rows exactly once, restarted sinks writing nothing twice). Each finding of the fuzzing is a
+test of its own as well; this keeps the fuzzing itself in ``make test`` (seeded).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import asyncio
 import http.server
 import io
 import json
+import math
 import pickle
 import re
 import threading
@@ -25,12 +26,25 @@ from metricbus._board import RunBoard
 from metricbus._health import assess
 from metricbus._replay import describe_alert
 from metricbus._report import build, read_run
-from schemas import SchemaError, Settings, decode_aggregates, decode_record, default_codec, encode_aggregates
+from schemas import (
+    HISTOGRAM,
+    METRICS,
+    TABLE,
+    SchemaError,
+    Settings,
+    decode_aggregates,
+    decode_record,
+    default_codec,
+    encode_aggregates,
+)
 from sinks import Feeder, iter_events, make_sink
-from sinks.alerts import AlertRunner, ConsoleAlerts, WebhookAlerts, format_alert
+from sinks.alerts import AlertRunner, ConsoleAlerts, WandbAlerts, WebhookAlerts, format_alert
 from stream_jobs import DEFAULT_RULES, StreamProcessor, load_rules
 from stream_jobs._checkpoint import snapshot
 from tests.hostile import Hostile
+from tests.wandb_reader import read_run as read_wandb_run
+from tests.wandb_reader import records as wandb_records
+from tests.wandb_reader import run_files
 
 SEEDS = range(3)
 CODEC = default_codec()
@@ -61,23 +75,29 @@ def test_the_stream_processor_takes_every_record_and_what_it_outputs_encodes(see
     assert pickle.loads(snapshot(proc, 0, 1))["state"]["events"] == proc.events  # checkpoints
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_the_sinks_take_or_refuse_every_record_flush_and_read_back(seed, tmp_path):
+SINKS = ("parquet", "tensorboard", "wandb")
+
+
+def _feed(seed, root):
+    """Every sink kind opened on ``root`` takes seed's records; (events each took, refused)."""
     hostile = Hostile(seed)
-    sinks = {kind: make_sink(kind, tmp_path / kind) for kind in ("parquet", "tensorboard")}
-    feeders = {kind: Feeder(sink) for kind, sink in sinks.items()}
-    for sink in sinks.values():
-        sink.open()
-    refused = {kind: 0 for kind in sinks}
-    records = [*decoded(hostile.event_records(CODEC, 40))]
-    for i, (events, columns) in enumerate(records):
+    feeders = {kind: Feeder(make_sink(kind, root / kind)) for kind in SINKS}
+    for feeder in feeders.values():
+        feeder.sink.open()
+    took = {kind: [] for kind in SINKS}
+    refused = {kind: [] for kind in SINKS}
+
+    def write(kind, fresh):
+        took[kind] += fresh
+        refused[kind] += feeders[kind].write(fresh)
+
+    for i, (events, columns) in enumerate(decoded(hostile.event_records(CODEC, 40))):
         for kind, feeder in feeders.items():
             if columns is not None and not events and feeder.fresh_columns(columns):
-                refused[kind] += len(feeder.write_columns(columns))
+                took[kind] += columns.events()
+                refused[kind] += feeder.write_columns(columns)
             else:
-                refused[kind] += len(
-                    feeder.write(feeder.fresh([*events, *(columns.events() if columns else [])]))
-                )
+                write(kind, feeder.fresh([*events, *(columns.events() if columns else [])]))
             if i % 7 == 0:
                 feeder.sink.flush()  # raises: the sink could never commit again
     for value in hostile.aggregate_records(CODEC, 20):
@@ -86,14 +106,25 @@ def test_the_sinks_take_or_refuse_every_record_flush_and_read_back(seed, tmp_pat
         except SchemaError:
             continue
         for kind, feeder in feeders.items():
-            refused[kind] += len(
-                feeder.write(feeder.fresh_derived(derived.run_id, derived.events, derived.identified))
-            )
-    for sink in sinks.values():
-        sink.flush()
-        sink.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["parquet", "tensorboard"]  # nothing beside
-    assert refused["tensorboard"] > 0  # histograms without bins, configs that are no object...
+            write(kind, feeder.fresh_derived(derived.run_id, derived.events, derived.identified))
+    for feeder in feeders.values():
+        feeder.sink.flush()
+        feeder.sink.close()
+    return took, refused
+
+
+def _same(a, b):
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_sinks_take_or_refuse_every_record_flush_and_read_back(seed, tmp_path, monkeypatch):
+    """Then restarted sinks take the same records again (a replay) and write nothing twice."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    took, refused = _feed(seed, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(SINKS)  # nothing beside
+    assert refused["tensorboard"] and refused["wandb"]  # histograms without bins, configs no object
     for run in ("r1", "r2"):
         chunks = list(iter_events(tmp_path / "parquet", run, derived=True))
         events = [e for chunk in chunks for e in chunk]
@@ -102,6 +133,51 @@ def test_the_sinks_take_or_refuse_every_record_flush_and_read_back(seed, tmp_pat
         json.dumps(assess(run, events, 0).as_dict(), allow_nan=False)  # the dashboard's health JSON
     for directory in {p.parent for p in (tmp_path / "tensorboard").rglob("events.out.tfevents.*")}:
         EventAccumulator(str(directory), size_guidance={"scalars": 0}).Reload()  # TensorBoard reads it
+
+    # W&B: each event it took that makes a row is one row of its run, with the same step and values
+    rows = _wandb_rows(tmp_path / "wandb")
+    not_taken = {id(e) for e, _ in refused["wandb"]}
+    expected = {
+        (e.run_id, f"{e.producer_id}/{e.seq}"): e
+        for e in took["wandb"]
+        if id(e) not in not_taken and e.seq >= 0 and _makes_a_row(e)
+    }
+    assert expected and sorted(rows) == sorted(expected)  # no row missing, none extra
+    assert all(len(found) == 1 for found in rows.values())  # none twice
+    for key, e in expected.items():
+        (row,) = rows[key]
+        assert row["metricbus/step"] == e.body["step"]
+        if e.kind == METRICS:
+            assert all(_same(row[name], v) for name, v in e.body["scalars"].items())
+
+    # a restart: new sink processes on the same output take the same records, and write nothing
+    # that they hold; what they take again is what was refused (dead-lettered) the first time,
+    # and events with no identity (a seq below 0: delivered every time, as documented)
+    again, _ = _feed(seed, tmp_path)
+    for kind in SINKS:
+        first = {id(e) for e, _ in refused[kind]}
+        refused_ids = {(e.run_id, e.producer_id, e.seq) for e in took[kind] if id(e) in first}
+        taken_again = {(e.run_id, e.producer_id, e.seq) for e in again[kind] if e.seq >= 0}
+        assert taken_again <= refused_ids, kind
+    assert _wandb_rows(tmp_path / "wandb") == rows  # the runs' files: nothing added
+
+
+def _makes_a_row(e):
+    """Whether the W&B sink logs a history row for ``e`` (every metric name is wanted)."""
+    if e.kind == METRICS:
+        samples = e.body["samples"].values()
+        return bool(e.body["scalars"]) or any(math.isfinite(v) for values in samples for v in values)
+    return e.kind in (HISTOGRAM, TABLE)
+
+
+def _wandb_rows(root):
+    """Each W&B history row with an identity, by (run, identity), over every opening of each run."""
+    rows = {}
+    for run in ("r1", "r2"):
+        for row in read_wandb_run(root, run, every_opening=True)["history"]:
+            if "_metricbus_id" in row:
+                rows.setdefault((run, row["_metricbus_id"]), []).append(row)
+    return rows
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -147,7 +223,9 @@ class _Webhook(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_alert_consumers_deliver_each_usable_alert_once_and_dead_letter_the_rest(seed, tmp_path):
+def test_alert_consumers_deliver_each_usable_alert_once_and_dead_letter_the_rest(seed, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
     values = [*Hostile(seed).alert_records(CODEC, 80)]
     # what should happen, from the records alone: usable run ids delivered, a (run, seq) once
     expected, seen, unusable = [], set(), 0
@@ -164,7 +242,8 @@ def test_alert_consumers_deliver_each_usable_alert_once_and_dead_letter_the_rest
     threading.Thread(target=server.serve_forever, daemon=True).start()
     _Webhook.bodies = []
     out = io.StringIO()
-    handlers = [ConsoleAlerts(out), WebhookAlerts(f"http://127.0.0.1:{server.server_port}/hook", retries=1)]
+    webhook = WebhookAlerts(f"http://127.0.0.1:{server.server_port}/hook", retries=1)
+    handlers = [ConsoleAlerts(out), webhook, WandbAlerts(tmp_path / "wandb-alerts")]
     try:
         for handler in handlers:
             runner = AlertRunner(Settings(data_dir=tmp_path), handler)
@@ -180,12 +259,23 @@ def test_alert_consumers_deliver_each_usable_alert_once_and_dead_letter_the_rest
             assert all(b"not usable" in headers["metricbus.reason"] for _, headers in letters.sent)
     finally:
         server.shutdown()
+        handlers[-1].close()
     lines = out.getvalue().splitlines()
     assert lines == [format_alert(a) for a in expected]  # one line each, in order
     assert all(line.isprintable() for line in lines)  # no escape reaches the terminal
     posted = [json.loads(body) for body in _Webhook.bodies]  # strict JSON: NaN is null
     assert [p["alert"]["seq"] for p in posted] == [a["seq"] for a in expected]
     assert [p["text"] for p in posted] == lines
+    for run in {a["run_id"] for a in expected}:  # W&B: each an alert of its run, in order
+        raised = [
+            (r.alert.title, r.alert.text)
+            for path in run_files(tmp_path / "wandb-alerts", run)
+            for r in wandb_records(path)
+            if r.WhichOneof("record_type") == "alert"
+        ]
+        mine = [a for a in expected if a["run_id"] == run]
+        titles = [a["rule"] if a["state"] == "firing" else f"{a['rule']} resolved" for a in mine]
+        assert raised == list(zip(titles, map(format_alert, mine), strict=True))
     board = RunBoard(Settings(data_dir=tmp_path))
     for value in values:
         board.take(board.settings.topics.alerts, value)

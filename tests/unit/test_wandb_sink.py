@@ -368,3 +368,20 @@ def test_a_run_started_whose_config_is_no_object_is_refused_but_its_run_keeps_it
     run = read_run(tmp_path, "run-wb1")
     assert run["projects"] == {"grpo"}
     assert [(r["Train/Loss"], r["metricbus/step"]) for r in run["history"]] == [(0.5, 3), (0.25, 4)]
+
+
+def test_tags_wandb_refuses_are_mended_and_the_run_opens(tmp_path, offline):
+    """W&B refuses a tag that is empty or over 64 characters: every event of the run was refused."""
+    long = "t" * 65
+    sink = WandbSink(tmp_path)
+    sink.open()
+    started = ev(0, RUN_STARTED, run_started("grpo", "gemma", {"lr": 0.1}, tags=["", long, "ok", "ok"]))
+    assert sink.write([started, metrics(1, 3, {"Train/Loss": 0.5})]) == []
+    sink.flush()
+    sink.close()
+    run = read_run(tmp_path, "run-wb1")
+    (mended,) = [t for t in run["tags"] if t != "ok"]
+    assert run["tags"] == [mended, "ok"]  # in their order, once each
+    assert len(mended) == 64 and mended.startswith("t" * 47 + "~")
+    assert run["config"]["metricbus/tags"] == ["", long, "ok", "ok"] and run["config"]["lr"] == 0.1
+    assert [(r["Train/Loss"], r["metricbus/step"]) for r in run["history"]] == [(0.5, 3)]
