@@ -1,6 +1,7 @@
 """The TensorBoard sink: one log directory per run, written the way TensorBoard reads it.
 
-Per run, ``<root>/<project>/<run name>-<run id>/``: scalars at the event's own step and wall
+Per run, ``<root>/<project>/<run name>-<run id>/`` (owned by the run its ``.metricbus-run``
+file names: :meth:`TensorBoardSink.run_dir`): scalars at the event's own step and wall
 time (all scalars of one event in one TensorBoard Event), per-sample arrays and Histogram
 events as histograms, tables and the config as text, the config as HParams, and a custom
 scalars layout built from the series the run logs (``_tb_layout``: seed 004's groups and every
@@ -57,6 +58,7 @@ log = logging.getLogger("metricbus.sink.tensorboard")
 _SAFE = re.compile(r"[^-/\w.]")
 SEQS_FILE = ".metricbus-seqs.json"
 LAYOUT_FILE = ".metricbus-layout.json"  # the names placed in the custom-scalars layout
+OWNER_FILE = ".metricbus-run"  # the id of the run whose directory it is
 UNKNOWN_PROJECT = "_unknown"
 
 
@@ -71,12 +73,14 @@ def tag(name: str) -> str:
 class _RunWriter:
     """One run's event file, written synchronously with TensorBoard's record framing."""
 
-    def __init__(self, directory: Path, charts: Mapping[str, Mapping[str, list[str]]]) -> None:
+    def __init__(self, directory: Path, run_id: str, charts: Mapping[str, Mapping[str, list[str]]]) -> None:
         from tensorboard.compat.proto import event_pb2
         from tensorboard.summary.writer.record_writer import RecordWriter
 
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
+        if _owner(directory) is None:  # new, or written before owner files: the run's from now on
+            atomic_write(directory / OWNER_FILE, run_id.encode())
         self.ledger = Ledger(directory / SEQS_FILE).load()
         self.layout = RunLayout(charts, held=_placed(directory))
         self.layout_dirty = False
@@ -137,16 +141,37 @@ class TensorBoardSink:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def run_dir(self, project: str, name: str, run_id: str) -> Path:
-        """Where a run's event files go."""
+        """Where a new directory of a run's event files goes.
+
+        ``<name>-<run id>``, or the id alone when it is the name. Those can coincide (run ``1``
+        named ``x``, run ``x-1``): the second run's directory is ``<that>~<run id>``.
+        """
         label = path_segment(name) if name == run_id else f"{path_segment(name)}-{run_id}"
-        return self.root / path_segment(project) / label
+        directory = self.root / path_segment(project) / label
+        if directory.exists() and _owner(directory) not in (None, run_id):
+            directory = directory.with_name(f"{label}~{run_id}")
+        return directory
+
+    def run_dirs(self, run_id: str) -> list[Path]:
+        """The run's directories (of earlier attempts or processes), by their owner file.
+
+        One written before owner files is the run's by its name: the id, or ending ``-<id>``.
+        """
+        check_run_id(run_id)
+        found = []
+        for directory in sorted(self.root.glob(f"*/*{run_id}")):
+            owner = _owner(directory)
+            if owner == run_id or (
+                owner is None and (directory.name == run_id or directory.name.endswith(f"-{run_id}"))
+            ):
+                found.append(directory)
+        return found
 
     def recover(self, run_id: str) -> Mapping[str, Sequence[Interval]]:
         """Identities already written for the run (from the ledger of each of its directories)."""
-        check_run_id(run_id)
         held: dict[str, list[Interval]] = {}
-        for path in self.root.glob(f"*/*{run_id}/{SEQS_FILE}"):
-            for producer, intervals in Ledger.read(path).items():
+        for directory in self.run_dirs(run_id):
+            for producer, intervals in Ledger.read(directory / SEQS_FILE).items():
                 held.setdefault(producer, []).extend(intervals)
         return held
 
@@ -252,17 +277,13 @@ class TensorBoardSink:
         if writer is None:
             # the run's directory from an earlier attempt (a resumed run: run_id= of an earlier
             # run) or an earlier process, whatever name the new attempt gave
-            existing = [
-                d
-                for d in sorted(self.root.glob(f"*/*{e.run_id}"))
-                if d.name.endswith(f"-{e.run_id}") or d.name == e.run_id
-            ]
+            existing = self.run_dirs(e.run_id)
             if e.kind == RUN_STARTED:
                 named = [d for d in existing if d.parent.name != UNKNOWN_PROJECT]
                 directory = named[0] if named else self.run_dir(e.body["project"], e.body["name"], e.run_id)
             else:
                 directory = existing[0] if existing else self.run_dir(UNKNOWN_PROJECT, e.run_id, e.run_id)
-            writer = self._writers[e.run_id] = _RunWriter(directory, self._charts)
+            writer = self._writers[e.run_id] = _RunWriter(directory, e.run_id, self._charts)
         return writer
 
     def _move(self, writer: _RunWriter, directory: Path) -> _RunWriter:
@@ -286,7 +307,7 @@ class TensorBoardSink:
         else:
             directory.parent.mkdir(parents=True, exist_ok=True)
             os.replace(writer.directory, directory)
-        moved = self._writers[run_id] = _RunWriter(directory, self._charts)
+        moved = self._writers[run_id] = _RunWriter(directory, run_id, self._charts)
         return moved
 
     def _run_started(self, writer: _RunWriter, wall: float, body: dict[str, Any]) -> None:
@@ -306,6 +327,14 @@ class TensorBoardSink:
             text += f", git {body['git']}"
         text += "\n\n```json\n" + json.dumps(config, indent=2, sort_keys=True) + "\n```"
         writer.write(_text_event(wall, 0, "run/config", text))
+
+
+def _owner(directory: Path) -> str | None:
+    """The run id in a directory's owner file; None when it has none."""
+    try:
+        return (directory / OWNER_FILE).read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
 
 def _placed(directory: Path) -> list[str]:

@@ -181,3 +181,34 @@ def test_hostile_histograms_and_configs_are_refused_with_their_reason_and_the_ru
     ]
     (run_dir,) = [p for p in (tmp_path / "tb").rglob("*run-1") if p.is_dir()]
     assert [(s.step, s.value) for s in accumulate(run_dir).Scalars("Train/Loss")] == [(9, 0.5)]
+
+
+def test_runs_whose_directory_names_coincide_keep_their_own_directories(tmp_path):
+    """Run "1" named "x" and run "x-1" (named as its id) were both <project>/x-1.
+
+    And run "1" took the directory of any run whose name ended in "-1" (its ledger too: seqs it
+    never wrote).
+    """
+
+    def run(run_id, name, loss, root=tmp_path / "tb"):
+        sink = TensorBoardSink(root)
+        sink.open()
+        body = {"step": 0, "epoch": None, "rank": 0, "scalars": {"Train/Loss": loss}, "samples": {}}
+        sink.write(
+            [ev(0, RUN_STARTED, run_started("grpo", name), run=run_id), ev(1, METRICS, body, run=run_id)]
+        )
+        sink.close()
+        return sink
+
+    run("x-1", "x-1", 0.5)
+    run("1", "x", 0.25)  # a sink restarted between them, as after a crash
+    run("run-1", "y", 0.125)
+    dirs = sorted(p.parent for p in (tmp_path / "tb").rglob("events.out.tfevents.*"))
+    assert len(dirs) == 3
+    losses = sorted(s.value for d in dirs for s in accumulate(d).Scalars("Train/Loss"))
+    assert losses == [0.125, 0.25, 0.5]  # each in a directory of its own
+    sink = TensorBoardSink(tmp_path / "tb")
+    assert {run_id: dict(sink.recover(run_id)) for run_id in ("1", "x-1", "run-1")} == {
+        run_id: {"p1": [(0, 1)]} for run_id in ("1", "x-1", "run-1")
+    }
+    assert TensorBoardSink(tmp_path / "tb").recover("2") == {}
