@@ -175,7 +175,7 @@ def cmd_alerts(args: argparse.Namespace) -> int:
         elif args.webhook:
             handler = WebhookAlerts(args.webhook)
         else:
-            handler = WandbAlerts(settings.data_dir / "wandb-alerts")
+            handler = WandbAlerts(settings.data_dir / "wandb-alerts", runs=settings.data_dir / "wandb")
     except ValueError as exc:
         raise MetricbusError(str(exc)) from None
     group = f"{settings.topic_prefix}alerts.{args.group or handler.name}"

@@ -128,11 +128,12 @@ def _tensorboard(settings: Settings, run_id: str, timeout: float = 30.0) -> None
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from sinks import make_sink
+    from sinks.tensorboard import TensorBoardSink
 
     from ._replay import replay_to_sink
 
     def scalars(root: Path) -> dict[str, list[tuple[int, float]]]:
-        dirs = sorted(root.glob(f"*/*{run_id}"))
+        dirs = TensorBoardSink(root).run_dirs(run_id)
         if not dirs:
             return {}
         acc = EventAccumulator(str(dirs[0]), size_guidance={"scalars": 0})

@@ -113,17 +113,21 @@ class WandbAlerts:
     """Raise each firing alert as a W&B alert (``run.alert``) on its run; resolved ones as INFO.
 
     Online when ``WANDB_API_KEY`` is set (W&B then emails / posts to Slack per the user's W&B
-    settings), else recorded in an offline run under ``root``.
+    settings), else recorded in an offline run under ``root``. The run is opened in the project
+    the W&B sink writing under ``runs`` opened it in (W&B run ids are per project: without it the
+    alert went to a run of the same id in W&B's default project); W&B's default when that sink
+    has not seen the run's RunStarted.
     """
 
     name = "wandb"
     LEVELS = {"critical": "ERROR", "warning": "WARN", "info": "INFO"}
 
-    def __init__(self, root: Any, mode: str | None = None) -> None:
+    def __init__(self, root: Any, mode: str | None = None, runs: Any = None) -> None:
         import os
         from pathlib import Path
 
         self.root = Path(root)
+        self.runs = Path(runs) if runs is not None else None
         self.mode = mode or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         self._runs: dict[str, Any] = {}
 
@@ -134,11 +138,22 @@ class WandbAlerts:
     def _send(self, alert: dict[str, Any]) -> bool:
         import wandb
 
+        from .wandb import run_project
+
         run = self._runs.get(alert["run_id"])
         if run is None:
+            project = run_project(self.runs, alert["run_id"]) if self.runs is not None else None
+            if project is None:
+                log.warning(
+                    "run %s: its W&B project is unknown (no RunStarted under %s); "
+                    "the alert goes to W&B's default project",
+                    alert["run_id"],
+                    self.runs,
+                )
             self.root.mkdir(parents=True, exist_ok=True)
             run = self._runs[alert["run_id"]] = wandb.init(
                 id=alert["run_id"],
+                project=project,
                 resume="allow",
                 reinit="create_new",
                 dir=str(self.root),

@@ -105,6 +105,15 @@ def wandb_tags(tags: Sequence[str]) -> list[str]:
     return out
 
 
+def run_project(root: Path, run_id: str) -> str | None:
+    """The W&B project the sink writing under ``root`` opens ``run_id`` in; None before its RunStarted."""
+    try:
+        meta = json.loads((Path(root) / RUNS_DIR / f"{check_run_id(run_id)}.json").read_text())
+    except FileNotFoundError:
+        return None
+    return wandb_project(meta["project"])
+
+
 class WandbSink:
     """The ``wandb`` sink (see the module docstring for its guarantees)."""
 

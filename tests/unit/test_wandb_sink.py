@@ -94,7 +94,11 @@ def test_wandb_alert_consumer_raises_an_alert_on_the_run(tmp_path, offline):
     from sinks.alerts import WandbAlerts
     from tests.wandb_reader import records, run_file
 
-    handler = WandbAlerts(tmp_path)
+    sink = WandbSink(tmp_path / "wandb")  # what `metricbus sink wandb` keeps of the run's start
+    sink.open()
+    sink.write([ev(0, RUN_STARTED, run_started("grpo/gemma", "g"), run="run-al1")])
+    sink.close()
+    handler = WandbAlerts(tmp_path / "alerts", runs=tmp_path / "wandb")
     alert = {
         "run_id": "run-al1",
         "rule": "nan_loss",
@@ -109,8 +113,11 @@ def test_wandb_alert_consumer_raises_an_alert_on_the_run(tmp_path, offline):
     assert asyncio.run(handler(alert))
     handler.close()
     (got,) = [
-        r.alert for r in records(run_file(tmp_path, "run-al1")) if r.WhichOneof("record_type") == "alert"
+        r.alert
+        for r in records(run_file(tmp_path / "alerts", "run-al1"))
+        if r.WhichOneof("record_type") == "alert"
     ]
+    assert read_run(tmp_path / "alerts", "run-al1")["projects"] == {"grpo-gemma"}  # the sink's run's
     assert (got.title, got.level) == ("nan_loss", "ERROR")
     assert got.text == "[FIRING] critical nan_loss: run run-al1 Train/Loss step 3: loss is NaN"
 
