@@ -373,6 +373,7 @@ class ConsumerLoop:
                 break
             except Exception as exc:  # noqa: BLE001 - keep the consumer alive; nothing is committed
                 self.stats.flush_failures += 1
+                self.metrics.update(dataclasses.asdict(self.stats))  # a stuck sink says so meanwhile
                 log.error(
                     "%s: flush failed (%s); retrying in %.1fs, nothing committed", self.name, exc, backoff
                 )

@@ -1,8 +1,10 @@
-"""ConsumerLoop: flushes never overlap, whoever asks for one (the loop, or a rebalance)."""
+"""ConsumerLoop: flushes never overlap, whoever asks for one (the loop, or a rebalance); slices."""
 
 import asyncio
 import threading
 import time
+
+from prometheus_client import REGISTRY
 
 from schemas import Settings
 from sinks._runtime import ConsumerLoop
@@ -111,3 +113,34 @@ def test_a_stop_between_slices_commits_what_was_processed_and_leaves_the_rest_to
     asyncio.run(loop._process_sliced(records))
     assert loop.slices == [[0], [1]]  # the stop is heard after the slice under way
     assert loop._consumer.commits[-1] == {TopicPartition("t", 0): 2}  # 2..5 are read again next time
+
+
+class StuckLoop(ConsumerLoop):
+    """A sink whose disk refuses its first flushes (a full or read-only volume)."""
+
+    def __init__(self) -> None:
+        super().__init__(Settings(bootstrap="127.0.0.1:1"), ["t"], "g-stuck", "stuck")
+        self.calls = 0
+        self.reported: list = []
+
+    def pending(self) -> int:
+        return 1 if self.calls < 3 else 0
+
+    def flush(self) -> None:
+        self.calls += 1
+        self.reported.append(
+            REGISTRY.get_sample_value("metricbus_consumer_flush_failures_total", {"group": "g-stuck"})
+        )
+        if self.calls < 3:
+            raise OSError(28, "No space left on device")
+
+
+def test_flush_failures_are_counted_for_prometheus_while_the_sink_is_stuck_not_once_it_recovers():
+    """The counters were brought up to date after a flush and commit only: a sink stuck retrying
+    its flush showed no failure on /metrics for as long as it was stuck."""
+    loop = StuckLoop()
+    loop._consumer = Consumer()
+    loop._uncommitted = {"tp": 3}
+    asyncio.run(loop._flush_and_commit())
+    assert loop.reported == [0.0, 1.0, 2.0]  # seen by a scrape between the retries
+    assert loop.stats.flush_failures == 2 and loop._consumer.commits == [{"tp": 3}]
