@@ -19,10 +19,18 @@ holds about :data:`COMPACT_ROWS` rows in memory at a time, whatever the run's si
 merged file is renamed into place first and names the files it replaces in its footer; they
 are deleted next. A crash between the two leaves both for a moment; ``open`` finishes the
 deletion before anything is read.
+
+A run whose own directory cannot be written (a file where it should be, or a directory another
+user owns: :data:`RUN_ERRNOS`) has its flush written to ``project=_fallback/run=<id>``
+instead, which every reader reads with the run's other directories; each later flush tries
+the run's own directory first. Before, that one run's failing flush was retried for ever and
+stopped the sink for every run. A failure of the archive itself (a full or failing disk) is
+still retried, nothing committed, until it clears.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import time
@@ -65,6 +73,10 @@ from ._archive import (
 
 log = logging.getLogger("metricbus.sink.parquet")
 UNKNOWN_PROJECT = "_unknown"
+#: where a run's flush goes when its own directory refuses it (read with the run's others)
+FALLBACK_PROJECT = "_fallback"
+#: failures of one directory, not of the archive: a file in the way, permissions, a link loop
+RUN_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ELOOP})
 
 
 class _RunBuffer:
@@ -112,6 +124,9 @@ class ParquetArchive:
         self._dirs: dict[str, Path] = {}
         self.files_written = 0
         self.compactions = 0
+        #: flushes written to a run's fallback directory, its own refusing them
+        self.fallbacks = 0
+        self._fallen: set[str] = set()  # runs whose fallback has been said in the log
 
     def open(self) -> None:
         """Create the archive root and remove temporaries a crash left behind."""
@@ -132,7 +147,8 @@ class ParquetArchive:
         """Read the seqs held by this run's files (footer metadata only)."""
         held: dict[str, list[Interval]] = {}
         for directory in find_run_dirs(self.archive_dir, run_id):
-            self._dirs.setdefault(run_id, directory)
+            if directory.parent.name != f"project={FALLBACK_PROJECT}":
+                self._dirs.setdefault(run_id, directory)
             for path in directory.glob("*.parquet"):
                 meta = pq.read_metadata(path).metadata or {}
                 for producer, intervals in json.loads(meta.get(SEQS_KEY, b"{}")).items():
@@ -245,7 +261,26 @@ class ParquetArchive:
         for run_id in list(self._buffers):
             buf = self._buffers[run_id]
             directory = self._directory(run_id)
-            self._write_file(directory, self._table(run_id, buf), buf.seqs, prefix="part")
+            table = self._table(run_id, buf)
+            try:
+                self._write_file(directory, table, buf.seqs, prefix="part")
+            except OSError as exc:
+                fallback = run_dir(self.archive_dir, FALLBACK_PROJECT, run_id)
+                if exc.errno not in RUN_ERRNOS or directory == fallback:
+                    raise
+                self._write_file(fallback, table, buf.seqs, prefix="part")  # raises: the archive's
+                self.fallbacks += 1
+                if run_id not in self._fallen:
+                    self._fallen.add(run_id)
+                    log.error(
+                        "run %s: cannot write %s (%s); its flushes go to %s until it can "
+                        "(every reader reads both)",
+                        run_id,
+                        directory,
+                        exc,
+                        fallback,
+                    )
+                directory = fallback
             del self._buffers[run_id]  # only once durable: a failed flush keeps the buffer
             self._maybe_compact(directory, finished=buf.finished)
 

@@ -77,6 +77,28 @@ def test_runs_lists_every_run_with_its_config_and_state(settings):
     assert row["events"] == 7 and str(row["ended"]) == "NaT"  # run-b: no RunFinished
 
 
+def test_runs_shows_a_run_once_in_its_own_project_whatever_folders_hold_it(tmp_path):
+    """Filtering by a project with a slash found nothing (the folder's name is percent-encoded,
+    and so was the column), and a run with rows in a placeholder folder (its derived series
+    before its start, or the archive's fallback) was listed once per folder."""
+    archive = ParquetArchive(tmp_path / "archive")
+    archive.open()
+    body = {"step": 1, "epoch": None, "rank": 0, "scalars": {"x": 1.0}, "samples": {}}
+    archive.write([Event("run-d", "metricbus.stream", 0, 1_700_000_000_000, METRICS, body, FP)])
+    archive.flush()  # a derived point before its RunStarted: project=_unknown
+    archive = ParquetArchive(tmp_path / "archive")  # restarted: the start goes to its project's
+    archive.write(
+        [ev("run-d", 0, RUN_STARTED, run_started("grpo/gemma", "d")), ev("run-d", 1, METRICS, body)]
+    )
+    archive.flush()
+    assert len(list((tmp_path / "archive").glob("project=*/run=run-d"))) == 2
+    settings = Settings(data_dir=tmp_path)
+    frame = metricbus.runs(settings=settings)
+    assert list(frame["run_id"]) == ["run-d"] and list(frame["project"]) == ["grpo/gemma"]
+    assert list(metricbus.runs(project="grpo/gemma", settings=settings)["run_id"]) == ["run-d"]
+    assert metricbus.runs(project="grpo", settings=settings).empty
+
+
 def test_labelled_values_get_their_labels_in_tidy_rows_and_a_column_per_label_when_wide(tmp_path):
     archive = ParquetArchive(tmp_path / "archive")
     archive.open()

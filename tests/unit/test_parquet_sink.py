@@ -446,3 +446,48 @@ def test_a_run_read_while_a_compaction_deletes_its_files_still_reads_every_event
         path.unlink()
     got += [e.seq for c in chunks for e in c]
     assert sorted(got) == sorted({(e.producer_id, e.seq): e.seq for e in events}.values())
+
+
+def test_a_run_whose_directory_refuses_its_flush_goes_to_the_fallback_and_the_others_go_on(archive):
+    """A file where one run's directory goes (a stray copy; a directory of another user fails the
+    same way) made every flush fail: the sink retried for ever and no run was archived again."""
+    other = [
+        ev(0, RUN_STARTED, run_started("grpo/gemma", "n"), run="run-2"),
+        ev(1, METRICS, {**metric(1, 1, {"x": 9.0}).body}, run="run-2"),
+    ]
+    archive.write([started(), metric(1, 1, {"x": 1.0}), *other])
+    own = archive.archive_dir / "project=grpo%2Fgemma" / "run=run-1"
+    own.parent.mkdir(parents=True)
+    own.write_bytes(b"")  # in the way
+    archive.flush()  # does not raise
+    assert [e.seq for e in read_events(archive.archive_dir, "run-2")] == [0, 1]  # the others go on
+    assert list(archive.archive_dir.glob("project=_fallback/run=run-1/part-*.parquet"))
+    assert [e.seq for e in read_events(archive.archive_dir, "run-1")] == [0, 1]
+    assert archive.fallbacks == 1
+
+    own.unlink()  # mended: the next flush goes to the run's own directory again
+    archive.write([metric(2, 2, {"x": 2.0})])
+    archive.flush()
+    assert archive.fallbacks == 1 and list(own.glob("part-*.parquet"))
+    events = read_events(archive.archive_dir, "run-1")  # both directories, one run
+    assert [(e.seq, e.body.get("scalars")) for e in events][1:] == [(1, {"x": 1.0}), (2, {"x": 2.0})]
+    restarted = ParquetArchive(archive.archive_dir)
+    assert dict(restarted.recover("run-1")) == {"p1": [(0, 1), (2, 2)]}  # a restart drops them all
+    restarted.write([metric(3, 3, {"x": 3.0})])
+    restarted.flush()
+    assert len(list(own.glob("part-*.parquet"))) == 2  # its own directory, not the fallback
+
+
+def test_a_failing_archive_is_retried_with_nothing_lost_not_sent_to_the_fallback(archive, monkeypatch):
+    archive.write([started(), metric(1, 1, {"x": 1.0})])
+
+    def full(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(archive, "_write_parquet", full)
+    with pytest.raises(OSError, match="No space"):
+        archive.flush()
+    assert archive.pending() == 2 and not list(archive.archive_dir.glob("project=_fallback/*"))
+    monkeypatch.undo()
+    archive.flush()
+    assert [e.seq for e in read_events(archive.archive_dir, "run-1")] == [0, 1]
