@@ -17,7 +17,6 @@ from schemas import (
     MetricbusError,
     Settings,
     check_run_id,
-    path_segment,
     run_config,
 )
 
@@ -84,32 +83,18 @@ def runs(project: str | None = None, settings: Settings | None = None) -> Any:
     ``config`` is the run's config (its starts and updates merged); the ``summary`` column holds
     what ``finish(summary=...)`` recorded.
     """
-    import urllib.parse
-
-    from sinks import iter_events, run_extent
-    from sinks.parquet import FALLBACK_PROJECT, UNKNOWN_PROJECT
+    from sinks import iter_events, run_extent, run_projects
 
     pandas = _pandas()
     archive = _archive(settings)
-    placeholders = {path_segment(UNKNOWN_PROJECT), path_segment(FALLBACK_PROJECT)}
-    folders: dict[str, str] = {}  # run id: its project's folder (a run may have a placeholder's too)
-    for run_dir in sorted(archive.glob("project=*/run=*")):
-        run_id, folder = run_dir.name.split("=", 1)[1], run_dir.parent.name.split("=", 1)[1]
-        if run_id not in folders or folders[run_id] in placeholders:
-            folders[run_id] = folder
     rows = []
-    for run_id, folder in sorted(folders.items(), key=lambda item: (item[1], item[0])):
-        if project is not None and folder not in (path_segment(project), *placeholders):
-            continue
+    for run_id, run_project in run_projects(archive, project).items():
         try:  # a run's metrics are counted by Arrow, never turned into Python objects
             extent = run_extent(archive, run_id)
             control = [e for c in iter_events(archive, run_id, kinds=_CONTROL) for e in c]
         except (OSError, ValueError):
             continue  # a run directory being written right now
-        started = [e.body["project"] for e in control if e.kind == RUN_STARTED]
-        run_project = started[0] if started else urllib.parse.unquote(folder)
-        if project is None or run_project == project:
-            rows.append(_row(run_id, run_project, extent or _NOTHING, control))
+        rows.append(_row(run_id, run_project, extent or _NOTHING, control))
     columns = ["run_id", "project", "name", "state", "first_step", "last_step", "events", "started", "ended"]
     return pandas.DataFrame(rows, columns=[*columns, "config", "summary"])
 

@@ -15,13 +15,11 @@ log = logging.getLogger("metricbus.replay")
 
 def archived_runs(archive: Path, run: str | None, project: str | None) -> list[str]:
     """Run ids to replay: the one named, or every run of a project."""
-    from schemas import path_segment
+    from sinks import run_projects
 
     if run is not None:
         return [run]
-    runs = sorted(
-        p.name[4:] for p in (Path(archive) / f"project={path_segment(project or '')}").glob("run=*")
-    )
+    runs = list(run_projects(archive, project or ""))
     if not runs:
         raise MetricbusError(f"project {project!r} has no runs in the archive at {archive}")
     return runs

@@ -1,7 +1,7 @@
 """Sink consumers: a small runtime and one module per sink (parquet, tensorboard, wandb, alerts)."""
 
 from ._archive import SCHEMA as ARCHIVE_SCHEMA
-from ._archive import iter_events, read_events, read_table, run_dir, run_extent, summary, tidy
+from ._archive import iter_events, read_events, read_table, run_dir, run_extent, run_projects, summary, tidy
 from ._factory import KINDS as SINK_KINDS
 from ._factory import make_sink
 from ._protocol import Sink
@@ -24,6 +24,7 @@ __all__ = [
     "read_table",
     "run_dir",
     "run_extent",
+    "run_projects",
     "summary",
     "tidy",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.parse
 from collections.abc import Collection, Iterator, Mapping
 from operator import itemgetter
 from pathlib import Path
@@ -50,6 +51,14 @@ SCHEMA = pa.schema(
 )
 
 
+#: the project folder of a run's rows that came before its RunStarted
+UNKNOWN_PROJECT = "_unknown"
+#: where a run's flush goes when its own folder refuses it (``sinks.parquet``)
+FALLBACK_PROJECT = "_fallback"
+#: folders holding rows of runs of any project
+PLACEHOLDERS = (UNKNOWN_PROJECT, FALLBACK_PROJECT)
+
+
 def run_dir(archive: Path, project: str, run_id: str) -> Path:
     """The directory holding one run's files."""
     return Path(archive) / f"project={path_segment(project)}" / f"run={run_id}"
@@ -58,6 +67,34 @@ def run_dir(archive: Path, project: str, run_id: str) -> Path:
 def find_run_dirs(archive: Path, run_id: str) -> list[Path]:
     """Every directory of ``run_id`` in the archive (normally one)."""
     return sorted(Path(archive).glob(f"project=*/run={run_id}"))
+
+
+def run_projects(archive: Path, project: str | None = None) -> dict[str, str]:
+    """Each run of the archive (of ``project`` only, if given) and its project, by run id.
+
+    A run's project is its RunStarted's. A run may have rows in :data:`PLACEHOLDERS` folders
+    as well as its project's (or only there), and is one run all the same.
+    """
+    from schemas import RUN_STARTED
+
+    placeholders = {path_segment(p) for p in PLACEHOLDERS}
+    folders: dict[str, set[str]] = {}
+    for directory in Path(archive).glob("project=*/run=*"):
+        run_id, folder = directory.name.split("=", 1)[1], directory.parent.name.split("=", 1)[1]
+        folders.setdefault(run_id, set()).add(folder)
+    found = {}
+    for run_id, held in sorted(folders.items()):
+        if project is not None and not held & {path_segment(project), *placeholders}:
+            continue  # not read: no folder of it could be the project's
+        starts = [e for chunk in iter_events(archive, run_id, kinds={RUN_STARTED}) for e in chunk]
+        if starts:
+            name = starts[0].body["project"]
+        else:
+            own = sorted(held - placeholders) or sorted(held)
+            name = urllib.parse.unquote(own[0])
+        if project is None or name == project:
+            found[run_id] = name
+    return found
 
 
 def read_table(

@@ -60,21 +60,20 @@ from schemas import (
 )
 
 from ._archive import (
+    FALLBACK_PROJECT,
     FORMAT_KEY,
     FORMAT_VERSION,
     LABELS,
     REPLACES_KEY,
     SCHEMA,
     SEQS_KEY,
+    UNKNOWN_PROJECT,
     find_run_dirs,
     replaced_by,
     run_dir,
 )
 
 log = logging.getLogger("metricbus.sink.parquet")
-UNKNOWN_PROJECT = "_unknown"
-#: where a run's flush goes when its own directory refuses it (read with the run's others)
-FALLBACK_PROJECT = "_fallback"
 #: failures of one directory, not of the archive: a file in the way, permissions, a link loop
 RUN_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ELOOP})
 

@@ -5,6 +5,7 @@ import math
 import pytest
 
 import metricbus
+from metricbus._replay import archived_runs
 from schemas import (
     CONFIG_UPDATE,
     METRICS,
@@ -92,11 +93,20 @@ def test_runs_shows_a_run_once_in_its_own_project_whatever_folders_hold_it(tmp_p
     )
     archive.flush()
     assert len(list((tmp_path / "archive").glob("project=*/run=run-d"))) == 2
+    # run-e: its own folder refused its only flush (a file in the way): all of it in the fallback
+    in_the_way = tmp_path / "archive" / "project=grpo%2Fgemma" / "run=run-e"
+    in_the_way.write_bytes(b"")
+    archive.write(
+        [ev("run-e", 0, RUN_STARTED, run_started("grpo/gemma", "e")), ev("run-e", 1, METRICS, body)]
+    )
+    archive.flush()
+    in_the_way.unlink()  # mended; the run's rows stay where they went
     settings = Settings(data_dir=tmp_path)
     frame = metricbus.runs(settings=settings)
-    assert list(frame["run_id"]) == ["run-d"] and list(frame["project"]) == ["grpo/gemma"]
-    assert list(metricbus.runs(project="grpo/gemma", settings=settings)["run_id"]) == ["run-d"]
+    assert list(frame["run_id"]) == ["run-d", "run-e"] and set(frame["project"]) == {"grpo/gemma"}
+    assert list(metricbus.runs(project="grpo/gemma", settings=settings)["run_id"]) == ["run-d", "run-e"]
     assert metricbus.runs(project="grpo", settings=settings).empty
+    assert archived_runs(settings.archive_dir, None, "grpo/gemma") == ["run-d", "run-e"]  # replay --project
 
 
 def test_labelled_values_get_their_labels_in_tidy_rows_and_a_column_per_label_when_wide(tmp_path):
