@@ -18,6 +18,9 @@ from ._rules import OPS, Rule
 from ._stats import RollingMoments
 
 _NONE: list[dict[str, Any]] = []  # shared, never appended to: most series match no rule
+#: series names whose matching rules are cached; past it the cache starts again (a worker of
+#: runs that each log names of their own would keep every name of every run it ever saw)
+MATCHES_KEPT = 65_536
 
 
 @dataclasses.dataclass
@@ -72,6 +75,8 @@ class AlertEngine:
             _widen(ranges, run_id, values)
         rules = self._matches.get(series)
         if rules is None:
+            if len(self._matches) >= MATCHES_KEPT:  # a cache: names come from users and topics
+                self._matches.clear()
             rules = self._matches[series] = [r for r in self._value_rules if r.matches(series)]
         if not rules:
             return _NONE

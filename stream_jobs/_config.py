@@ -116,6 +116,11 @@ class StreamConfig:
     label_window: int = 100
     label_values: int = 32
     label_keys: int = 8
+    #: A run derives from at most this many logged names (scalars and samples series); later
+    #: names reach every sink as logged but get no derived series and no alert, counted and
+    #: said once per run. Each name holds ~2 kB of the worker's state: a run logging a new name
+    #: every step (``f"loss_{step}"``) grew the worker until it ran out of memory.
+    max_series: int = 10_000
     #: Name prefixes whose higher values are worse (for trend direction); everything else
     #: counts higher as better unless its name contains "loss".
     lower_is_better: tuple[str, ...] = ("loss", "kl", "memory", "time", "variance", "std")
@@ -132,6 +137,7 @@ class StreamConfig:
             "hist_window",
             "hist_bins",
             "label_window",
+            "max_series",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")

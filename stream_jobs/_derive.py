@@ -5,19 +5,32 @@ Plain Python; the Faust agent and the back-tests feed it the same way.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from schemas import HEARTBEAT, METRICS, NO_EPOCH, RUN_FINISHED, RUN_STARTED, Event, ScalarColumns, histogram
+from schemas import (
+    HEARTBEAT,
+    METRICS,
+    NO_EPOCH,
+    RUN_FINISHED,
+    RUN_STARTED,
+    Event,
+    ScalarColumns,
+    histogram,
+    printable,
+)
 
 from ._config import StreamConfig
 from ._labels import LabelSeries
 from ._ranks import RankMerger
 from ._roles import RoleBinding
 from ._stats import EMA, Convergence, Welford, Window, fsum, trend_class
+
+log = logging.getLogger("metricbus.stream")
 
 
 class Point(NamedTuple):
@@ -152,6 +165,26 @@ class RunDeriver:
         #: logged or derived series -> the role it plays in this run ("@reward", "@loss"), for
         #: the rules scoped to a role
         self.role_of: dict[str, str] = {}
+
+    #: logged values of names past ``cfg.max_series`` (not derived); class defaults, so a
+    #: deriver from a checkpoint written before them has them too
+    refused = 0
+    _said = False
+
+    def _over(self, name: str) -> bool:
+        """Whether ``name`` is new and the run has its ``max_series`` names: then count it."""
+        if len(self._series) + len(self._sample_windows) < self.cfg.max_series:
+            return False
+        self.refused += 1
+        if not self._said:
+            self._said = True
+            log.warning(
+                "run %s: %s: more than %d names; later names are not derived (counted; said once per run)",
+                self.run_id,
+                printable(name[:100]),
+                self.cfg.max_series,
+            )
+        return True
 
     def feed(self, kind: str, body: dict[str, Any], ts_ms: int, producer: str = "") -> list[Point]:
         """Derived points caused by one event (``producer``: who sent it, for multi-rank runs)."""
@@ -366,6 +399,8 @@ class RunDeriver:
         for name, (values, where) in gathered.items():
             series = self._series.get(name)
             if series is None:
+                if self._over(name):
+                    continue
                 series = self._series[name] = _Series(cfg)
             if math.isfinite(sum(values)):
                 series.count += len(values)
@@ -413,6 +448,8 @@ class RunDeriver:
         total_means: list[float] = []
         batch_size = 0  # one batch logs several sample series of the same samples: count it once
         for name, values in body["samples"].items():
+            if name not in self._sample_windows and self._over(name):
+                continue
             batch = Welford()
             batch.extend(values)
             aliases = cfg.sample_aliases.get(name, {})

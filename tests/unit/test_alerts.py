@@ -50,6 +50,17 @@ def test_nonfinite_glob_catches_a_nan_loss():
     assert e.observe("r", "Train/AvgReward", math.nan, 2, 2) == []
 
 
+def test_the_cache_of_which_rules_watch_a_name_is_bounded_and_rules_still_fire(monkeypatch):
+    """Names come from users: a worker of runs that each log names of their own kept them all."""
+    monkeypatch.setattr("stream_jobs._alerts.MATCHES_KEPT", 8)
+    e = engine("rules: [{name: nan_loss, kind: nonfinite, metric: '*Loss*'}]")
+    for i in range(100):
+        e.observe("r", f"u/{i}", 1.0, i, i)
+        assert len(e._matches) <= 8
+    (alert,) = e.observe("r", "Train/Loss", math.nan, 2, 2)  # looked up afresh
+    assert alert["state"] == "firing"
+
+
 def test_zscore_and_rate():
     e = engine("""
 rules:

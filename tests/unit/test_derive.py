@@ -276,3 +276,25 @@ def test_runs_killed_without_their_run_finished_are_forgotten_once_enough_others
         log(f"r{i}", 0)
     assert len(proc._runs) == RUNS_KEPT
     assert "r0" in proc._runs and not any(f"r{i}" in proc._runs for i in range(1, 11))
+
+
+def test_a_run_logging_a_new_name_every_step_derives_its_first_max_series_names_only(caplog):
+    """~2 kB of state a name: f"loss_{step}" grew the worker until it ran out of memory."""
+    proc = StreamProcessor(StreamConfig(max_series=50))
+
+    def log(seq, scalars, samples=None):
+        body = metrics(seq, scalars, samples)[1]
+        return proc.process([Event("r", "p", seq, 1_000 + seq, METRICS, body, b"")])
+
+    names = set()
+    for step in range(100):  # two new scalar names a step, and a new samples name
+        out = log(step, {"Train/Loss": 1.0, f"u/{step}": 1.0}, {f"s/{step}": [1.0, 2.0]})
+        names |= {p.source for p in out.points.get("r", [])}
+    deriver = proc._runs["r"]
+    assert len(deriver._series) + len(deriver._sample_windows) == 50
+    assert "Train/Loss" in names and "u/0" in names and "s/0" in names and "u/99" not in names
+    assert deriver.refused == 2 * 100 + 1 - 50  # every value of a name past the 50th
+    assert [r.message for r in caplog.records].count(  # said once
+        "run r: s/24: more than 50 names; later names are not derived (counted; said once per run)"
+    ) == 1
+    assert "Train/Loss_recent_mean" in {p.name for p in log(100, {"Train/Loss": 0.5}).points["r"]}  # goes on
