@@ -18,6 +18,8 @@ from typing import Any
 from schemas import LOSS_ALIASES, REWARD_ALIASES, THROUGHPUT_ALIASES, ConfigError, read_yaml
 
 _SMOOTHED = r"(?:_recent_mean|_ema)?"  # the stream's rolling statistics sit beside their series
+#: tags a run's layout remembers having looked at (then it starts again; placed ones stay)
+TAGS_KEPT = 65_536
 
 
 def _with_smoothed(*names: str) -> list[str]:
@@ -129,22 +131,25 @@ class RunLayout:
         """Note a tag the run writes; True if the layout changed (it must be written again)."""
         if tag in self.seen:
             return False
+        if len(self.seen) >= TAGS_KEPT:  # what has been looked at, to skip it: a run may log
+            self.seen.clear()  # a new name every step; what was placed is kept apart
         self.seen.add(tag)
-        placed = False
         changed = False
         for c, (_, _, patterns) in enumerate(self._charts):
             for i, pattern in enumerate(patterns):
-                if pattern.fullmatch(tag):
-                    placed = True
-                    if (c, i) not in self._matched:
-                        self._matched.add((c, i))
-                        changed = True
-        if placed:
+                if pattern.fullmatch(tag) and (c, i) not in self._matched:
+                    self._matched.add((c, i))
+                    changed = True
+        if changed:
             self._placed.add(tag)
         return changed
 
     def held(self) -> list[str]:
-        """The tags placed in a chart: what to keep to rebuild this layout after a restart."""
+        """The tags that first matched each pattern: what rebuilds this layout after a restart.
+
+        One a pattern, not every tag placed: a run logging a new name every step kept them all,
+        in memory and in the file rewritten at each flush that changed the layout.
+        """
         return sorted(self._placed)
 
     def charts(self) -> dict[str, dict[str, list[str]]]:

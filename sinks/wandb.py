@@ -73,6 +73,8 @@ _NOT_IN_PROJECT = re.compile(r"[/\\#?%:\x00-\x1f\x7f]")
 _PROJECT_MAX = 128
 #: W&B's length limit of a tag
 _TAG_MAX = 64
+#: metric names whose include/exclude verdict is cached
+_NAMES_KEPT = 65_536
 
 
 def wandb_project(project: str) -> str:
@@ -290,6 +292,8 @@ class WandbSink:
     def _wanted(self, name: str) -> bool:
         keep = self._keep.get(name)
         if keep is None:
+            if len(self._keep) >= _NAMES_KEPT:  # a cache; names come from users and topics
+                self._keep.clear()
             keep = self._keep[name] = any(fnmatch.fnmatchcase(name, g) for g in self.include) and not any(
                 fnmatch.fnmatchcase(name, g) for g in self.exclude
             )

@@ -129,3 +129,16 @@ def test_a_bad_layout_file_is_refused_with_the_fix(tmp_path, text, fragment):
     path.write_text(text)
     with pytest.raises(ConfigError, match=fragment):
         load_layout(path)
+
+
+def test_a_run_logging_a_new_name_every_step_keeps_one_tag_a_pattern_and_a_bounded_memory(monkeypatch):
+    """Every placed tag was kept, in memory and in the layout file each change rewrote."""
+    from sinks import _tb_layout
+
+    monkeypatch.setattr(_tb_layout, "TAGS_KEPT", 100)
+    run = _tb_layout.RunLayout(_tb_layout.merged(None))
+    changed = [run.add(f"rewards/{i}_mean") for i in range(1000)] + [run.add("Train/Loss")]
+    assert changed[0] and not any(changed[1:-1]) and changed[-1]  # two charts gained a series
+    assert run.held() == ["Train/Loss", "rewards/0_mean"] and len(run.seen) <= 100
+    again = _tb_layout.RunLayout(_tb_layout.merged(None), held=run.held())  # a restarted sink
+    assert again.charts() == run.charts()

@@ -392,3 +392,10 @@ def test_tags_wandb_refuses_are_mended_and_the_run_opens(tmp_path, offline):
     assert len(mended) == 64 and mended.startswith("t" * 47 + "~")
     assert run["config"]["metricbus/tags"] == ["", long, "ok", "ok"] and run["config"]["lr"] == 0.1
     assert [(r["Train/Loss"], r["metricbus/step"]) for r in run["history"]] == [(0.5, 3)]
+
+
+def test_the_cache_of_wanted_names_is_bounded_and_its_verdicts_hold(tmp_path, monkeypatch):
+    monkeypatch.setattr("sinks.wandb._NAMES_KEPT", 4)
+    sink = WandbSink(tmp_path, exclude=["debug/*"])
+    verdicts = [sink._wanted(f"{'debug' if i % 2 else 'train'}/{i}") for i in range(20)]
+    assert verdicts == [i % 2 == 0 for i in range(20)] and len(sink._keep) <= 4
