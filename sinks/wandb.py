@@ -75,6 +75,8 @@ _PROJECT_MAX = 128
 _TAG_MAX = 64
 #: metric names whose include/exclude verdict is cached
 _NAMES_KEPT = 65_536
+#: keys W&B or this sink gives a meaning (see wandb_key)
+_RESERVED = frozenset({"", "_step", "_runtime", "_timestamp", "_wandb", STEP, EPOCH, ID_KEY})
 
 
 def wandb_project(project: str) -> str:
@@ -89,6 +91,19 @@ def wandb_project(project: str) -> str:
         digest = hashlib.sha256(project.encode("utf-8", "surrogatepass")).hexdigest()[:16]
         clean = clean[: _PROJECT_MAX - 17] + "~" + digest
     return clean
+
+
+def wandb_key(name: str) -> str:
+    """The W&B key of a metric name: the name, unless W&B or this sink gives that key a meaning.
+
+    W&B drops a logged ``_step`` and ``_runtime`` and takes ``_timestamp`` as the row's time,
+    an empty name is dropped, and ``metricbus/step``, ``metricbus/epoch`` and ``_metricbus_id``
+    are this sink's: such a name gets ``~`` and 6 hex digits of its hash (as the TensorBoard
+    sink maps its unsafe names), so its values are kept under a key of their own.
+    """
+    if name not in _RESERVED:
+        return name
+    return f"{name}~{hashlib.sha1(name.encode()).hexdigest()[:6]}"  # noqa: S324 - a name, not a secret
 
 
 def wandb_tags(tags: Sequence[str]) -> list[str]:
@@ -246,9 +261,9 @@ class WandbSink:
             config = config_object(body["config_json"])  # a resumed run's new attempt may change it
             self._run(e.run_id).config.update(config, allow_val_change=True)
         elif e.kind == METRICS:
-            row = {k: v for k, v in body["scalars"].items() if self._wanted(k)}
+            row = {wandb_key(k): v for k, v in body["scalars"].items() if self._wanted(k)}
             for k, values in body["samples"].items():
-                if k in row:  # our producers never send a name as both; a W&B key holds one
+                if wandb_key(k) in row:  # our producers never send a name as both; a W&B key holds one
                     log.warning(
                         "run %s: %r is a scalar and samples in one event; W&B keeps the scalar", e.run_id, k
                     )
@@ -257,20 +272,20 @@ class WandbSink:
                     finite = arr[np.isfinite(arr)]
                     if finite.size:  # W&B's histogram refuses NaN and inf; the archive keeps them
                         # 64 bins, as wandb bins; lists, which wandb takes as arrays
-                        row[k] = wandb.Histogram(np_histogram=histogram(finite, 64))  # type: ignore[arg-type]
+                        row[wandb_key(k)] = wandb.Histogram(np_histogram=histogram(finite, 64))  # type: ignore[arg-type]
             if row and body["epoch"] is not None:
                 row[EPOCH] = body["epoch"]
         elif e.kind == HISTOGRAM and self._wanted(body["name"]):
             edges, counts = histogram_bins(body)
-            row = {body["name"]: wandb.Histogram(np_histogram=(counts, edges))}  # type: ignore[arg-type]
+            row = {wandb_key(body["name"]): wandb.Histogram(np_histogram=(counts, edges))}  # type: ignore[arg-type]
         elif e.kind == TABLE and self._wanted(body["name"]):
-            row = {body["name"]: wandb.Table(columns=body["columns"], data=body["rows"])}
+            row = {wandb_key(body["name"]): wandb.Table(columns=body["columns"], data=body["rows"])}
         elif e.kind == CONFIG_UPDATE:
             changes = config_object(body["config_json"])
             self._run(e.run_id).config.update(changes, allow_val_change=True)
         elif e.kind == RUN_FINISHED:
             run = self._run(e.run_id)
-            run.summary.update({k: v for k, v in body["summary"].items() if self._wanted(k)})
+            run.summary.update({wandb_key(k): v for k, v in body["summary"].items() if self._wanted(k)})
             run.summary["metricbus/status"] = body["status"]
             self._finished[e.run_id] = (time.monotonic(), 0 if body["status"] == "finished" else 1)
             if e.run_id in self._complete:

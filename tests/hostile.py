@@ -44,6 +44,10 @@ NAMES = [
     "x\n[RESOLVED] forged",
     "\x1b[2J",
     "<script>",
+    "_step",
+    "_timestamp",
+    "_metricbus_id",
+    "metricbus/step",
 ]
 TEXT = ["", "x", "task", "\x00", "a" * 500, "é/..", "timeout", "\x1b[31m"]
 CONFIGS = [

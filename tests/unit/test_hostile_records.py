@@ -39,6 +39,7 @@ from schemas import (
 )
 from sinks import Feeder, iter_events, make_sink
 from sinks.alerts import AlertRunner, ConsoleAlerts, WandbAlerts, WebhookAlerts, format_alert
+from sinks.wandb import wandb_key
 from stream_jobs import DEFAULT_RULES, StreamProcessor, load_rules
 from stream_jobs._checkpoint import snapshot
 from tests.hostile import Hostile
@@ -148,7 +149,7 @@ def test_the_sinks_take_or_refuse_every_record_flush_and_read_back(seed, tmp_pat
         (row,) = rows[key]
         assert row["metricbus/step"] == e.body["step"]
         if e.kind == METRICS:
-            assert all(_same(row[name], v) for name, v in e.body["scalars"].items())
+            assert all(_same(row[wandb_key(name)], v) for name, v in e.body["scalars"].items())
 
     # a restart: new sink processes on the same output take the same records, and write nothing
     # that they hold; what they take again is what was refused (dead-lettered) the first time,

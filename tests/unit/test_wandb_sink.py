@@ -399,3 +399,24 @@ def test_the_cache_of_wanted_names_is_bounded_and_its_verdicts_hold(tmp_path, mo
     sink = WandbSink(tmp_path, exclude=["debug/*"])
     verdicts = [sink._wanted(f"{'debug' if i % 2 else 'train'}/{i}") for i in range(20)]
     assert verdicts == [i % 2 == 0 for i in range(20)] and len(sink._keep) <= 4
+
+
+def test_names_wandb_or_the_sink_give_a_meaning_are_kept_under_keys_of_their_own(tmp_path, offline):
+    """W&B dropped a logged _step, took _timestamp as the row's time; _metricbus_id and
+    metricbus/step were overwritten by the sink's own (a seq-less row's float id broke the
+    ledger a restart reads); an empty name was dropped."""
+    from sinks.wandb import wandb_key
+
+    names = ["_step", "_timestamp", "_runtime", "_metricbus_id", "metricbus/step", ""]
+    sink = WandbSink(tmp_path)
+    sink.open()
+    scalars = {name: float(i) for i, name in enumerate(names)}
+    assert sink.write([ev(0, RUN_STARTED, run_started("p", "n")), metrics(1, 5, {"a": 1.0, **scalars})]) == []
+    sink.flush()
+    sink.close()
+    (row,) = read_run(tmp_path, "run-wb1")["history"]
+    assert {name: row[wandb_key(name)] for name in names} == scalars
+    assert len({wandb_key(name) for name in names} | set(names)) == 2 * len(names)  # all distinct
+    assert (row["metricbus/step"], row["_metricbus_id"], row["a"]) == (5, "p1/1", 1.0)
+    assert row["_timestamp"] > 1e9  # W&B's own time of the row
+    assert dict(WandbSink(tmp_path).recover("run-wb1")) == {"p1": [(0, 1)]}
