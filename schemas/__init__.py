@@ -57,7 +57,7 @@ from ._events import (
     encode_events,
     encode_fitting,
 )
-from ._files import Ledger, atomic_write, fsync_dir, read_yaml
+from ._files import DIRECTORY_ERRNOS, Ledger, atomic_write, fsync_dir, read_yaml
 from ._kafka import (
     MAX_RECORD_BYTES,
     client_options,
@@ -127,6 +127,7 @@ __all__ = [
     "client_options",
     "consumer_group_options",
     "fetch_options",
+    "DIRECTORY_ERRNOS",
     "atomic_write",
     "read_yaml",
     "dead_letter",

@@ -8,6 +8,7 @@ users hand to metricbus (:func:`read_yaml`), with the file named in every error.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -16,6 +17,13 @@ from typing import Any
 
 from ._dedupe import Interval, SeqSet
 from ._errors import ConfigError
+
+#: Errors of writing into one directory, not of the filesystem: a file where the directory
+#: should be, a directory of another user, a link loop. A sink writes that run elsewhere
+#: (its fallback directory) instead of retrying for ever; a full or failing disk is retried.
+DIRECTORY_ERRNOS = frozenset(
+    {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ELOOP}
+)
 
 
 def read_yaml(path: Path | str, what: str) -> Any:

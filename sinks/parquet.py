@@ -21,7 +21,7 @@ are deleted next. A crash between the two leaves both for a moment; ``open`` fin
 deletion before anything is read.
 
 A run whose own directory cannot be written (a file where it should be, or a directory another
-user owns: :data:`RUN_ERRNOS`) has its flush written to ``project=_fallback/run=<id>``
+user owns: ``schemas.DIRECTORY_ERRNOS``) has its flush written to ``project=_fallback/run=<id>``
 instead, which every reader reads with the run's other directories; each later flush tries
 the run's own directory first. Before, that one run's failing flush was retried for ever and
 stopped the sink for every run. A failure of the archive itself (a full or failing disk) is
@@ -30,7 +30,6 @@ still retried, nothing committed, until it clears.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import time
@@ -44,6 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas import (
+    DIRECTORY_ERRNOS,
     METRICS,
     NO_EPOCH,
     RUN_FINISHED,
@@ -74,8 +74,6 @@ from ._archive import (
 )
 
 log = logging.getLogger("metricbus.sink.parquet")
-#: failures of one directory, not of the archive: a file in the way, permissions, a link loop
-RUN_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ELOOP})
 
 
 class _RunBuffer:
@@ -265,7 +263,7 @@ class ParquetArchive:
                 self._write_file(directory, table, buf.seqs, prefix="part")
             except OSError as exc:
                 fallback = run_dir(self.archive_dir, FALLBACK_PROJECT, run_id)
-                if exc.errno not in RUN_ERRNOS or directory == fallback:
+                if exc.errno not in DIRECTORY_ERRNOS or directory == fallback:
                     raise
                 self._write_file(fallback, table, buf.seqs, prefix="part")  # raises: the archive's
                 self.fallbacks += 1

@@ -15,7 +15,10 @@ repeat the events of one flush interval (at-least-once).
 
 A run whose first event here is not its RunStarted (a derived point can overtake it: they
 come from another topic) starts under ``_unknown/``; its RunStarted moves the directory to
-its project.
+its project. A run whose directory cannot be written (``schemas.DIRECTORY_ERRNOS``: a file in
+its place, a directory of another user) is written under ``_fallback/`` by this process
+(every event of it was dead-lettered before); a later process writes it at home again, and
+TensorBoard shows the part under ``_fallback/`` as a run folder of its own.
 
 Names: TensorBoard tags keep letters, digits, ``_ - / .``; any other character becomes ``_`` and, so that two
 names never merge, the tag gets ``~`` and 6 hex digits of the original name's hash.
@@ -36,6 +39,7 @@ from typing import Any, BinaryIO
 
 from schemas import (
     CONFIG_UPDATE,
+    DIRECTORY_ERRNOS,
     HISTOGRAM,
     METRICS,
     RUN_FINISHED,
@@ -60,6 +64,8 @@ SEQS_FILE = ".metricbus-seqs.json"
 LAYOUT_FILE = ".metricbus-layout.json"  # the names placed in the custom-scalars layout
 OWNER_FILE = ".metricbus-run"  # the id of the run whose directory it is
 UNKNOWN_PROJECT = "_unknown"
+#: where a run goes when its own directory cannot be written (schemas.DIRECTORY_ERRNOS)
+FALLBACK_PROJECT = "_fallback"
 
 
 def tag(name: str) -> str:
@@ -147,10 +153,7 @@ class TensorBoardSink:
         named ``x``, run ``x-1``): the second run's directory is ``<that>~<run id>``.
         """
         label = path_segment(name) if name == run_id else f"{path_segment(name)}-{run_id}"
-        directory = self.root / path_segment(project) / label
-        if directory.exists() and _owner(directory) not in (None, run_id):
-            directory = directory.with_name(f"{label}~{run_id}")
-        return directory
+        return _free(self.root / path_segment(project) / label, run_id)
 
     def run_dirs(self, run_id: str) -> list[Path]:
         """The run's directories (of earlier attempts or processes), by their owner file.
@@ -159,13 +162,13 @@ class TensorBoardSink:
         """
         check_run_id(run_id)
         found = []
-        for directory in sorted(self.root.glob(f"*/*{run_id}")):
+        for directory in sorted(self.root.glob(f"*/*{run_id}/")):  # directories only
             owner = _owner(directory)
             if owner == run_id or (
                 owner is None and (directory.name == run_id or directory.name.endswith(f"-{run_id}"))
             ):
                 found.append(directory)
-        return found
+        return sorted(found, key=lambda d: d.parent.name in (UNKNOWN_PROJECT, FALLBACK_PROJECT))  # own first
 
     def recover(self, run_id: str) -> Mapping[str, Sequence[Interval]]:
         """Identities already written for the run (from the ledger of each of its directories)."""
@@ -273,17 +276,40 @@ class TensorBoardSink:
     def _writer(self, e: Event) -> _RunWriter:
         writer = self._writers.get(e.run_id)
         if writer is not None and e.kind == RUN_STARTED and writer.directory.parent.name == UNKNOWN_PROJECT:
-            writer = self._move(writer, self.run_dir(e.body["project"], e.body["name"], e.run_id))
+            target = self.run_dir(e.body["project"], e.body["name"], e.run_id)
+            try:
+                writer = self._move(writer, target)
+            except OSError as exc:
+                if exc.errno not in DIRECTORY_ERRNOS:
+                    raise
+                log.error(
+                    "run %s: cannot move %s to %s (%s); it stays", e.run_id, writer.directory, target, exc
+                )
+                writer = self._writers[e.run_id] = _RunWriter(writer.directory, e.run_id, self._charts)
         if writer is None:
             # the run's directory from an earlier attempt (a resumed run: run_id= of an earlier
             # run) or an earlier process, whatever name the new attempt gave
             existing = self.run_dirs(e.run_id)
             if e.kind == RUN_STARTED:
-                named = [d for d in existing if d.parent.name != UNKNOWN_PROJECT]
+                named = [d for d in existing if d.parent.name not in (UNKNOWN_PROJECT, FALLBACK_PROJECT)]
                 directory = named[0] if named else self.run_dir(e.body["project"], e.body["name"], e.run_id)
             else:
                 directory = existing[0] if existing else self.run_dir(UNKNOWN_PROJECT, e.run_id, e.run_id)
-            writer = self._writers[e.run_id] = _RunWriter(directory, e.run_id, self._charts)
+            try:
+                writer = _RunWriter(directory, e.run_id, self._charts)
+            except OSError as exc:
+                if exc.errno not in DIRECTORY_ERRNOS:
+                    raise
+                fallback = _free(self.root / FALLBACK_PROJECT / directory.name, e.run_id)
+                log.error(
+                    "run %s: cannot write %s (%s); this process writes it to %s",
+                    e.run_id,
+                    directory,
+                    exc,
+                    fallback,
+                )
+                writer = _RunWriter(fallback, e.run_id, self._charts)
+            self._writers[e.run_id] = writer
         return writer
 
     def _move(self, writer: _RunWriter, directory: Path) -> _RunWriter:
@@ -327,6 +353,13 @@ class TensorBoardSink:
             text += f", git {body['git']}"
         text += "\n\n```json\n" + json.dumps(config, indent=2, sort_keys=True) + "\n```"
         writer.write(_text_event(wall, 0, "run/config", text))
+
+
+def _free(directory: Path, run_id: str) -> Path:
+    """``directory``, or ``<it>~<run id>`` when another run owns it."""
+    if directory.exists() and _owner(directory) not in (None, run_id):
+        return directory.with_name(f"{directory.name}~{run_id}")
+    return directory
 
 
 def _owner(directory: Path) -> str | None:

@@ -44,6 +44,7 @@ NAMES = [
     "x\n[RESOLVED] forged",
     "\x1b[2J",
     "<script>",
+    "",
     "_step",
     "_timestamp",
     "_metricbus_id",

@@ -212,3 +212,26 @@ def test_runs_whose_directory_names_coincide_keep_their_own_directories(tmp_path
         run_id: {"p1": [(0, 1)]} for run_id in ("1", "x-1", "run-1")
     }
     assert TensorBoardSink(tmp_path / "tb").recover("2") == {}
+
+
+def test_a_run_whose_directory_cannot_be_written_goes_to_the_fallback_and_the_others_go_on(tmp_path):
+    """A file where a run's directory goes: every event of that run was dead-lettered."""
+    root = tmp_path / "tb"
+    (root / "grpo").mkdir(parents=True)
+    (root / "grpo" / "gemma-run-1").write_bytes(b"")  # in the way (as a directory of another user)
+    sink = TensorBoardSink(root)
+    sink.open()
+    body = {"step": 0, "epoch": None, "rank": 0, "scalars": {"Train/Loss": 0.5}, "samples": {}}
+    other = [ev(0, RUN_STARTED, run_started("grpo", "n"), run="run-2"), ev(1, METRICS, body, run="run-2")]
+    assert sink.write([started(), ev(1, METRICS, body), *other]) == []
+    sink.close()
+    (fallback,) = sink.run_dirs("run-1")
+    assert fallback == root / "_fallback" / "gemma-run-1"
+    assert [s.value for s in accumulate(fallback).Scalars("Train/Loss")] == [0.5]
+    assert [s.value for s in accumulate(root / "grpo" / "n-run-2").Scalars("Train/Loss")] == [0.5]
+    assert dict(TensorBoardSink(root).recover("run-1")) == {"p1": [(0, 1)]}  # a restart knows
+    (root / "grpo" / "gemma-run-1").unlink()  # mended: a restarted sink writes the run at home
+    again = TensorBoardSink(root)
+    again.write([ev(0, RUN_STARTED, run_started("grpo", "gemma"), run="run-1")])
+    again.close()
+    assert again.run_dirs("run-1") == [root / "grpo" / "gemma-run-1", fallback]  # its own first
