@@ -83,15 +83,21 @@ def runs(project: str | None = None, settings: Settings | None = None) -> Any:
     ``config`` is the run's config (its starts and updates merged); the ``summary`` column holds
     what ``finish(summary=...)`` recorded.
     """
-    from sinks import iter_events, run_extent, run_projects
+    from sinks import iter_events, run_extent
+    from sinks._archive import might_be_of, project_of, run_folders
 
     pandas = _pandas()
     archive = _archive(settings)
     rows = []
-    for run_id, run_project in run_projects(archive, project).items():
+    for run_id, folders in run_folders(archive).items():
+        if project is not None and not might_be_of(folders, project):
+            continue
         try:  # a run's metrics are counted by Arrow, never turned into Python objects
-            extent = run_extent(archive, run_id)
             control = [e for c in iter_events(archive, run_id, kinds=_CONTROL) for e in c]
+            run_project = project_of(folders, [e for e in control if e.kind == RUN_STARTED])
+            if project is not None and run_project != project:
+                continue
+            extent = run_extent(archive, run_id)
         except (OSError, ValueError):
             continue  # a run directory being written right now
         rows.append(_row(run_id, run_project, extent or _NOTHING, control))

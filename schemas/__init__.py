@@ -71,7 +71,7 @@ from ._kafka import (
     ssl_context,
     unmark_broker_restarting,
 )
-from ._names import check_run_id, checked_ids, path_segment, printable
+from ._names import FALLBACK_PROJECT, UNKNOWN_PROJECT, check_run_id, checked_ids, path_segment, printable
 from ._registry import SCHEMA_DIR, SchemaVersion, load_versions
 from ._settings import Settings, Topics
 from ._telemetry import LoopMetrics, count_restart, multiprocess_dir
@@ -128,6 +128,8 @@ __all__ = [
     "consumer_group_options",
     "fetch_options",
     "DIRECTORY_ERRNOS",
+    "FALLBACK_PROJECT",
+    "UNKNOWN_PROJECT",
     "atomic_write",
     "read_yaml",
     "dead_letter",

@@ -11,6 +11,12 @@ from ._errors import InvalidNameError, UnsafeRecordError
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: the longest path segment made from a name: far under the 255 bytes of common filesystems
 MAX_SEGMENT = 120
+#: the project a sink files a run under before its RunStarted arrived (a derived point from
+#: another topic can overtake it)
+UNKNOWN_PROJECT = "_unknown"
+#: the project a sink files a run under when the run's own directory cannot be written
+#: (``DIRECTORY_ERRNOS``); readers read it with the run's other directories
+FALLBACK_PROJECT = "_fallback"
 
 
 def check_run_id(run_id: str) -> str:

@@ -21,7 +21,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from schemas import DERIVED_PRODUCER, METRICS, Codec, Event, default_codec, path_segment
+from schemas import (
+    DERIVED_PRODUCER,
+    FALLBACK_PROJECT,
+    METRICS,
+    RUN_STARTED,
+    UNKNOWN_PROJECT,
+    Codec,
+    Event,
+    default_codec,
+    path_segment,
+)
 
 FORMAT_VERSION = "2"  # 2: the labels column
 SEQS_KEY = b"metricbus.seqs"
@@ -51,12 +61,9 @@ SCHEMA = pa.schema(
 )
 
 
-#: the project folder of a run's rows that came before its RunStarted
-UNKNOWN_PROJECT = "_unknown"
-#: where a run's flush goes when its own folder refuses it (``sinks.parquet``)
-FALLBACK_PROJECT = "_fallback"
 #: folders holding rows of runs of any project
 PLACEHOLDERS = (UNKNOWN_PROJECT, FALLBACK_PROJECT)
+_PLACEHOLDER_FOLDERS = frozenset(map(path_segment, PLACEHOLDERS))
 
 
 def run_dir(archive: Path, project: str, run_id: str) -> Path:
@@ -69,29 +76,40 @@ def find_run_dirs(archive: Path, run_id: str) -> list[Path]:
     return sorted(Path(archive).glob(f"project=*/run={run_id}"))
 
 
-def run_projects(archive: Path, project: str | None = None) -> dict[str, str]:
-    """Each run of the archive (of ``project`` only, if given) and its project, by run id.
+def run_folders(archive: Path) -> dict[str, set[str]]:
+    """Each run of the archive, by run id, and the project folders holding its rows.
 
-    A run's project is its RunStarted's. A run may have rows in :data:`PLACEHOLDERS` folders
-    as well as its project's (or only there), and is one run all the same.
+    Usually one; a run may have rows in :data:`PLACEHOLDERS` folders as well as its project's
+    (or only there), and is one run all the same.
     """
-    from schemas import RUN_STARTED
-
-    placeholders = {path_segment(p) for p in PLACEHOLDERS}
     folders: dict[str, set[str]] = {}
-    for directory in Path(archive).glob("project=*/run=*"):
+    for directory in Path(archive).glob("project=*/run=*/"):
         run_id, folder = directory.name.split("=", 1)[1], directory.parent.name.split("=", 1)[1]
         folders.setdefault(run_id, set()).add(folder)
+    return dict(sorted(folders.items()))
+
+
+def project_of(folders: set[str], starts: list[Event]) -> str:
+    """A run's project: its (first) RunStarted's, else its own folder's, else a placeholder's."""
+    if starts:
+        return str(starts[0].body["project"])
+    own = sorted(folders - _PLACEHOLDER_FOLDERS) or sorted(folders)
+    return urllib.parse.unquote(own[0])
+
+
+def might_be_of(folders: set[str], project: str) -> bool:
+    """Whether a run in ``folders`` can belong to ``project`` (else it need not be read)."""
+    return bool(folders & {path_segment(project), *_PLACEHOLDER_FOLDERS})
+
+
+def run_projects(archive: Path, project: str | None = None) -> dict[str, str]:
+    """Each run of the archive (of ``project`` only, if given) and its project, by run id."""
     found = {}
-    for run_id, held in sorted(folders.items()):
-        if project is not None and not held & {path_segment(project), *placeholders}:
-            continue  # not read: no folder of it could be the project's
+    for run_id, folders in run_folders(archive).items():
+        if project is not None and not might_be_of(folders, project):
+            continue
         starts = [e for chunk in iter_events(archive, run_id, kinds={RUN_STARTED}) for e in chunk]
-        if starts:
-            name = starts[0].body["project"]
-        else:
-            own = sorted(held - placeholders) or sorted(held)
-            name = urllib.parse.unquote(own[0])
+        name = project_of(folders, starts)
         if project is None or name == project:
             found[run_id] = name
     return found

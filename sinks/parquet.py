@@ -44,10 +44,12 @@ import pyarrow.parquet as pq
 
 from schemas import (
     DIRECTORY_ERRNOS,
+    FALLBACK_PROJECT,
     METRICS,
     NO_EPOCH,
     RUN_FINISHED,
     RUN_STARTED,
+    UNKNOWN_PROJECT,
     Codec,
     Event,
     Interval,
@@ -60,14 +62,12 @@ from schemas import (
 )
 
 from ._archive import (
-    FALLBACK_PROJECT,
     FORMAT_KEY,
     FORMAT_VERSION,
     LABELS,
     REPLACES_KEY,
     SCHEMA,
     SEQS_KEY,
-    UNKNOWN_PROJECT,
     find_run_dirs,
     replaced_by,
     run_dir,
@@ -144,7 +144,7 @@ class ParquetArchive:
         """Read the seqs held by this run's files (footer metadata only)."""
         held: dict[str, list[Interval]] = {}
         for directory in find_run_dirs(self.archive_dir, run_id):
-            if directory.parent.name != f"project={FALLBACK_PROJECT}":
+            if directory.parent != run_dir(self.archive_dir, FALLBACK_PROJECT, run_id).parent:
                 self._dirs.setdefault(run_id, directory)
             for path in directory.glob("*.parquet"):
                 meta = pq.read_metadata(path).metadata or {}

@@ -40,11 +40,13 @@ from typing import Any, BinaryIO
 from schemas import (
     CONFIG_UPDATE,
     DIRECTORY_ERRNOS,
+    FALLBACK_PROJECT,
     HISTOGRAM,
     METRICS,
     RUN_FINISHED,
     RUN_STARTED,
     TABLE,
+    UNKNOWN_PROJECT,
     Event,
     Interval,
     Ledger,
@@ -63,9 +65,6 @@ _SAFE = re.compile(r"[^-/\w.]")
 SEQS_FILE = ".metricbus-seqs.json"
 LAYOUT_FILE = ".metricbus-layout.json"  # the names placed in the custom-scalars layout
 OWNER_FILE = ".metricbus-run"  # the id of the run whose directory it is
-UNKNOWN_PROJECT = "_unknown"
-#: where a run goes when its own directory cannot be written (schemas.DIRECTORY_ERRNOS)
-FALLBACK_PROJECT = "_fallback"
 
 
 def tag(name: str) -> str:

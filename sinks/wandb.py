@@ -48,6 +48,7 @@ from schemas import (
     RUN_FINISHED,
     RUN_STARTED,
     TABLE,
+    UNKNOWN_PROJECT,
     Event,
     Interval,
     Ledger,
@@ -65,7 +66,6 @@ SEQS_DIR = ".metricbus-seqs"
 RUNS_DIR = ".metricbus-runs"
 STEP = "metricbus/step"
 EPOCH = "metricbus/epoch"
-UNKNOWN_PROJECT = "_unknown"
 #: the history key holding each row's event identity, ``<producer_id>/<seq>``
 ID_KEY = "_metricbus_id"
 #: what W&B refuses in a project name (UsageError), and its length limit
