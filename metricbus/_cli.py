@@ -113,8 +113,12 @@ def cmd_sink(args: argparse.Namespace) -> int:
         exclude=tuple(args.exclude or ()),
         layout=Path(args.layout) if args.layout else None,
     )
+    if args.alerts and args.sink != "wandb":
+        raise MetricbusError("--alerts is the W&B sink's: it raises each alert on the run it holds open")
     topics = [settings.topics.events, settings.topics.aggregates]  # derived series reach every sink
-    runner = SinkRunner(sink, settings, topics=topics, flush_interval_s=args.flush_interval)
+    runner = SinkRunner(
+        sink, settings, topics=topics, flush_interval_s=args.flush_interval, alerts=args.alerts
+    )
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -515,6 +519,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="tensorboard: YAML of your own custom-scalars charts (category -> chart -> tag regexes)",
     )
+    s.add_argument(
+        "--alerts",
+        action="store_true",
+        help="wandb: also raise each alert of the alerts topic as a W&B alert on its run (once)",
+    )
     s.add_argument("--flush-interval", type=float, default=2.0, help="seconds between durable flushes")
     s.set_defaults(func=cmd_sink)
 
@@ -530,7 +539,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--webhook", metavar="URL", help="POST Slack-compatible JSON to URL (retries with backoff)"
     )
-    s.add_argument("--wandb", action="store_true", help="raise each alert as a W&B alert on its run")
+    s.add_argument(
+        "--wandb",
+        action="store_true",
+        help="raise each alert as a W&B alert on its run, from this process (prefer `sink wandb --alerts`)",
+    )
     s.add_argument(
         "--group", help="consumer group suffix (default: console / webhook / wandb); one group per endpoint"
     )

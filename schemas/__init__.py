@@ -33,6 +33,8 @@ from ._errors import (
     UnsafeRecordError,
 )
 from ._events import (
+    ALERT,
+    ALERTS_PRODUCER,
     CONFIG_UPDATE,
     DERIVED_PRODUCER,
     HEARTBEAT,
@@ -94,6 +96,8 @@ __all__ = [
     "SCHEMA_DIR",
     "TABLE",
     "CONFIG_UPDATE",
+    "ALERT",
+    "ALERTS_PRODUCER",
     "DERIVED_PRODUCER",
     "BadMagicError",
     "BrokerError",

@@ -63,6 +63,11 @@ class ScalarRows(NamedTuple):
 #: producer_id of the events decoded from the aggregates topic (derived series). Their seqs
 #: count per run (not per producer, as logged events' do): deduplicate them by (run, seq).
 DERIVED_PRODUCER = "metricbus.stream"
+#: producer_id of the alerts a sink takes from the alerts topic (``sink wandb --alerts``), as
+#: events of kind ALERT; their seqs count per run, as derived ones do (seq < 0: none)
+ALERTS_PRODUCER = "metricbus.alerts"
+#: the kind of such an event (the Alert record's name); never on the events topic
+ALERT = "metricbus.Alert"
 
 
 class Event(NamedTuple):

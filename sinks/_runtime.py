@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from schemas import (
+    ALERT,
+    ALERTS_PRODUCER,
     DERIVED_PRODUCER,
     Codec,
     Deduper,
@@ -31,6 +33,7 @@ from schemas import (
     SeqSet,
     Settings,
     all_events,
+    checked_ids,
     dead_letter,
     decode_aggregates,
     decode_record,
@@ -81,6 +84,7 @@ class Feeder:
         self.codec = codec or default_codec()
         self.logged = Deduper()  #: by producer_id (a producer's seqs are its own)
         self.derived = Deduper()  #: by run_id (derived seqs count per run)
+        self.alerts = Deduper()  #: by run_id (alert seqs count per run)
         self._known_runs: set[str] = set()
         #: runs with a logged event seen (or held durably): their RunStarted has been written
         self.logged_runs: set[str] = set()
@@ -88,7 +92,7 @@ class Feeder:
     @property
     def duplicates(self) -> int:
         """Events dropped because the sink already had them."""
-        return self._forgotten + self.logged.duplicates + self.derived.duplicates
+        return self._forgotten + self.logged.duplicates + self.derived.duplicates + self.alerts.duplicates
 
     _forgotten = 0  # duplicates counted before the last forget()
 
@@ -99,7 +103,7 @@ class Feeder:
         meanwhile; only the sink's durable output (``recover``) knows.
         """
         self._forgotten = self.duplicates
-        self.logged, self.derived = Deduper(), Deduper()
+        self.logged, self.derived, self.alerts = Deduper(), Deduper(), Deduper()
         self._known_runs.clear()
         self.logged_runs.clear()
 
@@ -111,6 +115,8 @@ class Feeder:
         for producer, intervals in self.sink.recover(run_id).items():
             if producer == DERIVED_PRODUCER:
                 self.derived.load(run_id, intervals)
+            elif producer == ALERTS_PRODUCER:
+                self.alerts.load(run_id, intervals)
             else:
                 self.logged.load(producer, intervals)
                 self.logged_runs.add(run_id)
@@ -122,6 +128,9 @@ class Feeder:
             self.known(e.run_id)
             if e.producer_id == DERIVED_PRODUCER:
                 if e.seq < 0 or self.derived.is_new(e.run_id, e.seq):
+                    out.append(e)
+            elif e.producer_id == ALERTS_PRODUCER:
+                if e.seq < 0 or self.alerts.is_new(e.run_id, e.seq):
                     out.append(e)
             else:
                 self.logged_runs.add(e.run_id)
@@ -443,12 +452,15 @@ class SinkRunner(ConsumerLoop):
         flush_interval_s: float = 2.0,
         max_pending_events: int = 200_000,
         codec: Codec | None = None,
+        alerts: bool = False,
     ) -> None:
         #: Topics consumed: the events topic and, for sinks that show derived series, the
-        #: aggregates topic.
+        #: aggregates topic; with ``alerts``, the alerts topic too (the sink's ``write`` takes
+        #: them as events of kind ALERT, by ALERTS_PRODUCER: the W&B sink raises them on the run
+        #: it holds open)
         super().__init__(
             settings,
-            topics or [settings.topics.events],
+            [*(topics or [settings.topics.events]), *([settings.topics.alerts] if alerts else [])],
             group_id or f"{settings.topic_prefix}sink.{sink.name}",
             f"sink-{sink.name}",
             flush_interval_s=flush_interval_s,
@@ -463,6 +475,8 @@ class SinkRunner(ConsumerLoop):
         #: yet: they come from another topic and can overtake them; written once the run is
         #: known, and their partition is not committed past them meanwhile
         self._held: dict[str, list[Any]] = {}
+        #: alerts of runs not seen yet, likewise: (record, its event)
+        self._held_alerts: dict[str, list[tuple[Any, Event]]] = {}
         self._gaps_reported: dict[str, int] = {}
 
     def open(self) -> None:
@@ -491,11 +505,15 @@ class SinkRunner(ConsumerLoop):
         closing: list[str] = []
         feeder = self.feeder
         derived_records = []
+        alerts: list[tuple[Any, Event]] = []
         for record in records:  # logged events first: a run's RunStarted before its derived points
             self.stats.records += 1
             try:
                 if record.topic == self.settings.topics.aggregates:
                     derived_records.append((record, decode_aggregates(self.codec, record.value)))
+                    continue
+                if record.topic == self.settings.topics.alerts:
+                    alerts.append((record, self._alert_event(record.value)))
                     continue
                 events, columns = decode_record(self.codec, record.value)
             except SchemaError as exc:
@@ -529,6 +547,36 @@ class SinkRunner(ConsumerLoop):
                 await self._deadletter(self._event_bytes(event), event.run_id.encode(), reason, None)
         for run_id in closing:
             self.sink.derived_complete(run_id)
+        if alerts or self._held_alerts:
+            await self._alerts(alerts)
+
+    async def _alerts(self, alerts: list[tuple[Any, Event]]) -> None:
+        """Alerts of runs the sink has seen (the rest are held), once each; refused: dead letters."""
+        feeder = self.feeder
+        for run_id in [r for r in self._held_alerts if r in feeder.logged_runs]:
+            alerts = self._held_alerts.pop(run_id) + alerts
+        for record, event in alerts:
+            feeder.known(event.run_id)
+            if event.run_id not in feeder.logged_runs:
+                self._held_alerts.setdefault(event.run_id, []).append((record, event))
+                continue
+            self.stats.events += 1
+            if not feeder.fresh([event]):
+                continue
+            refused = feeder.write([event])
+            for _, reason in refused:
+                self.stats.rejected += 1
+                await self._deadletter(record.value, record.key, reason, record)
+            self.stats.written += not refused
+        self.stats.duplicates = feeder.duplicates
+
+    def _alert_event(self, value: bytes) -> Event:
+        """An Alert record as an event of kind ALERT; SchemaError when it is none or unusable."""
+        name, alert = self.codec.decode(value)
+        if name != "Alert":
+            raise SchemaError(f"a {name} record on the alerts topic")
+        checked_ids(alert["run_id"])
+        return Event(alert["run_id"], ALERTS_PRODUCER, alert["seq"], alert["ts_ms"], ALERT, alert, b"")
 
     async def _before_join(self) -> None:
         """Catch up from the archive on what a planned broker restart left this group behind on.
@@ -616,6 +664,7 @@ class SinkRunner(ConsumerLoop):
         """
         self.feeder.forget()
         self._held.clear()  # their partitions were not committed past them: delivered again
+        self._held_alerts.clear()
         release = getattr(self.sink, "release", None)
         if release is not None:
             release()
@@ -624,10 +673,10 @@ class SinkRunner(ConsumerLoop):
         self._hold_back_commits()
 
     def _hold_back_commits(self) -> None:
-        """Never commit a partition past a derived record still held."""
+        """Never commit a partition past a derived record or an alert still held."""
         from aiokafka import TopicPartition
 
-        for held in self._held.values():
+        for held in [*self._held.values(), *self._held_alerts.values()]:
             for record, _ in held:
                 tp = TopicPartition(record.topic, record.partition)
                 if tp in self._uncommitted:

@@ -45,6 +45,20 @@ def format_alert(alert: dict[str, Any]) -> str:
     return printable(f"{head}: run {alert['run_id']}{where}{step}: {alert['message']}")
 
 
+#: an alert's severity as a W&B alert level (a resolved one is INFO)
+WANDB_LEVELS = {"critical": "ERROR", "warning": "WARN", "info": "INFO"}
+
+
+def raise_on_wandb(run: Any, alert: dict[str, Any]) -> None:
+    """``run.alert`` of an alert: its rule as the title, its console line as the text."""
+    import wandb
+
+    firing = alert["state"] == "firing"
+    level = WANDB_LEVELS.get(alert["severity"], "WARN") if firing else "INFO"
+    title = alert["rule"] if firing else f"{alert['rule']} resolved"
+    run.alert(title=title, text=format_alert(alert), level=getattr(wandb.AlertLevel, level))  # type: ignore[attr-defined]
+
+
 class ConsoleAlerts:
     """Print each alert as one line."""
 
@@ -120,7 +134,6 @@ class WandbAlerts:
     """
 
     name = "wandb"
-    LEVELS = {"critical": "ERROR", "warning": "WARN", "info": "INFO"}
 
     def __init__(self, root: Any, mode: str | None = None, runs: Any = None) -> None:
         import os
@@ -160,10 +173,7 @@ class WandbAlerts:
                 mode=self.mode,  # type: ignore[arg-type]
                 settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
             )
-        firing = alert["state"] == "firing"
-        level = self.LEVELS.get(alert["severity"], "WARN") if firing else "INFO"
-        title = alert["rule"] if firing else f"{alert['rule']} resolved"
-        run.alert(title=title, text=format_alert(alert), level=getattr(wandb.AlertLevel, level))  # type: ignore[attr-defined]
+        raise_on_wandb(run, alert)
         return True
 
     def close(self) -> None:

@@ -12,6 +12,8 @@ pipeline. Per-sample arrays and Histogram events become ``wandb.Histogram`` (of 
 values: W&B refuses NaN and inf there; the scalars keep them); Table events ``wandb.Table``;
 RunFinished's summary and the run status go to the run summary and exit code. An event W&B
 refuses anyway is returned to the runtime (dead-lettered with the reason); the sink goes on.
+With ``metricbus sink wandb --alerts`` the runtime also hands it the alerts topic's alerts (kind
+ALERT), raised with ``run.alert`` on the run this process holds open, each once (the ledger).
 
 Run lifecycle: a W&B run is finished once the metricbus run has finished *and* the stream
 worker said its derived series are complete (the last epoch's ``Epoch/*`` and ``final/*``
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas import (
+    ALERT,
     CONFIG_UPDATE,
     HISTOGRAM,
     METRICS,
@@ -283,6 +286,10 @@ class WandbSink:
         elif e.kind == CONFIG_UPDATE:
             changes = config_object(body["config_json"])
             self._run(e.run_id).config.update(changes, allow_val_change=True)
+        elif e.kind == ALERT:  # from the alerts topic (sink wandb --alerts): on the run held open
+            from .alerts import raise_on_wandb
+
+            raise_on_wandb(self._run(e.run_id), body)
         elif e.kind == RUN_FINISHED:
             run = self._run(e.run_id)
             run.summary.update({wandb_key(k): v for k, v in body["summary"].items() if self._wanted(k)})

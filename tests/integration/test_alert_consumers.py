@@ -179,3 +179,54 @@ def test_an_unreachable_webhook_gives_up_after_its_retries_and_dead_letters_the_
     (dead,) = read_topic(settings, settings.topics.deadletter, 1)
     assert default_codec().decode(dead.value)[1]["rule"] == "nan_loss"  # the alert itself, kept
     assert "delivery failed after its retries" in dict(dead.headers)["metricbus.reason"].decode()
+
+
+def test_the_wandb_sink_with_alerts_raises_each_alert_once_on_the_run_it_holds_open(settings, tmp_path):
+    """`metricbus sink wandb --alerts`, a real process: the alerts land in the sink's own run file
+    (W&B documents two processes on one run id as giving "unexpected results")."""
+    import os
+    import subprocess
+    import time
+
+    from schemas import ALERTS_PRODUCER, Ledger, encode_events, run_started
+    from tests.wandb_reader import read_run, records, run_files
+
+    from .conftest import cli
+
+    producer = KafkaProducer(**client_options(settings), enable_idempotence=False)
+    start = [(0, 1_700_000_000_000, "metricbus.RunStarted", run_started("grpo", "g"))]
+    producer.send(
+        settings.topics.events, key=b"run-7", value=encode_events(default_codec(), "run-7", "p1", start)
+    )
+    producer.flush()
+    producer.close()
+    publish(settings, [ALERT, ALERT, {**ALERT, "state": "resolved", "seq": 1}])  # one sent twice
+    env = {**os.environ, **settings.to_env(), "WANDB_MODE": "offline"}
+    env.pop("WANDB_API_KEY", None)
+    with open(tmp_path / "sink.log", "wb") as log:
+        proc = subprocess.Popen(
+            cli(settings, "sink", "wandb", "--alerts", "--flush-interval", "0.3"),
+            stdout=log,
+            stderr=log,
+            env=env,
+        )
+    ledger = settings.data_dir / "wandb" / ".metricbus-seqs" / "run-7.json"
+    deadline = time.monotonic() + 60
+    while not (
+        ledger.exists() and [tuple(i) for i in Ledger.read(ledger).get(ALERTS_PRODUCER, [])] == [(0, 1)]
+    ):
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "sink.log").read_text()
+        time.sleep(0.2)
+    proc.terminate()
+    assert proc.wait(30) == 0
+    raised = [
+        (r.alert.title, r.alert.text)
+        for path in run_files(settings.data_dir / "wandb", "run-7")
+        for r in records(path)
+        if r.WhichOneof("record_type") == "alert"
+    ]
+    assert raised == [
+        ("nan_loss", "[FIRING] critical nan_loss: run run-7 Train/Loss step 42: loss is NaN"),
+        ("nan_loss resolved", "[RESOLVED] critical nan_loss: run run-7 Train/Loss step 42: loss is NaN"),
+    ]
+    assert read_run(settings.data_dir / "wandb", "run-7", every_opening=True)["projects"] == {"grpo"}

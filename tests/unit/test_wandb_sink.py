@@ -420,3 +420,92 @@ def test_names_wandb_or_the_sink_give_a_meaning_are_kept_under_keys_of_their_own
     assert (row["metricbus/step"], row["_metricbus_id"], row["a"]) == (5, "p1/1", 1.0)
     assert row["_timestamp"] > 1e9  # W&B's own time of the row
     assert dict(WandbSink(tmp_path).recover("run-wb1")) == {"p1": [(0, 1)]}
+
+
+class _Letters:
+    """The dead-letter topic, as a runner's producer sees it."""
+
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    async def send_and_wait(self, topic, value, key, headers):
+        self.sent.append((value, dict(headers)))
+
+
+def _alert(run, seq, state="firing", rule="nan_loss"):
+    return {
+        "run_id": run,
+        "rule": rule,
+        "state": state,
+        "severity": "critical",
+        "metric": "Train/Loss",
+        "value": None,
+        "step": 3,
+        "message": "loss is NaN",
+        "ts_ms": 1_700_000_000_000 + seq,
+        "seq": seq,
+    }
+
+
+def test_sink_alerts_raise_each_alert_once_on_the_run_the_sink_holds_open(tmp_path, offline):
+    """`sink wandb --alerts`: the alerts land in the sink's own run (its file, its project), not
+    in a second process's run of the same id (W&B: "unexpected results"); an alert that
+    overtakes its run's RunStarted waits for it; a restarted sink raises none twice."""
+    import asyncio
+    import types
+
+    from schemas import Settings, encode_events
+    from sinks import SinkRunner
+    from tests.wandb_reader import records, run_files
+
+    codec = default_codec()
+    settings = Settings(data_dir=tmp_path)
+    topics = settings.topics
+    started = encode_events(
+        codec, "run-al2", "p1", [(0, 1_700_000_000_000, RUN_STARTED, run_started("grpo", "g"))]
+    )
+    first = [
+        (topics.alerts, codec.encode("Alert", _alert("run-al2", 0))),  # before its RunStarted
+        (topics.events, started),
+        (topics.alerts, codec.encode("Alert", _alert("run-al2", 0))),  # the worker sent it again
+        (topics.alerts, codec.encode("Alert", _alert("run-al2", 1, "resolved"))),
+        (topics.alerts, codec.encode("Alert", _alert("..", 2))),  # unusable: a dead letter
+        (topics.alerts, codec.encode("EventBatch", codec.decode(started)[1])),  # not an alert
+    ]
+
+    def run(batches):
+        runner = SinkRunner(WandbSink(tmp_path / "wandb"), settings, alerts=True)
+        assert topics.alerts in runner.topics
+        runner._producer = letters = _Letters()
+        runner.open()
+        held = []
+        for batch in batches:
+            asyncio.run(
+                runner._process(
+                    [
+                        types.SimpleNamespace(topic=t, partition=0, offset=i, value=v, key=None)
+                        for i, (t, v) in enumerate(batch)
+                    ]
+                )
+            )
+            held.append(sorted(runner._held_alerts))
+        runner.flush()
+        runner.close()
+        return letters, held
+
+    letters, held = run([first[:1], first[1:]])
+    assert held == [["run-al2"], []]  # the first alert waited for its run's RunStarted
+    reasons = [headers["metricbus.reason"] for _, headers in letters.sent]
+    assert len(reasons) == 2 and b"not usable" in reasons[0] and b"a EventBatch record" in reasons[1]
+    (path,) = run_files(tmp_path / "wandb", "run-al2")
+    raised = [(r.alert.title, r.alert.level) for r in records(path) if r.WhichOneof("record_type") == "alert"]
+    assert raised == [("nan_loss", "ERROR"), ("nan_loss resolved", "INFO")]
+    assert read_run(tmp_path / "wandb", "run-al2")["projects"] == {"grpo"}  # the sink's own run
+    run([first])  # a restart, the same records again
+    again = [
+        r.alert.title
+        for p in run_files(tmp_path / "wandb", "run-al2")
+        for r in records(p)
+        if r.WhichOneof("record_type") == "alert"
+    ]
+    assert again == ["nan_loss", "nan_loss resolved"]  # none twice
