@@ -1,10 +1,11 @@
 """Schema-valid hostile records (``tests/hostile.py``) through every in-process reader.
 
 The stream worker's processor, the TensorBoard, Parquet and W&B sinks, the dashboard's board,
-the console, webhook and W&B alert consumers, and ``health`` and the report over what the
-archive kept: none raises out of its guard, none hangs, and what they wrote reads back (W&B's
-rows exactly once, restarted sinks writing nothing twice). Each finding of the fuzzing is a
-test of its own as well; this keeps the fuzzing itself in ``make test`` (seeded).
+the console, webhook and W&B alert consumers (and the W&B sink's ``--alerts``), and ``health``
+and the report over what the archive kept: none raises out of its guard, none hangs, and what
+they wrote reads back (W&B's rows exactly once, restarted sinks writing nothing twice). Each
+finding of the fuzzing is a test of its own as well; this keeps the fuzzing itself in
+``make test`` (seeded).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from metricbus._report import build, read_run
 from schemas import (
     HISTOGRAM,
     METRICS,
+    RUN_STARTED,
     TABLE,
     SchemaError,
     Settings,
@@ -36,10 +38,12 @@ from schemas import (
     decode_record,
     default_codec,
     encode_aggregates,
+    encode_events,
+    run_started,
 )
-from sinks import Feeder, iter_events, make_sink
+from sinks import Feeder, SinkRunner, iter_events, make_sink
 from sinks.alerts import AlertRunner, ConsoleAlerts, WandbAlerts, WebhookAlerts, format_alert
-from sinks.wandb import wandb_key
+from sinks.wandb import WandbSink, wandb_key
 from stream_jobs import DEFAULT_RULES, StreamProcessor, load_rules
 from stream_jobs._checkpoint import snapshot
 from tests.hostile import Hostile
@@ -267,16 +271,42 @@ def test_alert_consumers_deliver_each_usable_alert_once_and_dead_letter_the_rest
     posted = [json.loads(body) for body in _Webhook.bodies]  # strict JSON: NaN is null
     assert [p["alert"]["seq"] for p in posted] == [a["seq"] for a in expected]
     assert [p["text"] for p in posted] == lines
+    # the W&B sink with --alerts: the same, on the runs it holds open (their RunStarted first)
+    settings = Settings(data_dir=tmp_path)
+    runner = SinkRunner(WandbSink(tmp_path / "wandb-sink"), settings, alerts=True)
+    runner._producer = letters = _Letters()
+    runner.open()
+    starts = [
+        encode_events(CODEC, run, f"p-{run}", [(0, 0, RUN_STARTED, run_started("p", run))])
+        for run in ("r1", "r2")
+    ]
+    asyncio.run(
+        runner._process(
+            [
+                types.SimpleNamespace(topic=topic, partition=0, offset=i, value=v, key=None)
+                for i, (topic, v) in enumerate(
+                    [
+                        *((settings.topics.events, v) for v in starts),
+                        *((settings.topics.alerts, v) for v in values),
+                    ]
+                )
+            ]
+        )
+    )
+    runner.flush()
+    runner.close()
+    assert len(letters.sent) == unusable and runner.stats.written == 2 + len(expected)
     for run in {a["run_id"] for a in expected}:  # W&B: each an alert of its run, in order
-        raised = [
-            (r.alert.title, r.alert.text)
-            for path in run_files(tmp_path / "wandb-alerts", run)
-            for r in wandb_records(path)
-            if r.WhichOneof("record_type") == "alert"
-        ]
         mine = [a for a in expected if a["run_id"] == run]
         titles = [a["rule"] if a["state"] == "firing" else f"{a['rule']} resolved" for a in mine]
-        assert raised == list(zip(titles, map(format_alert, mine), strict=True))
+        for root in ("wandb-alerts", "wandb-sink"):
+            raised = [
+                (r.alert.title, r.alert.text)
+                for path in run_files(tmp_path / root, run)
+                for r in wandb_records(path)
+                if r.WhichOneof("record_type") == "alert"
+            ]
+            assert raised == list(zip(titles, map(format_alert, mine), strict=True)), root
     board = RunBoard(Settings(data_dir=tmp_path))
     for value in values:
         board.take(board.settings.topics.alerts, value)
