@@ -53,10 +53,35 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from ._stack import Stack, available_consumers
+    from ._stack import Stack
 
     settings = _settings(args)
+    consumers = up_consumers(args)
+    stop = _stop_on_signals()
+    stack = Stack(settings, consumers)
+    try:
+        stack.start()
+        print(stack.describe(), flush=True)
+        stack.wait_started(stop)
+        if not stop.is_set():
+            print("metricbus is up; Ctrl-C stops everything", flush=True)
+        stack.run_until(stop)
+    finally:
+        print("metricbus: stopping the consumers (each flushes and commits), then the broker", flush=True)
+        stack.stop()
+        print("metricbus stopped", flush=True)
+    return 0
+
+
+def up_consumers(args: argparse.Namespace) -> dict[str, list[str]]:
+    """The consumer processes `up` runs, by name: their CLI arguments after `metricbus`."""
+    from ._stack import available_consumers
+
     consumers = available_consumers()
+    if args.wandb_alerts:
+        if "sink-wandb" not in consumers:
+            raise MetricbusError("--wandb-alerts needs the W&B sink: pip install 'metricbus[wandb]'")
+        consumers["sink-wandb"] = [*consumers["sink-wandb"], "--alerts"]
     if args.no_dashboard:
         consumers.pop("dashboard", None)
     elif "dashboard" in consumers and args.dashboard_port:
@@ -75,20 +100,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         for name in names:  # more members of the same consumer group: the partitions are shared
             for i in range(2, count + 1):
                 consumers[f"{name}-{i}"] = consumers[name]
-    stop = _stop_on_signals()
-    stack = Stack(settings, consumers)
-    try:
-        stack.start()
-        print(stack.describe(), flush=True)
-        stack.wait_started(stop)
-        if not stop.is_set():
-            print("metricbus is up; Ctrl-C stops everything", flush=True)
-        stack.run_until(stop)
-    finally:
-        print("metricbus: stopping the consumers (each flushes and commits), then the broker", flush=True)
-        stack.stop()
-        print("metricbus stopped", flush=True)
-    return 0
+    return consumers
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
@@ -491,6 +503,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--dashboard-port", type=int, help="dashboard on 127.0.0.1:PORT (default 8765, or a free one)"
     )
     s.add_argument("--no-dashboard", action="store_true", help="run no dashboard")
+    s.add_argument(
+        "--wandb-alerts",
+        action="store_true",
+        help="the W&B sink also raises each alert as a W&B alert on its run (`sink wandb --alerts`)",
+    )
     s.add_argument(
         "--workers", type=int, default=1, help="stream workers in the group (they share the partitions)"
     )

@@ -88,3 +88,13 @@ def test_the_worker_and_the_archive_sink_run_replicas_that_share_the_data_volume
         assert services[name]["deploy"]["replicas"] >= 2, name
         assert "metricbus-data:/data" in services[name]["volumes"], name  # checkpoints, one archive
     assert int(services["stream-worker"]["environment"]["METRICBUS_PARTITIONS"]) >= 2 * 2
+
+
+def test_up_with_wandb_alerts_runs_every_wandb_sink_instance_with_alerts():
+    from metricbus._cli import up_consumers
+
+    args = build_parser().parse_args(["up", "--wandb-alerts", "--sink-instances", "2"])
+    consumers = up_consumers(args)
+    assert consumers["sink-wandb"] == consumers["sink-wandb-2"] == ["sink", "wandb", "--alerts"]
+    assert consumers["sink-parquet"] == ["sink", "parquet"]
+    assert "--alerts" not in up_consumers(build_parser().parse_args(["up"]))["sink-wandb"]
