@@ -29,9 +29,9 @@ from schemas import (
     MetricbusError,
     SchemaError,
     Settings,
-    checked_ids,
     config_object,
     decode_aggregates,
+    decode_alert,
     decode_events,
     default_codec,
     merge_config,
@@ -176,10 +176,7 @@ class RunBoard:
             elif topic == t.aggregates:
                 decoded = decode_aggregates(self.codec, value).events
             elif topic == t.alerts:
-                name, alert = self.codec.decode(value)
-                if name != "Alert":
-                    raise SchemaError(f"expected an Alert, got a {name}")
-                checked_ids(alert["run_id"])  # as the alert deliverers: no run page named ".."
+                alert = decode_alert(self.codec, value)  # as the deliverers: no run page named ".."
                 with self.changed:
                     self._alert(alert)
                     self._bump()

@@ -507,6 +507,19 @@ class DerivedRecord(NamedTuple):
     identified: bool
 
 
+def decode_alert(codec: Codec, value: bytes) -> dict[str, Any]:
+    """One Alert record; SchemaError when it is none, or its run id is unusable (``checked_ids``).
+
+    Every reader of the alerts topic decodes through this: a W&B deliverer opened a run named
+    ``..``, and ledgers key by the run id.
+    """
+    name, alert = codec.decode(value)
+    if name != "Alert":
+        raise SchemaError(f"a {name} record on the alerts topic")
+    checked_ids(alert["run_id"])
+    return dict(alert)
+
+
 def decode_aggregates(codec: Codec, value: bytes) -> DerivedRecord:
     """Decode one AggregateBatch record into events that sinks take like logged ones.
 

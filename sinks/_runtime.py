@@ -33,9 +33,9 @@ from schemas import (
     SeqSet,
     Settings,
     all_events,
-    checked_ids,
     dead_letter,
     decode_aggregates,
+    decode_alert,
     decode_record,
     default_codec,
     encode_event,
@@ -572,10 +572,7 @@ class SinkRunner(ConsumerLoop):
 
     def _alert_event(self, value: bytes) -> Event:
         """An Alert record as an event of kind ALERT; SchemaError when it is none or unusable."""
-        name, alert = self.codec.decode(value)
-        if name != "Alert":
-            raise SchemaError(f"a {name} record on the alerts topic")
-        checked_ids(alert["run_id"])
+        alert = decode_alert(self.codec, value)
         return Event(alert["run_id"], ALERTS_PRODUCER, alert["seq"], alert["ts_ms"], ALERT, alert, b"")
 
     async def _before_join(self) -> None:

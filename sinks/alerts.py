@@ -22,7 +22,7 @@ from schemas import (
     Ledger,
     SchemaError,
     Settings,
-    checked_ids,
+    decode_alert,
     default_codec,
     path_segment,
     printable,
@@ -235,10 +235,7 @@ class AlertRunner(ConsumerLoop):
         for record in records:
             self.stats.records += 1
             try:
-                name, alert = self.codec.decode(record.value)
-                if name != "Alert":
-                    raise SchemaError(f"a {name} record on the alerts topic")
-                checked_ids(alert["run_id"])  # W&B would open a run named "..", ledgers key by it
+                alert = decode_alert(self.codec, record.value)
             except SchemaError as exc:
                 await self._deadletter(record.value, record.key, f"{type(exc).__name__}: {exc}", record)
                 continue
