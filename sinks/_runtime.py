@@ -526,13 +526,7 @@ class SinkRunner(ConsumerLoop):
                 events = all_events(events, columns)
             self.stats.events += len(events)
             fresh.extend(feeder.fresh(events))
-        for run_id in [r for r in self._held if r in feeder.logged_runs]:
-            derived_records = self._held.pop(run_id) + derived_records
-        for record, derived in derived_records:
-            feeder.known(derived.run_id)
-            if derived.run_id not in feeder.logged_runs:
-                self._held.setdefault(derived.run_id, []).append((record, derived))
-                continue
+        for _, derived in self._ready(self._held, derived_records):
             fresh.extend(feeder.fresh_derived(derived.run_id, derived.events, derived.identified))
             if derived.closes_run:
                 closing.append(derived.run_id)
@@ -550,16 +544,28 @@ class SinkRunner(ConsumerLoop):
         if alerts or self._held_alerts:
             await self._alerts(alerts)
 
+    def _ready(self, held: dict[str, list[Any]], items: list[Any]) -> list[Any]:
+        """Of ``items`` (record, something with a ``run_id``), those of runs the sink has seen.
+
+        The ``held`` ones of such runs come first; the others are held, their run's RunStarted
+        not written yet (another topic may bring them before it).
+        """
+        feeder = self.feeder
+        for run_id in [r for r in held if r in feeder.logged_runs]:
+            items = held.pop(run_id) + items
+        ready = []
+        for record, item in items:
+            feeder.known(item.run_id)
+            if item.run_id in feeder.logged_runs:
+                ready.append((record, item))
+            else:
+                held.setdefault(item.run_id, []).append((record, item))
+        return ready
+
     async def _alerts(self, alerts: list[tuple[Any, Event]]) -> None:
         """Alerts of runs the sink has seen (the rest are held), once each; refused: dead letters."""
         feeder = self.feeder
-        for run_id in [r for r in self._held_alerts if r in feeder.logged_runs]:
-            alerts = self._held_alerts.pop(run_id) + alerts
-        for record, event in alerts:
-            feeder.known(event.run_id)
-            if event.run_id not in feeder.logged_runs:
-                self._held_alerts.setdefault(event.run_id, []).append((record, event))
-                continue
+        for record, event in self._ready(self._held_alerts, alerts):
             self.stats.events += 1
             if not feeder.fresh([event]):
                 continue

@@ -491,3 +491,50 @@ def test_a_failing_archive_is_retried_with_nothing_lost_not_sent_to_the_fallback
     monkeypatch.undo()
     archive.flush()
     assert [e.seq for e in read_events(archive.archive_dir, "run-1")] == [0, 1]
+
+
+def test_derived_points_that_overtake_their_runs_start_wait_for_it_and_hold_back_the_commit(tmp_path):
+    """They come from another topic: written before the RunStarted, they went under _unknown."""
+    import asyncio
+    import types
+
+    from aiokafka import TopicPartition
+
+    from schemas import Settings, encode_aggregates, encode_events
+    from sinks import SinkRunner
+
+    codec = default_codec()
+    settings = Settings(data_dir=tmp_path)
+    runner = SinkRunner(
+        ParquetArchive(settings.archive_dir),
+        settings,
+        topics=[settings.topics.events, settings.topics.aggregates],
+    )
+    runner.open()
+    point = {
+        "name": "x_ema",
+        "source": "x",
+        "kind": "ema",
+        "step": 1,
+        "epoch": None,
+        "value": 0.5,
+        "ts_ms": 1,
+    }
+    derived = encode_aggregates(codec, "run-1", [point], [], [], first_seq=0, closes_run=False)
+    start = encode_events(
+        codec, "run-1", "p1", [(0, 1_700_000_000_000, RUN_STARTED, run_started("grpo", "n"))]
+    )
+
+    def process(topic, offset, value):
+        record = types.SimpleNamespace(topic=topic, partition=0, offset=offset, value=value, key=None)
+        asyncio.run(runner._process([record]))
+        runner._uncommitted[TopicPartition(topic, 0)] = offset + 1
+        runner._after_slice()
+
+    process(settings.topics.aggregates, 7, derived)
+    assert runner.pending() == 0 and list(runner._held) == ["run-1"]
+    assert runner._uncommitted[TopicPartition(settings.topics.aggregates, 0)] == 7  # not past it
+    process(settings.topics.events, 3, start)
+    assert runner._held == {} and runner.pending() == 2
+    runner.flush()
+    assert [p.parent.parent.name for p in settings.archive_dir.rglob("*.parquet")] == ["project=grpo"]
