@@ -89,11 +89,15 @@ def wandb_project(project: str) -> str:
     and a long name keeps its start plus a hash of the whole (the original is in the run's
     config as ``metricbus/project``).
     """
-    clean = _NOT_IN_PROJECT.sub("-", project)
-    if len(clean) > _PROJECT_MAX:
-        digest = hashlib.sha256(project.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        clean = clean[: _PROJECT_MAX - 17] + "~" + digest
-    return clean
+    return _cut(_NOT_IN_PROJECT.sub("-", project), project, _PROJECT_MAX)
+
+
+def _cut(clean: str, original: str, limit: int) -> str:
+    """``clean``, or past ``limit`` characters its start plus ``~`` and a hash of ``original``."""
+    if len(clean) <= limit:
+        return clean
+    digest = hashlib.sha256(original.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return clean[: limit - 17] + "~" + digest
 
 
 def wandb_key(name: str) -> str:
@@ -117,9 +121,7 @@ def wandb_tags(tags: Sequence[str]) -> list[str]:
     """
     out: list[str] = []
     for tag in tags:
-        if len(tag) > _TAG_MAX:
-            digest = hashlib.sha256(tag.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-            tag = tag[: _TAG_MAX - 17] + "~" + digest
+        tag = _cut(tag, tag, _TAG_MAX)
         if tag and tag not in out:
             out.append(tag)
     return out
