@@ -57,6 +57,14 @@ log = logging.getLogger("metricbus.sink")
 #: events 2,875 MB -> 464.
 SLICE_BYTES = 2 * 1024 * 1024
 
+#: How often a sink looks for held records of runs the events topic never showed (seconds).
+LET_GO_CHECK_S = 1.0
+
+#: Records held for runs not seen yet (derived records, alerts) past which a sink stops reading
+#: their topics until it holds half as many: a sink catching up on a backlog reads the small
+#: aggregates topic far ahead of the events that bring its runs' RunStarted.
+MAX_HELD_RECORDS = 10_000
+
 
 @dataclasses.dataclass
 class SinkStats:
@@ -477,6 +485,14 @@ class SinkRunner(ConsumerLoop):
         self._held: dict[str, list[Any]] = {}
         #: alerts of runs not seen yet, likewise: (record, its event)
         self._held_alerts: dict[str, list[tuple[Any, Event]]] = {}
+        #: per run held, where this instance's events partitions ended soon after it was first
+        #: held: read past them with no sight of the run, what is held for it is let go
+        self._held_marks: dict[str, dict[Any, int]] = {}
+        self._next_let_go_check = 0.0
+        self._held_paused = False  #: the aggregates and alerts partitions paused: too much held
+        self._event_topics = {
+            t for t in self.topics if t not in (settings.topics.aggregates, settings.topics.alerts)
+        }
         self._gaps_reported: dict[str, int] = {}
 
     def open(self) -> None:
@@ -576,6 +592,80 @@ class SinkRunner(ConsumerLoop):
             self.stats.written += not refused
         self.stats.duplicates = feeder.duplicates
 
+    async def _process_sliced(self, records: list[Any]) -> None:
+        await super()._process_sliced(records)
+        if (
+            (self._held or self._held_alerts)
+            and not self._stopping.is_set()  # else a poll's records may be left unprocessed
+            and time.monotonic() >= self._next_let_go_check
+        ):
+            self._next_let_go_check = time.monotonic() + LET_GO_CHECK_S
+            await self._let_go_of_unseen_runs()
+        self._pause_while_too_much_held()
+
+    def _pause_while_too_much_held(self) -> None:
+        """Stop reading the aggregates and alerts topics while MAX_HELD_RECORDS are held.
+
+        The events topic is still read, which is what releases them (their runs' RunStarted, or
+        their events partitions read past: :meth:`_let_go_of_unseen_runs`).
+        """
+        held = sum(map(len, self._held.values())) + sum(map(len, self._held_alerts.values()))
+        consumer = self._consumer
+        if not self._held_paused and held >= MAX_HELD_RECORDS:
+            consumer.pause(*(tp for tp in consumer.assignment() if tp.topic not in self._event_topics))
+            self._held_paused = True
+            log.info("%s: %d records held for runs not seen yet; reading only the events", self.name, held)
+        elif self._held_paused and held <= MAX_HELD_RECORDS // 2:
+            consumer.resume(*consumer.paused())
+            self._held_paused = False
+
+    async def _let_go_of_unseen_runs(self) -> None:
+        """Dead-letter what is held for runs that the events topic, read past them, never showed.
+
+        A derived record or an alert is held until its run's RunStarted (or any logged event of
+        it) is read. One whose run never comes (a hostile or misrouted record, a run whose
+        logged events sit on partitions another instance reads) was held forever, and its
+        partition never committed past it: memory grew, and `metricbus up` put its planned
+        broker restarts off for good, the broker's memory growing with it. So each held run is
+        marked with where this instance's events partitions ended (checked after every record
+        the poll returned was processed); once they are read past those ends and the run is
+        still unseen, its logged events are not coming here: what is held for it goes to the
+        dead-letter topic with the reason, and its partitions are committed past it.
+        """
+        from aiokafka import TopicPartition
+
+        consumer = self._consumer
+        held = set(self._held) | set(self._held_alerts)
+        self._held_marks = {run: ends for run, ends in self._held_marks.items() if run in held}
+        events = [tp for tp in consumer.assignment() if tp.topic in self._event_topics]
+        unmarked = held - set(self._held_marks)
+        try:
+            if unmarked:
+                ends = await consumer.end_offsets(events) if events else {}
+                self._held_marks.update(dict.fromkeys(unmarked, ends))
+            positions = {tp: await consumer.position(tp) for tp in events}
+        except Exception as exc:  # noqa: BLE001 - checked again later; holding loses nothing
+            log.warning("%s: cannot tell where its events partitions stand (%s)", self.name, exc)
+            return
+        unseen = [
+            run
+            for run, ends in self._held_marks.items()
+            if all(positions[tp] >= end for tp, end in ends.items() if tp in positions)
+        ]
+        for run in unseen:
+            del self._held_marks[run]
+            for record, _ in self._held.pop(run, []) + self._held_alerts.pop(run, []):
+                reason = (
+                    f"run {run!r} was not seen on {', '.join(sorted(self._event_topics))} (no "
+                    "RunStarted nor any logged event of it) up to where its partitions ended after "
+                    "this record came: held, then let go"
+                )
+                await self._deadletter(record.value, record.key, reason, record)
+                tp = TopicPartition(record.topic, record.partition)
+                self._uncommitted[tp] = max(self._uncommitted.get(tp, 0), await consumer.position(tp))
+        if unseen:
+            self._hold_back_commits()
+
     def _alert_event(self, value: bytes) -> Event:
         """An Alert record as an event of kind ALERT; SchemaError when it is none or unusable."""
         alert = decode_alert(self.codec, value)
@@ -668,6 +758,8 @@ class SinkRunner(ConsumerLoop):
         self.feeder.forget()
         self._held.clear()  # their partitions were not committed past them: delivered again
         self._held_alerts.clear()
+        self._held_marks.clear()
+        self._held_paused = False  # a new assignment starts unpaused
         release = getattr(self.sink, "release", None)
         if release is not None:
             release()

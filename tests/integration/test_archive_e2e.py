@@ -241,6 +241,54 @@ def test_undecodable_records_go_to_the_dead_letter_topic_and_the_sink_goes_on(se
     assert proc.proc.poll() is None  # still running
 
 
+def test_what_is_held_for_a_run_never_seen_is_let_go_and_its_partition_committed_past(settings, sink):
+    """A derived record waits for its run's RunStarted, which may come after it (another topic).
+
+    One whose run never comes (hostile, or its logged events on partitions another instance
+    reads) was held for ever and never committed past: the sink's memory grew, and `metricbus
+    up`, which restarts the broker only once every group has committed past everything, put its
+    restarts off for good. Now it is dead-lettered, with the reason, once the events partitions
+    are read past where they ended, and the group's commits reach the end (what `up` reads).
+    """
+    from kafka import KafkaProducer
+
+    from metricbus._carry import committed
+
+    proc = sink(flush_interval=0.2)
+    producer = KafkaProducer(**client_options(settings), enable_idempotence=False)
+    point = {
+        "name": "m_ema",
+        "source": "m",
+        "kind": "ema",
+        "step": 0,
+        "epoch": None,
+        "value": 1.0,
+        "ts_ms": 1,
+    }
+    ghost = encode_aggregates(default_codec(), "ghost-run", [point], first_seq=0)
+    producer.send(settings.topics.aggregates, key=b"ghost-run", value=ghost)
+    producer.flush()
+    producer.close()
+    run = Run("p", settings=settings, system_metrics=False)
+    run.log({"m": 1.0}, step=0)
+    assert run.finish(timeout=20)
+    wait_for_rows(settings.archive_dir, run.run_id, lambda t: len(held_seqs(t)) >= 3)
+    (dead,) = read_topic(settings, settings.topics.deadletter, 1)
+    assert dead.value == ghost
+    reason = dict(dead.headers)["metricbus.reason"].decode()
+    assert reason.startswith(f"run 'ghost-run' was not seen on {settings.topics.events} (no RunStarted")
+    group = f"{settings.topic_prefix}sink.parquet"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        lags = committed(settings).get(group, [])
+        behind = [lag for lag in lags if lag.topic == settings.topics.aggregates and lag.committed != lag.end]
+        if lags and not behind:
+            break
+        time.sleep(0.3)
+    assert lags and not behind, lags  # committed past the record let go: `up` may restart the broker
+    assert proc.proc.poll() is None  # still running
+
+
 def test_export_cli_writes_tidy_rows(settings, sink):
     sink()
     run = Run("p", settings=settings, system_metrics=False)

@@ -432,6 +432,33 @@ class _Letters:
         self.sent.append((value, dict(headers)))
 
 
+class _Consumer:
+    """Where a runner's partitions end and where it stands, as its aiokafka consumer says."""
+
+    def __init__(self) -> None:
+        self.ends: dict = {}
+        self.positions: dict = {}
+        self.stopped: set = set()
+
+    def assignment(self):
+        return set(self.positions)
+
+    def pause(self, *partitions):
+        self.stopped.update(partitions)
+
+    def paused(self):
+        return set(self.stopped)
+
+    def resume(self, *partitions):
+        self.stopped.difference_update(partitions)
+
+    async def end_offsets(self, partitions):
+        return {tp: self.ends[tp] for tp in partitions}
+
+    async def position(self, tp):
+        return self.positions[tp]
+
+
 def _alert(run, seq, state="firing", rule="nan_loss"):
     return {
         "run_id": run,
@@ -509,3 +536,109 @@ def test_sink_alerts_raise_each_alert_once_on_the_run_the_sink_holds_open(tmp_pa
         if r.WhichOneof("record_type") == "alert"
     ]
     assert again == ["nan_loss", "nan_loss resolved"]  # none twice
+
+
+def test_an_alert_whose_run_never_comes_is_let_go_once_the_events_are_read_past_it(tmp_path, offline):
+    """Held while the events partitions are read up to where they ended after it came (its run's
+    RunStarted may be there); past them with no sight of its run, it is dead-lettered with the
+    reason and its partition committed past it (it was held, and the commit held back, for ever)."""
+    import asyncio
+    import types
+
+    from aiokafka import TopicPartition
+
+    from schemas import Settings, encode_events
+    from sinks import SinkRunner
+    from tests.wandb_reader import records, run_files
+
+    codec = default_codec()
+    settings = Settings(data_dir=tmp_path)
+    topics = settings.topics
+    runner = SinkRunner(WandbSink(tmp_path / "wandb"), settings, alerts=True)
+    runner._producer = letters = _Letters()
+    runner._consumer = consumer = _Consumer()
+    events, alerts = TopicPartition(topics.events, 0), TopicPartition(topics.alerts, 0)
+    consumer.ends = {events: 2}  # the RunStarted of run-al3 is its last record, at offset 1
+    consumer.positions = {events: 1, alerts: 2}
+    runner.open()
+
+    def record(tp, offset, value):
+        return types.SimpleNamespace(topic=tp.topic, partition=0, offset=offset, value=value, key=None)
+
+    overtaking = [
+        record(alerts, 0, codec.encode("Alert", _alert("run-al3", 0))),
+        record(alerts, 1, codec.encode("Alert", _alert("ghost", 0))),
+    ]
+    asyncio.run(runner._process_sliced(overtaking))
+    assert (
+        sorted(runner._held_alerts) == ["ghost", "run-al3"] and letters.sent == []
+    )  # events not read to their end
+    assert runner._uncommitted[alerts] == 0
+    consumer.positions[events] = 2
+    runner._next_let_go_check = 0.0
+    started = encode_events(
+        codec, "run-al3", "p1", [(0, 1_700_000_000_000, RUN_STARTED, run_started("grpo", "g"))]
+    )
+    asyncio.run(runner._process_sliced([record(events, 1, started)]))
+    assert runner._held_alerts == {}
+    ((value, headers),) = letters.sent
+    assert value == overtaking[1].value
+    assert (
+        headers["metricbus.reason"]
+        .decode()
+        .startswith(f"run 'ghost' was not seen on {topics.events} (no RunStarted nor any logged event of it)")
+    )
+    assert runner._uncommitted[alerts] == 2  # committed past it at the next flush
+    runner.flush()
+    runner.close()
+    (path,) = run_files(tmp_path / "wandb", "run-al3")
+    assert [r.alert.title for r in records(path) if r.WhichOneof("record_type") == "alert"] == ["nan_loss"]
+
+
+def test_a_sink_holding_too_much_for_unseen_runs_reads_only_the_events_until_half_is_released(
+    tmp_path, offline, monkeypatch
+):
+    """A sink catching up reads the small alerts and aggregates topics far ahead of the events
+    that bring their runs' RunStarted: what it held for them grew without bound."""
+    import asyncio
+    import types
+
+    from aiokafka import TopicPartition
+
+    from schemas import Settings, encode_events
+    from sinks import SinkRunner, _runtime
+
+    monkeypatch.setattr(_runtime, "MAX_HELD_RECORDS", 4)
+    codec = default_codec()
+    settings = Settings(data_dir=tmp_path)
+    topics = settings.topics
+    runner = SinkRunner(WandbSink(tmp_path / "wandb"), settings, alerts=True)
+    runner._producer = _Letters()
+    runner._consumer = consumer = _Consumer()
+    events, alerts = TopicPartition(topics.events, 0), TopicPartition(topics.alerts, 0)
+    consumer.ends = {events: 10}
+    consumer.positions = {events: 0, alerts: 4}
+    runner.open()
+
+    def record(tp, offset, value):
+        return types.SimpleNamespace(topic=tp.topic, partition=0, offset=offset, value=value, key=None)
+
+    runs = ["run-a", "run-a", "run-a", "run-b"]
+    overtaking = [record(alerts, i, codec.encode("Alert", _alert(r, i))) for i, r in enumerate(runs)]
+    asyncio.run(runner._process_sliced(overtaking[:3]))
+    assert consumer.stopped == set()  # 3 held
+    asyncio.run(runner._process_sliced(overtaking[3:]))
+    assert consumer.stopped == {alerts}  # 4 held: the alerts wait, the events are read
+    started = encode_events(
+        codec, "run-b", "p1", [(0, 1_700_000_000_000, RUN_STARTED, run_started("p", "b"))]
+    )
+    consumer.positions[events] = 1
+    asyncio.run(runner._process_sliced([record(events, 0, started)]))
+    assert consumer.stopped == {alerts}  # 3 held: more than half
+    started = encode_events(
+        codec, "run-a", "p2", [(0, 1_700_000_000_001, RUN_STARTED, run_started("p", "a"))]
+    )
+    consumer.positions[events] = 2
+    asyncio.run(runner._process_sliced([record(events, 1, started)]))
+    assert runner._held_alerts == {} and consumer.stopped == set()  # read again
+    runner.close()
