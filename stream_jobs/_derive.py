@@ -171,15 +171,19 @@ class RunDeriver:
     refused = 0
     _said = False
 
+    def series(self) -> int:
+        """The series this run derives from (names logged, label series): what its state grows with."""
+        return len(self._series) + len(self._sample_windows) + self.labels.series()
+
     def _over(self, name: str) -> bool:
-        """Whether ``name`` is new and the run has its ``max_series`` names: then count it."""
-        if len(self._series) + len(self._sample_windows) < self.cfg.max_series:
+        """Whether ``name`` is new and the run has its ``max_series`` series: then count it."""
+        if self.series() < self.cfg.max_series:
             return False
         self.refused += 1
         if not self._said:
             self._said = True
             log.warning(
-                "run %s: %s: more than %d names; later names are not derived (counted; said once per run)",
+                "run %s: %s: more than %d series; later names are not derived (counted; said once per run)",
                 self.run_id,
                 printable(name[:100]),
                 self.cfg.max_series,
@@ -194,7 +198,14 @@ class RunDeriver:
             if body["samples"]:
                 self._samples(body, ts_ms, out)
             if body.get("labels"):
-                self.labels.feed(body["labels"], body["scalars"], body["step"], body["epoch"], ts_ms)
+                self.labels.feed(
+                    body["labels"],
+                    body["scalars"],
+                    body["step"],
+                    body["epoch"],
+                    ts_ms,
+                    self.cfg.max_series - self.series(),
+                )
             if self._ranks is not None:
                 self._rank_producer[body["rank"]] = producer
                 merged = (

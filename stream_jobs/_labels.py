@@ -50,9 +50,19 @@ class LabelSeries:
         self._said = False
 
     def feed(
-        self, labels: Mapping[str, str], scalars: Mapping[str, float], step: int, epoch: int | None, ts: int
+        self,
+        labels: Mapping[str, str],
+        scalars: Mapping[str, float],
+        step: int,
+        epoch: int | None,
+        ts: int,
+        room: int,
     ) -> None:
-        """Fold in one labelled event; its series get points at the next :meth:`points`."""
+        """Fold in one labelled event; its series get points at the next :meth:`points`.
+
+        ``room``: how many new series the run may still derive (its ``max_series``, which label
+        series count toward: one event of 10,000 scalars under 8 labels made 80,000 of them).
+        """
         where = (step, epoch, ts)
         for raw_key, raw_value in labels.items():
             key, value = segment(str(raw_key)), segment(str(raw_value))
@@ -71,11 +81,21 @@ class LabelSeries:
             for metric, x in scalars.items():
                 window = self._windows.get((key, value, metric))
                 if window is None:
+                    if room <= 0:
+                        self._refuse(
+                            f"by_{key}/{value}: the run derives from {self.cfg.max_series} series at most"
+                        )
+                        continue
+                    room -= 1
                     window = self._windows[(key, value, metric)] = Window(self.cfg.label_window)
                 window.add(x)
                 self._touched[(key, value, metric)] = where
             self._recent[key].append(value)
             self._touched_keys[key] = where
+
+    def series(self) -> int:
+        """How many series this run derives from labels (each ~1.1 kB of the worker's state)."""
+        return len(self._windows)
 
     def points(self) -> list[tuple[str, str, str, int, int | None, float, int]]:
         """``(name, source, kind, step, epoch, value, ts)`` of every series fed since the last call.

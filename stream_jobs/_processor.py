@@ -6,6 +6,7 @@ The Faust agent is a thin adapter around it; tests and back-tests drive it direc
 from __future__ import annotations
 
 import dataclasses
+import logging
 import operator
 from collections.abc import Iterable
 from typing import Any
@@ -16,6 +17,8 @@ from ._alerts import AlertEngine
 from ._config import StreamConfig
 from ._derive import Column, Point, RunDeriver
 from ._rules import Rule
+
+log = logging.getLogger("metricbus.stream")
 
 _RUN_AND_PRODUCER = operator.attrgetter("run_id", "producer_id")
 _SEQ = operator.attrgetter("seq")
@@ -77,6 +80,12 @@ class StreamProcessor:
         #: run -> seq of its next alert derived from its events (Alert.seq), for the same reason
         self._alert_seq: dict[str, int] = {}
         self.events = 0
+        #: run -> its series (RunDeriver.series) when last counted; their sum is kept within
+        #: cfg.max_worker_series by forgetting the least recently active runs
+        self._series_of: dict[str, int] = {}
+        self._series_total = 0
+        #: runs whose derivation state was forgotten to keep within cfg.max_worker_series
+        self.forgotten_for_memory = 0
 
     def process(self, events: Iterable[Event]) -> Output:
         """Feed events (one producer's in seq order); return what they derived and fired."""
@@ -121,9 +130,7 @@ class StreamProcessor:
         if deriver is None:
             deriver = RunDeriver(run, self.cfg)
             while len(self._runs) >= RUNS_KEPT:  # the least recently active first
-                oldest = next(iter(self._runs))
-                del self._runs[oldest]
-                self._finished.pop(oldest, None)
+                self._forget(next(iter(self._runs)))
         self._runs[run] = deriver  # the most recently active last
         return deriver
 
@@ -154,8 +161,40 @@ class StreamProcessor:
         if deriver.finished and closes:
             out.closing.add(run)
         self._number_derived(out, run)
+        self._count_series(run, deriver)
         if deriver.finished:
             self._retire(run)
+
+    def _count_series(self, run: str, deriver: RunDeriver) -> None:
+        """Count ``run``'s series; past cfg.max_worker_series forget the least recently active runs.
+
+        Each series holds ~1-2.5 kB (a logged name's windows, a label series): within a run
+        they are bounded by ``max_series``, and runs by RUNS_KEPT, but 1,024 runs of 10,000
+        names each were ~20 GB. A forgotten run that logs again derives its windows afresh (as
+        one forgotten for RUNS_KEPT does); its seqs, dedupe and rules' state stay.
+        """
+        n = deriver.series()
+        self._series_total += n - self._series_of.get(run, 0)
+        self._series_of[run] = n
+        while self._series_total > self.cfg.max_worker_series and next(iter(self._runs)) != run:
+            oldest = next(iter(self._runs))
+            self._forget(oldest)
+            self.forgotten_for_memory += 1
+            if self.forgotten_for_memory % 100 == 1:
+                log.warning(
+                    "the worker derives from more than %d series (max_worker_series): the state of "
+                    "run %s, the least recently active, is forgotten (%d runs so far; each derives "
+                    "afresh if it logs again)",
+                    self.cfg.max_worker_series,
+                    oldest,
+                    self.forgotten_for_memory,
+                )
+
+    def _forget(self, run: str) -> None:
+        """Drop ``run``'s derivation state (its seqs, dedupe and rules' state stay)."""
+        del self._runs[run]
+        self._finished.pop(run, None)
+        self._series_total -= self._series_of.pop(run, 0)
 
     def _retire(self, run: str) -> None:
         """Note ``run`` finished; forget the derivation state of the oldest beyond FINISHED_KEPT.
@@ -170,7 +209,7 @@ class StreamProcessor:
             del self._finished[oldest]
             deriver = self._runs.get(oldest)
             if deriver is not None and deriver.finished:  # not resumed since
-                del self._runs[oldest]
+                self._forget(oldest)
 
     def _ordered(self, out: Output) -> Output:
         if len(out.alerts) > 1:  # rules ran a column at a time: put the alerts back in event order
@@ -265,6 +304,8 @@ class StreamProcessor:
         self._finished = state["finished"]
         for deriver in self._runs.values():
             deriver.cfg = self.cfg
+        self._series_of = {run: deriver.series() for run, deriver in self._runs.items()}
+        self._series_total = sum(self._series_of.values())
         self.alerts.load_state(state["alerts"])
         self.dedupe = state["dedupe"]
         self.events = state["events"]

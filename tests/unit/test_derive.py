@@ -295,6 +295,48 @@ def test_a_run_logging_a_new_name_every_step_derives_its_first_max_series_names_
     assert "Train/Loss" in names and "u/0" in names and "s/0" in names and "u/99" not in names
     assert deriver.refused == 2 * 100 + 1 - 50  # every value of a name past the 50th
     assert [r.message for r in caplog.records].count(  # said once
-        "run r: s/24: more than 50 names; later names are not derived (counted; said once per run)"
+        "run r: s/24: more than 50 series; later names are not derived (counted; said once per run)"
     ) == 1
     assert "Train/Loss_recent_mean" in {p.name for p in log(100, {"Train/Loss": 0.5}).points["r"]}  # goes on
+
+
+def test_label_series_count_toward_a_runs_max_series():
+    """One event of 10,000 scalars under 8 labels made 80,000 label series (~1.1 kB each)."""
+    proc = StreamProcessor(StreamConfig(max_series=50))
+    labels = {f"k{k}": "v" for k in range(8)}
+    body = {**metrics(0, {f"m{i}": 1.0 for i in range(20)})[1], "labels": labels}
+    out = proc.process([Event("r", "p", 0, 1_000, METRICS, body, b"")])
+    deriver = proc._runs["r"]
+    assert len(deriver._series) == 20 and deriver.labels.series() == 30 and deriver.series() == 50
+    by_label = {p.name for p in out.points["r"] if p.name.startswith("by_")}
+    assert len(by_label) == 30 + 8  # 30 series' means, and each key's share
+    assert deriver.labels.refused == 8 * 20 - 30
+    body = metrics(1, {"later": 1.0})[1]
+    proc.process([Event("r", "p", 1, 1_001, METRICS, body, b"")])
+    assert "later" not in deriver._series and deriver.refused == 1  # the run's bound is reached
+
+
+def test_the_worker_forgets_the_least_recently_active_runs_past_max_worker_series(caplog):
+    """1,024 runs of 10,000 names each were ~20 GB of worker state; now max_worker_series bounds it."""
+    proc = StreamProcessor(StreamConfig(max_worker_series=100))
+
+    def log(run_id, seq, names):
+        body = metrics(seq, {f"m{i}": float(seq) for i in range(names)})[1]
+        return proc.process([Event(run_id, f"{run_id}-p", seq, 1_000 + seq, METRICS, body, b"")])
+
+    for run_id in ("r0", "r1", "r2"):
+        log(run_id, 0, 30)
+    log("r0", 1, 30)  # r0 is active again: r1 is now the least recently active
+    assert proc._series_total == 90 and proc.forgotten_for_memory == 0
+    log("r3", 0, 30)  # 120 series: r1 forgotten
+    assert list(proc._runs) == ["r2", "r0", "r3"] and proc._series_total == 90
+    log("r4", 0, 95)  # alone near the bound: every other run forgotten
+    assert list(proc._runs) == ["r4"] and proc._series_total == 95 and proc.forgotten_for_memory == 4
+    assert (
+        sum(r.message.startswith("the worker derives from more than 100 series") for r in caplog.records) == 1
+    )
+    out = log("r1", 1, 6)  # a forgotten run logs again: derived afresh, numbered after what went before
+    assert {p.name for p in out.points["r1"]} >= {"m0_recent_mean"} and list(proc._runs) == ["r1"]
+    restored = StreamProcessor(StreamConfig(max_worker_series=100))
+    restored.load_state(proc.state())  # a checkpoint: counted again
+    assert restored._series_total == proc._series_total == 6
