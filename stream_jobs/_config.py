@@ -121,10 +121,12 @@ class StreamConfig:
     #: said once per run. Each name holds ~2 kB of the worker's state: a run logging a new name
     #: every step (``f"loss_{step}"``) grew the worker until it ran out of memory.
     max_series: int = 10_000
-    #: The worker derives from at most this many series across runs (each ~1-2.5 kB: about
-    #: 500 MB at most); past it the least recently active runs' state is forgotten (they derive
-    #: afresh if they log again), said in the log. Label series count toward both bounds.
-    max_worker_series: int = 200_000
+    #: The runs of one partition of the events topic derive from at most this many series
+    #: (each ~1-2.5 kB: ~125 MB a partition, ~500 MB for the default 4); past it the least
+    #: recently active runs' state is forgotten (they derive afresh if they log again), said in
+    #: the log. Per partition, as a run's state is: a partition rebuilt from its records alone
+    #: forgets the same runs. Label series count toward both bounds.
+    max_partition_series: int = 50_000
     #: Name prefixes whose higher values are worse (for trend direction); everything else
     #: counts higher as better unless its name contains "loss".
     lower_is_better: tuple[str, ...] = ("loss", "kl", "memory", "time", "variance", "std")
@@ -142,7 +144,7 @@ class StreamConfig:
             "hist_bins",
             "label_window",
             "max_series",
-            "max_worker_series",
+            "max_partition_series",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")

@@ -81,10 +81,10 @@ class StreamProcessor:
         self._alert_seq: dict[str, int] = {}
         self.events = 0
         #: run -> its series (RunDeriver.series) when last counted; their sum is kept within
-        #: cfg.max_worker_series by forgetting the least recently active runs
+        #: cfg.max_partition_series by forgetting the least recently active runs
         self._series_of: dict[str, int] = {}
         self._series_total = 0
-        #: runs whose derivation state was forgotten to keep within cfg.max_worker_series
+        #: runs whose derivation state was forgotten to keep within cfg.max_partition_series
         self.forgotten_for_memory = 0
 
     def process(self, events: Iterable[Event]) -> Output:
@@ -166,7 +166,7 @@ class StreamProcessor:
             self._retire(run)
 
     def _count_series(self, run: str, deriver: RunDeriver) -> None:
-        """Count ``run``'s series; past cfg.max_worker_series forget the least recently active runs.
+        """Count ``run``'s series; past cfg.max_partition_series forget the least recently active runs.
 
         Each series holds ~1-2.5 kB (a logged name's windows, a label series): within a run
         they are bounded by ``max_series``, and runs by RUNS_KEPT, but 1,024 runs of 10,000
@@ -176,16 +176,16 @@ class StreamProcessor:
         n = deriver.series()
         self._series_total += n - self._series_of.get(run, 0)
         self._series_of[run] = n
-        while self._series_total > self.cfg.max_worker_series and next(iter(self._runs)) != run:
+        while self._series_total > self.cfg.max_partition_series and next(iter(self._runs)) != run:
             oldest = next(iter(self._runs))
             self._forget(oldest)
             self.forgotten_for_memory += 1
             if self.forgotten_for_memory % 100 == 1:
                 log.warning(
-                    "the worker derives from more than %d series (max_worker_series): the state of "
-                    "run %s, the least recently active, is forgotten (%d runs so far; each derives "
-                    "afresh if it logs again)",
-                    self.cfg.max_worker_series,
+                    "the runs of a partition derive from more than %d series "
+                    "(max_partition_series): the state of run %s, the least recently active, is "
+                    "forgotten (%d runs so far; each derives afresh if it logs again)",
+                    self.cfg.max_partition_series,
                     oldest,
                     self.forgotten_for_memory,
                 )

@@ -316,9 +316,9 @@ def test_label_series_count_toward_a_runs_max_series():
     assert "later" not in deriver._series and deriver.refused == 1  # the run's bound is reached
 
 
-def test_the_worker_forgets_the_least_recently_active_runs_past_max_worker_series(caplog):
-    """1,024 runs of 10,000 names each were ~20 GB of worker state; now max_worker_series bounds it."""
-    proc = StreamProcessor(StreamConfig(max_worker_series=100))
+def test_the_worker_forgets_the_least_recently_active_runs_past_max_partition_series(caplog):
+    """1,024 runs of 10,000 names each were ~20 GB of worker state; now max_partition_series bounds it."""
+    proc = StreamProcessor(StreamConfig(max_partition_series=100))
 
     def log(run_id, seq, names):
         body = metrics(seq, {f"m{i}": float(seq) for i in range(names)})[1]
@@ -333,10 +333,49 @@ def test_the_worker_forgets_the_least_recently_active_runs_past_max_worker_serie
     log("r4", 0, 95)  # alone near the bound: every other run forgotten
     assert list(proc._runs) == ["r4"] and proc._series_total == 95 and proc.forgotten_for_memory == 4
     assert (
-        sum(r.message.startswith("the worker derives from more than 100 series") for r in caplog.records) == 1
+        sum(
+            r.message.startswith("the runs of a partition derive from more than 100 series")
+            for r in caplog.records
+        )
+        == 1
     )
     out = log("r1", 1, 6)  # a forgotten run logs again: derived afresh, numbered after what went before
     assert {p.name for p in out.points["r1"]} >= {"m0_recent_mean"} and list(proc._runs) == ["r1"]
-    restored = StreamProcessor(StreamConfig(max_worker_series=100))
+    restored = StreamProcessor(StreamConfig(max_partition_series=100))
     restored.load_state(proc.state())  # a checkpoint: counted again
     assert restored._series_total == proc._series_total == 6
+
+
+def test_a_partition_checkpointed_and_replayed_forgets_the_same_runs_as_one_that_went_on():
+    """The bound is per partition, so a rebuilt partition (its checkpoint, then its records)
+    holds the state and derives the output of the uninterrupted one."""
+    import pickle
+
+    from stream_jobs._checkpoint import snapshot
+
+    cfg = StreamConfig(max_partition_series=50)
+    batches = [
+        [
+            Event(
+                f"r{i % 5}",
+                f"p{i % 5}",
+                i // 5,
+                1_000 + i,
+                METRICS,
+                metrics(i // 5, {f"m{i % 7}_{j}": 1.0 * i for j in range(12)})[1],
+                b"",
+            )
+        ]
+        for i in range(60)
+    ]
+    went_on = StreamProcessor(cfg)
+    live = [went_on.process(b) for b in batches]
+    first = StreamProcessor(cfg)
+    for b in batches[:30]:
+        first.process(b)
+    rebuilt = StreamProcessor(cfg)
+    rebuilt.load_state(pickle.loads(snapshot(first, 0, 30))["state"])
+    again = [rebuilt.process(b) for b in batches[30:]]
+    assert went_on.forgotten_for_memory > 10  # the bound was hit, again and again
+    assert [o.points for o in again] == [o.points for o in live[30:]]
+    assert list(rebuilt._runs) == list(went_on._runs) and rebuilt._series_total == went_on._series_total
