@@ -41,6 +41,8 @@ class AlertEngine:
         self._value_rules = [r for r in rules if r.kind != "absent"]
         self._absent_rules = [r for r in rules if r.kind == "absent"]
         self._state: dict[tuple[str, str, str], _State] = {}
+        #: run -> its keys in ``_state`` (for :meth:`forget`; rebuilt from it, not checkpointed)
+        self._keys_of: dict[str, list[tuple[str, str, str]]] = {}
         self._last_seen: dict[str, int] = {}
         self._finished: set[str] = set()
         self._matches: dict[str, list[Rule]] = {}
@@ -87,7 +89,7 @@ class AlertEngine:
                 continue
             state = self._state.get((run_id, rule.name, series))
             if state is None:
-                state = self._state[run_id, rule.name, series] = _State()
+                state = self._new_state((run_id, rule.name, series))
             skip = min(max(rule.warmup - state.seen, 0), len(values))
             state.seen += len(values)
             if skip:  # still warming up: these values are not evaluated
@@ -118,6 +120,25 @@ class AlertEngine:
         if ranges is not None:
             _widen(ranges, run_id, values)
 
+    def _new_state(self, key: tuple[str, str, str]) -> _State:
+        state = self._state[key] = _State()
+        self._keys_of.setdefault(key[0], []).append(key)
+        return state
+
+    def forget(self, run_id: str) -> None:
+        """Drop what the rules hold of a finished run that the processor forgot (FINISHED_KEPT).
+
+        Its rules' states (~600 B each in memory, six a run with the default rules), its ranges
+        and when it was last seen went on for ever: a worker grew ~3.5 kB a finished run, and
+        its checkpoints with it. It stays known as finished (a few bytes), so a stray late event
+        does not make it a run gone silent; a resumed run's rules start afresh, as its windows do.
+        """
+        for key in self._keys_of.pop(run_id, ()):
+            del self._state[key]
+        for ranges in self._ranges.values():
+            ranges.pop(run_id, None)
+        self._last_seen.pop(run_id, None)
+
     def state(self) -> dict[str, Any]:
         """Per (run, rule, series) state and liveness, for checkpoints (rules are not included)."""
         return {
@@ -130,6 +151,9 @@ class AlertEngine:
     def load_state(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state`; rules by the same name keep their firing/streak state."""
         self._state = state["state"]
+        self._keys_of = {}
+        for key in self._state:
+            self._keys_of.setdefault(key[0], []).append(key)
         self._last_seen = state["last_seen"]
         self._finished = state["finished"]
         for metric, ranges in state["ranges"].items():
@@ -165,7 +189,7 @@ class AlertEngine:
             for run_id, last in self._last_seen.items():
                 if run_id in self._finished:
                     continue
-                state = self._state.setdefault((run_id, rule.name, "*"), _State())
+                state = self._state.get((run_id, rule.name, "*")) or self._new_state((run_id, rule.name, "*"))
                 silent_s = (now_ms - last) / 1000
                 if silent_s > rule.seconds and not state.firing:
                     state.firing = True

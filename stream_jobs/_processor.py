@@ -171,7 +171,7 @@ class StreamProcessor:
         Each series holds ~1-2.5 kB (a logged name's windows, a label series): within a run
         they are bounded by ``max_series``, and runs by RUNS_KEPT, but 1,024 runs of 10,000
         names each were ~20 GB. A forgotten run that logs again derives its windows afresh (as
-        one forgotten for RUNS_KEPT does); its seqs, dedupe and rules' state stay.
+        one forgotten for RUNS_KEPT does; see :meth:`_forget`).
         """
         n = deriver.series()
         self._series_total += n - self._series_of.get(run, 0)
@@ -191,16 +191,22 @@ class StreamProcessor:
                 )
 
     def _forget(self, run: str) -> None:
-        """Drop ``run``'s derivation state (its seqs, dedupe and rules' state stay)."""
-        del self._runs[run]
+        """Drop ``run``'s derivation state, and of a finished run its rules' state too.
+
+        Its seqs and dedupe stay (a re-delivered event is still dropped, a resumed run's
+        derived events numbered after what went before); so do a live run's rules' states,
+        whose 'absent' rule still watches it.
+        """
+        if self._runs.pop(run).finished:
+            self.alerts.forget(run)
         self._finished.pop(run, None)
         self._series_total -= self._series_of.pop(run, 0)
 
     def _retire(self, run: str) -> None:
         """Note ``run`` finished; forget the derivation state of the oldest beyond FINISHED_KEPT.
 
-        Its seqs (derived and alerts) and what the dedupe and the rules know stay: a late or
-        resumed event of a forgotten run is derived afresh, numbered after what went before.
+        Its seqs (derived and alerts) and what the dedupe knows stay: a late or resumed event
+        of a forgotten run is derived afresh, numbered after what went before (:meth:`_forget`).
         """
         self._finished.pop(run, None)
         self._finished[run] = None
