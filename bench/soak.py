@@ -36,6 +36,11 @@ event once, W&B 832,616 of 1,779,902 with no hole (it writes ~1,400 rows/s). Ele
 at the default bound: 3,000 events/s for 50 min through 1024 MB, no restart (the broker grew
 ~4.8 MB a minute, to 243 MB), the archive every one of 8,903,702 events once; this check then
 failed to sort the 98.6M-row run (fixed) and read the other sinks back no more.
+Fifteenth session, alerts through the restarts (`SOAK_NAN_EVERY=40000 SOAK_WANDB_ALERTS=1`, a
+NaN loss every 40 s, so nan_loss fires and resolves 30 s later; `up --wandb-alerts`): 1,000
+events/s for 8 min through 15 MB, 9 planned restarts, at most 24 MB, the archive, TensorBoard
+and W&B every one of 479,002 events once; 11 NaNs, the console consumer 11 firing and 11
+resolved, and W&B's own files of the run (8, one per reopening) 22 alerts, none twice.
 """
 
 from __future__ import annotations
@@ -58,6 +63,10 @@ from _common import free_port  # noqa: E402
 MAX_MB = float(os.environ.get("SOAK_MAX_MB", 60))
 RATE = int(os.environ.get("SOAK_RATE", 1000))
 MINUTES = float(os.environ.get("SOAK_MINUTES", 10))
+#: every this many steps the loss is NaN, and finite again after (0: never): the nan_loss rule
+#: fires and resolves; with SOAK_WANDB_ALERTS=1 `up --wandb-alerts` raises them on the W&B run
+NAN_EVERY = int(os.environ.get("SOAK_NAN_EVERY", 0))
+WANDB_ALERTS = os.environ.get("SOAK_WANDB_ALERTS") == "1"
 
 
 def broker_rss(up: subprocess.Popen[str]) -> float | None:
@@ -79,7 +88,16 @@ def main() -> None:
     port = free_port()
     env = {**os.environ, "METRICBUS_LOCAL_PORT": str(port), "METRICBUS_BROKER_MAX_MB": str(MAX_MB)}
     up = subprocess.Popen(
-        [sys.executable, "-m", "metricbus", "--data-dir", str(tmp), "up", "--no-dashboard"],
+        [
+            sys.executable,
+            "-m",
+            "metricbus",
+            "--data-dir",
+            str(tmp),
+            "up",
+            "--no-dashboard",
+            *(["--wandb-alerts"] if WANDB_ALERTS else []),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -126,7 +144,8 @@ def main() -> None:
     while time.monotonic() - started < MINUTES * 60:
         tick = time.monotonic()
         for _ in range(RATE // 10):  # a tenth of a second's events, then wait for the next tenth
-            run.log({**values, "Train/Loss": 1.0 / (step + 1)}, step=step, epoch=step // 10_000)
+            loss = float("nan") if NAN_EVERY and step % NAN_EVERY == NAN_EVERY - 1 else 1.0 / (step + 1)
+            run.log({**values, "Train/Loss": loss}, step=step, epoch=step // 10_000)
             step += 1
         time.sleep(max(0.0, 0.1 - (time.monotonic() - tick)))
         if step % (RATE * 60) < RATE // 10:
@@ -166,7 +185,35 @@ def main() -> None:
     )
     for kind in ("tensorboard", "wandb"):
         print(f"{kind} sink: {sink_held(kind, tmp / kind, run.run_id, events)}")
+    if NAN_EVERY:
+        print(f"alerts: {alerts_held(tmp, run.run_id, step // NAN_EVERY)}")
     print(f"records still to read per consumer group when `up` stopped: {lags}")
+
+
+def alerts_held(data: Path, run_id: str, nans: int) -> str:
+    """The W&B sink's alerts of the run (its ledger: each alert's seq once), beside the console's.
+
+    Each NaN fires nan_loss unless it still fires (it resolves after 30 s of finite losses).
+    """
+    from schemas import ALERTS_PRODUCER
+    from sinks import make_sink
+
+    console = [
+        line for line in (data / "logs" / "alerts-console.log").read_text().splitlines() if run_id in line
+    ]
+    firing = sum("[FIRING]" in line for line in console)
+    resolved = sum("[RESOLVED]" in line for line in console)
+    try:
+        held = make_sink("wandb", data / "wandb").recover(run_id).get(ALERTS_PRODUCER, [])
+    except Exception as exc:  # noqa: BLE001 - the W&B sink is an extra
+        return f"the W&B sink's cannot be read ({exc}); console: {firing} firing, {resolved} resolved"
+    count = sum(end - start + 1 for start, end in held)
+    holes = max((end for _, end in held), default=-1) + 1 - count
+    return (
+        f"{nans:,} NaN losses logged; the console consumer printed {firing:,} firing and "
+        f"{resolved:,} resolved; the W&B sink raised {count:,} alerts ({holes:,} seqs missing "
+        "below its highest)"
+    )
 
 
 def group_lags(settings: Any) -> str:
@@ -188,13 +235,15 @@ def group_lags(settings: Any) -> str:
 def sink_held(kind: str, out: Path, run_id: str, events: int) -> str:
     """What a sink holds of the run's logged events, by its own record of them (``recover``):
     holes below the highest seq it holds were lost; a shortfall past it, not yet read."""
+    from schemas import ALERTS_PRODUCER, DERIVED_PRODUCER
     from sinks import make_sink
 
     try:
         held = make_sink(kind, out).recover(run_id)
     except Exception as exc:  # noqa: BLE001 - a sink that is not installed or wrote nothing
         return f"cannot read it ({exc})"
-    intervals = sorted(iv for producer, ivs in held.items() if producer != "metricbus.stream" for iv in ivs)
+    derived = {DERIVED_PRODUCER, ALERTS_PRODUCER}
+    intervals = sorted(iv for producer, ivs in held.items() if producer not in derived for iv in ivs)
     count = sum(end - start + 1 for start, end in intervals)
     top = max((end for _, end in intervals), default=-1)
     holes = top + 1 - count
