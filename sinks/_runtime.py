@@ -654,12 +654,12 @@ class SinkRunner(ConsumerLoop):
         ]
         for run in unseen:
             del self._held_marks[run]
+            reason = (
+                f"run {run!r} was not seen on {', '.join(sorted(self._event_topics))} (no "
+                "RunStarted nor any logged event of it) up to where its partitions ended after "
+                "this record came: held, then let go"
+            )
             for record, _ in self._held.pop(run, []) + self._held_alerts.pop(run, []):
-                reason = (
-                    f"run {run!r} was not seen on {', '.join(sorted(self._event_topics))} (no "
-                    "RunStarted nor any logged event of it) up to where its partitions ended after "
-                    "this record came: held, then let go"
-                )
                 await self._deadletter(record.value, record.key, reason, record)
                 tp = TopicPartition(record.topic, record.partition)
                 self._uncommitted[tp] = max(self._uncommitted.get(tp, 0), await consumer.position(tp))
