@@ -65,6 +65,10 @@ _SAFE = re.compile(r"[^-/\w.]")
 SEQS_FILE = ".metricbus-seqs.json"
 LAYOUT_FILE = ".metricbus-layout.json"  # the names placed in the custom-scalars layout
 OWNER_FILE = ".metricbus-run"  # the id of the run whose directory it is
+#: Runs whose event file the sink holds open after a flush, the most recently written: each is
+#: a file descriptor (a usual soft limit is 1,024) and its ledger and layout (~10 kB). The sink
+#: kept every run it ever wrote open. A run closed is reopened, ledger and all, on its next event.
+OPEN_RUNS = 256
 
 
 def tag(name: str) -> str:
@@ -90,12 +94,19 @@ class _RunWriter:
         self.layout = RunLayout(charts, held=_placed(directory))
         self.layout_dirty = False
         self._cut_unrecorded()
-        name = f"events.out.tfevents.{time.time():010.0f}.{socket.gethostname()}.{os.getpid()}.metricbus"
-        self.name = name
-        self._file: BinaryIO = open(directory / name, "ab")  # noqa: SIM115 - closed in close()
+        # reopened by this process (closed past OPEN_RUNS): its file goes on, if it is the
+        # directory's last (TensorBoard reads a run's files in name order, and an older file
+        # no more once it reads a newer one)
+        suffix = f".{socket.gethostname()}.{os.getpid()}.metricbus"
+        files = sorted(p.name for p in directory.glob("events.out.tfevents.*"))
+        goes_on = bool(files) and files[-1].endswith(suffix) and files[-1] in self.ledger.files
+        self.name = files[-1] if goes_on else f"events.out.tfevents.{time.time():010.0f}{suffix}"
+        self._file: BinaryIO = open(directory / self.name, "ab")  # noqa: SIM115 - closed in close()
         self._records = RecordWriter(self._file)
         self._event = event_pb2.Event
-        self.write(self._event(wall_time=time.time(), file_version="brain.Event:2"))
+        self.dirty = False
+        if not goes_on:
+            self.write(self._event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def _cut_unrecorded(self) -> None:
         """Cut what a killed process appended after its last ledger save: it is re-delivered."""
@@ -252,10 +263,19 @@ class TensorBoardSink:
         return self._pending
 
     def flush(self) -> None:
-        """Make every run's event file durable (fsync), then record which seqs it holds."""
+        """Make every run's event file durable (fsync), then record which seqs it holds.
+
+        Then close the least recently written runs' files past OPEN_RUNS.
+        """
         for writer in self._writers.values():
             writer.flush()
         self._pending = 0
+        self._close_past(OPEN_RUNS)
+
+    def _close_past(self, kept: int) -> None:
+        """Close the least recently written runs' files (flushed: durable) past ``kept`` open."""
+        while len(self._writers) > kept:
+            self._writers.pop(next(iter(self._writers))).close()
 
     def release(self) -> None:
         """A rebalance: close every run's file (flushed already).
@@ -308,7 +328,10 @@ class TensorBoardSink:
                     fallback,
                 )
                 writer = _RunWriter(fallback, e.run_id, self._charts)
+            self._close_past(2 * OPEN_RUNS - 1)  # a batch of many runs: before the descriptors run out
             self._writers[e.run_id] = writer
+        elif next(reversed(self._writers)) != e.run_id:
+            self._writers[e.run_id] = self._writers.pop(e.run_id)  # the most recently written last
         return writer
 
     def _move(self, writer: _RunWriter, directory: Path) -> _RunWriter:

@@ -235,3 +235,72 @@ def test_a_run_whose_directory_cannot_be_written_goes_to_the_fallback_and_the_ot
     again.write([ev(0, RUN_STARTED, run_started("grpo", "gemma"), run="run-1")])
     again.close()
     assert again.run_dirs("run-1") == [root / "grpo" / "gemma-run-1", fallback]  # its own first
+
+
+def test_the_least_recently_written_runs_are_closed_and_go_on_in_their_own_file(tmp_path, monkeypatch):
+    """The sink held every run it ever wrote open: past ~1,000 runs a usual limit of 1,024
+    descriptors made each new run's open fail (Errno 24, measured)."""
+    from sinks import tensorboard
+
+    monkeypatch.setattr(tensorboard, "OPEN_RUNS", 2)
+    sink = TensorBoardSink(tmp_path / "tb")
+    sink.open()
+    runs = [f"run-{i}" for i in range(5)]
+    for r in runs:
+        sink.write([Event(r, "p1", 0, 1_700_000_000_000, RUN_STARTED, run_started("p", r), FP)])
+    for step in range(3):  # round robin: every run is closed, and reopened, at each flush
+        for r in runs:
+            body = {"step": step, "epoch": None, "rank": 0, "scalars": {"x": step + 0.5}, "samples": {}}
+            sink.write([Event(r, "p1", step + 1, 1_700_000_001_000 + step, METRICS, body, FP)])
+        sink.flush()
+        assert len(sink._writers) == 2  # the two last written stay open
+    sink.close()
+    for r in runs:
+        directory = tmp_path / "tb" / "p" / r
+        assert len(list(directory.glob("events.out.tfevents.*"))) == 1  # reopened, it went on
+        assert [(s.step, s.value) for s in accumulate(directory).Scalars("x")] == [
+            (0, 0.5),
+            (1, 1.5),
+            (2, 2.5),
+        ]
+    again = TensorBoardSink(tmp_path / "tb")  # a restart knows what each run holds
+    assert again.recover("run-0") == {"p1": [(0, 3)]}
+
+
+def test_a_sink_writes_thousands_of_runs_within_a_usual_limit_of_descriptors(tmp_path):
+    """Through the sink runner, under a soft limit of 1,024 open files."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import asyncio, resource, types
+        from pathlib import Path
+        from schemas import Settings, encode_events, default_codec, RUN_STARTED, RUN_FINISHED, METRICS, run_started
+        from sinks import SinkRunner
+        from sinks.tensorboard import TensorBoardSink
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        codec = default_codec()
+        settings = Settings(data_dir=Path({str(tmp_path)!r}))
+        runner = SinkRunner(TensorBoardSink(settings.data_dir / "tb"), settings)
+        runner.open()
+        for r in range(1500):
+            body = {{"step": 0, "epoch": None, "rank": 0, "scalars": {{"x": float(r)}}, "samples": {{}}}}
+            events = [(0, 1, RUN_STARTED, run_started("p", f"r{{r}}")), (1, 2, METRICS, body)]
+            value = encode_events(codec, f"r{{r}}", f"p{{r}}", events)
+            record = types.SimpleNamespace(topic=settings.topics.events, partition=0, offset=r, value=value, key=None)
+            asyncio.run(runner._process([record]))
+            if r % 100 == 99:
+                runner.flush()
+        runner.flush()
+        runner.close()
+        print(runner.stats.written, runner.stats.rejected)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["3000", "0"]
+    for r in (0, 777, 1499):
+        assert [s.value for s in accumulate(tmp_path / "tb" / "p" / f"r{r}").Scalars("x")] == [float(r)]
