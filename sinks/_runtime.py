@@ -66,6 +66,13 @@ LET_GO_CHECK_S = 1.0
 MAX_HELD_RECORDS = 10_000
 
 
+#: Runs a sink's feeder keeps what it knows of (which seqs the sink holds); past it, a run not
+#: seen for KNOWN_IDLE_COMMITS commits is forgotten after a commit (what it took is durable
+#: then) and asked of the sink again on its next event. It kept every run it ever saw.
+RUNS_KNOWN = 4096
+KNOWN_IDLE_COMMITS = 30
+
+
 @dataclasses.dataclass
 class SinkStats:
     """Counters of one sink process."""
@@ -93,7 +100,9 @@ class Feeder:
         self.logged = Deduper()  #: by producer_id (a producer's seqs are its own)
         self.derived = Deduper()  #: by run_id (derived seqs count per run)
         self.alerts = Deduper()  #: by run_id (alert seqs count per run)
-        self._known_runs: set[str] = set()
+        self._known_runs: dict[str, int] = {}  #: run -> the commit it was last seen after
+        self._commits = 0
+        self._run_of: dict[str, str] = {}  #: producer -> its run (to forget a run's producers)
         #: runs with a logged event seen (or held durably): their RunStarted has been written
         self.logged_runs: set[str] = set()
 
@@ -113,13 +122,16 @@ class Feeder:
         self._forgotten = self.duplicates
         self.logged, self.derived, self.alerts = Deduper(), Deduper(), Deduper()
         self._known_runs.clear()
+        self._run_of.clear()
         self.logged_runs.clear()
 
     def known(self, run_id: str) -> None:
         """Load what the sink holds of ``run_id`` (once per run)."""
-        if run_id in self._known_runs:
+        known = self._known_runs
+        if run_id in known:
+            known[run_id] = self._commits
             return
-        self._known_runs.add(run_id)
+        known[run_id] = self._commits
         for producer, intervals in self.sink.recover(run_id).items():
             if producer == DERIVED_PRODUCER:
                 self.derived.load(run_id, intervals)
@@ -127,7 +139,28 @@ class Feeder:
                 self.alerts.load(run_id, intervals)
             else:
                 self.logged.load(producer, intervals)
+                self._run_of[producer] = run_id
                 self.logged_runs.add(run_id)
+
+    def committed(self) -> None:
+        """After a flush and commit: past RUNS_KNOWN runs, forget those long unseen.
+
+        Everything the sink took is durable then, so what it holds of a forgotten run is what
+        its ``recover`` says, read again on the run's next event (as after :meth:`forget`).
+        """
+        self._commits += 1
+        if len(self._known_runs) <= RUNS_KNOWN:
+            return
+        idle = self._commits - KNOWN_IDLE_COMMITS
+        gone = {run for run, seen in self._known_runs.items() if seen < idle}
+        for run in gone:
+            del self._known_runs[run]
+            self.logged_runs.discard(run)
+            self.derived.sets.pop(run, None)
+            self.alerts.sets.pop(run, None)
+        for producer in [p for p, run in self._run_of.items() if run in gone]:
+            del self._run_of[producer]
+            self.logged.sets.pop(producer, None)
 
     def fresh(self, events: Sequence[Event]) -> list[Event]:
         """The events (logged or derived) the sink does not hold yet."""
@@ -142,6 +175,7 @@ class Feeder:
                     out.append(e)
             else:
                 self.logged_runs.add(e.run_id)
+                self._run_of[e.producer_id] = e.run_id
                 if self.logged.is_new(e.producer_id, e.seq):
                     out.append(e)
         return out
@@ -156,6 +190,7 @@ class Feeder:
         if not self.logged.add_run(columns.producer_id, columns.seqs):
             return False
         self.logged_runs.add(columns.run_id)
+        self._run_of[columns.producer_id] = columns.run_id
         return True
 
     def write_columns(self, columns: ScalarColumns) -> list[tuple[Event, str]]:
@@ -784,6 +819,7 @@ class SinkRunner(ConsumerLoop):
             return repr(event)[:4096].encode()
 
     def _after_commit(self) -> None:
+        self.feeder.committed()
         for producer, missing in self.feeder.logged.gaps().items():
             if self._gaps_reported.get(producer) != missing:
                 self._gaps_reported[producer] = missing

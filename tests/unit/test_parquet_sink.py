@@ -538,3 +538,34 @@ def test_derived_points_that_overtake_their_runs_start_wait_for_it_and_hold_back
     assert runner._held == {} and runner.pending() == 2
     runner.flush()
     assert [p.parent.parent.name for p in settings.archive_dir.rglob("*.parquet")] == ["project=grpo"]
+
+
+def test_a_feeder_forgets_runs_long_unseen_and_asks_the_sink_again_on_their_next_event(tmp_path, monkeypatch):
+    """It kept which seqs every run it ever saw holds (~1 kB a run in a long-lived sink)."""
+    from sinks import _runtime
+
+    monkeypatch.setattr(_runtime, "RUNS_KNOWN", 2)
+    monkeypatch.setattr(_runtime, "KNOWN_IDLE_COMMITS", 1)
+    archive = ParquetArchive(tmp_path / "archive")
+    archive.open()
+    feeder = _runtime.Feeder(archive)
+
+    def events(run):
+        body = {"step": 0, "epoch": None, "rank": 0, "scalars": {"x": 1.0}, "samples": {}}
+        return [
+            ev(0, RUN_STARTED, run_started("grpo", "n"), run, f"p-{run}"),
+            ev(1, METRICS, body, run, f"p-{run}"),
+        ]
+
+    for run in ("r0", "r1", "r2", "r3"):
+        feeder.write(feeder.fresh(events(run)))
+    archive.flush()
+    feeder.committed()
+    assert len(feeder._known_runs) == 4  # seen since the last commit: kept
+    feeder.write(feeder.fresh(events("r4")))
+    archive.flush()
+    feeder.committed()
+    assert set(feeder._known_runs) == {"r4"} and set(feeder.logged.sets) == {"p-r4"}
+    assert feeder.fresh(events("r0")) == [] and feeder.duplicates == 2  # r0 asked of the archive again
+    assert set(feeder._known_runs) == {"r0", "r4"} and "r0" in feeder.logged_runs
+    assert [e.seq for e in read_events(archive.archive_dir, "r0")] == [0, 1]
