@@ -43,7 +43,8 @@ CONSUMER_COUNTERS = (
     "flush_failures",
     "commits",
 )
-WORKER_COUNTERS = ("records", "events", "outputs", "alerts", "deadlettered")
+#: forgotten_runs: runs whose derivation state was dropped to keep within max_partition_series
+WORKER_COUNTERS = ("records", "events", "outputs", "alerts", "deadlettered", "forgotten_runs")
 FLUSH_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 _metrics: dict[str, Any] = {}

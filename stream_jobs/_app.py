@@ -183,6 +183,7 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
                 message = event.message
                 processor = await state.ensure(message.partition, message.offset)
                 started = time.perf_counter()
+                forgotten = processor.forgotten_for_memory
                 try:
                     output = processor.process_record(batch, columns)
                 except Exception as exc:  # noqa: BLE001 - one record must not stop the worker
@@ -193,6 +194,7 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
                     counts["events"] += len(batch) + (len(columns.seqs) if columns is not None else 0)
                     counts["outputs"] += sum(map(len, output.points.values()))
                     counts["alerts"] += len(output.alerts)
+                    counts["forgotten_runs"] += processor.forgotten_for_memory - forgotten
             counts["records"] += 1
             state.advance(event.message.partition, event.message.offset)  # no await since process()
 

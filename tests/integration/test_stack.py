@@ -228,6 +228,8 @@ def test_up_serves_the_dashboard_status_and_every_process_counters(tmp_path):
         # RunStarted + 20 Metrics + RunFinished, written by the Parquet sink process, counted by it
         assert written.get("metricbus.sink.parquet", 0) >= 22, written
         assert derived_from >= 22  # the stream worker's counter, from its own process
+        forgotten = families["metricbus_worker_forgotten_runs"].samples  # within max_partition_series
+        assert [s.value for s in forgotten if s.name.endswith("_total")] == [0.0]
     finally:
         stop_up(proc, clean=True)
     log = (tmp_path / "logs" / "dashboard.log").read_text()
