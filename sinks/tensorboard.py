@@ -69,6 +69,9 @@ OWNER_FILE = ".metricbus-run"  # the id of the run whose directory it is
 #: a file descriptor (a usual soft limit is 1,024) and its ledger and layout (~10 kB). The sink
 #: kept every run it ever wrote open. A run closed is reopened, ledger and all, on its next event.
 OPEN_RUNS = 256
+#: Directories of runs closed past OPEN_RUNS, remembered so that reopening one does not list
+#: the run directories again (a cache: cleared when full)
+CLOSED_KEPT = 65_536
 
 
 def tag(name: str) -> str:
@@ -150,6 +153,7 @@ class TensorBoardSink:
         self.root = Path(root)
         self._charts = merged(layout)
         self._writers: dict[str, _RunWriter] = {}
+        self._closed: dict[str, Path] = {}  #: run -> its directory, closed past OPEN_RUNS
         self._pending = 0
 
     def open(self) -> None:
@@ -275,14 +279,22 @@ class TensorBoardSink:
     def _close_past(self, kept: int) -> None:
         """Close the least recently written runs' files (flushed: durable) past ``kept`` open."""
         while len(self._writers) > kept:
-            self._writers.pop(next(iter(self._writers))).close()
+            run_id = next(iter(self._writers))
+            writer = self._writers.pop(run_id)
+            writer.close()
+            if writer.directory.parent.name not in (UNKNOWN_PROJECT, FALLBACK_PROJECT):
+                if len(self._closed) >= CLOSED_KEPT:
+                    self._closed.clear()
+                self._closed[run_id] = writer.directory
 
     def release(self) -> None:
         """A rebalance: close every run's file (flushed already).
 
-        A run's file is reopened, with its ledger, on the run's next event.
+        A run's file is reopened, with its ledger, on the run's next event (its directories
+        listed again: another instance may have written it meanwhile).
         """
         self.close()
+        self._closed.clear()
 
     def close(self) -> None:
         """Flush and close every file."""
@@ -308,7 +320,8 @@ class TensorBoardSink:
         if writer is None:
             # the run's directory from an earlier attempt (a resumed run: run_id= of an earlier
             # run) or an earlier process, whatever name the new attempt gave
-            existing = self.run_dirs(e.run_id)
+            closed = self._closed.pop(e.run_id, None)
+            existing = [closed] if closed is not None and closed.is_dir() else self.run_dirs(e.run_id)
             if e.kind == RUN_STARTED:
                 named = [d for d in existing if d.parent.name not in (UNKNOWN_PROJECT, FALLBACK_PROJECT)]
                 directory = named[0] if named else self.run_dir(e.body["project"], e.body["name"], e.run_id)

@@ -248,12 +248,16 @@ def test_the_least_recently_written_runs_are_closed_and_go_on_in_their_own_file(
     runs = [f"run-{i}" for i in range(5)]
     for r in runs:
         sink.write([Event(r, "p1", 0, 1_700_000_000_000, RUN_STARTED, run_started("p", r), FP)])
+    listed = []
+    run_dirs = sink.run_dirs
+    monkeypatch.setattr(sink, "run_dirs", lambda run_id: listed.append(run_id) or run_dirs(run_id))
     for step in range(3):  # round robin: every run is closed, and reopened, at each flush
         for r in runs:
             body = {"step": step, "epoch": None, "rank": 0, "scalars": {"x": step + 0.5}, "samples": {}}
             sink.write([Event(r, "p1", step + 1, 1_700_000_001_000 + step, METRICS, body, FP)])
         sink.flush()
         assert len(sink._writers) == 2  # the two last written stay open
+    assert listed == []  # a run reopened is found where it was closed, without listing the root
     sink.close()
     for r in runs:
         directory = tmp_path / "tb" / "p" / r
