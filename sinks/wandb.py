@@ -225,9 +225,14 @@ class WandbSink:
         return self._pending
 
     def flush(self) -> None:
-        """Record which identities were handed to W&B (W&B itself has no flush)."""
+        """Record which identities were handed to W&B (W&B itself has no flush).
+
+        Then keep in memory only the ledgers of open runs (read again when needed).
+        """
         for ledger in self._ledgers.values():
             ledger.save()
+        for run_id in [r for r in self._ledgers if r not in self._runs]:
+            del self._ledgers[run_id]
         now = time.monotonic()
         for run_id, (since, _) in list(self._finished.items()):
             if run_id in self._runs and now - since >= self.finish_grace_s:

@@ -671,3 +671,18 @@ def test_a_run_written_to_lately_stays_open_across_flushes(tmp_path, offline):
     sink.flush()
     assert list(sink._runs) == ["run-wb1"]
     sink.close()
+
+
+def test_the_ledgers_of_runs_not_open_are_not_kept_in_memory_after_a_flush(tmp_path, offline):
+    """Each run a sink was asked about (a restart's catch-up, a run its feeder forgot and saw
+    again) kept its ledger in memory for ever."""
+    sink = WandbSink(tmp_path)
+    sink.open()
+    sink.write([ev(0, RUN_STARTED, run_started("grpo", "g")), metrics(1, 0, {"x": 1.0})])
+    sink.close()
+    again = WandbSink(tmp_path)
+    again.open()
+    assert again.recover("run-wb1") == {"p1": [(0, 1)]}
+    again.flush()
+    assert again._ledgers == {}
+    assert again.recover("run-wb1") == {"p1": [(0, 1)]}  # read again, from its files and ledger
