@@ -2,7 +2,7 @@
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
-COPY metricbus metricbus
+COPY metricbus metricbus   # its component folders are links to the ones below
 COPY schemas schemas
 COPY producers producers
 COPY sinks sinks

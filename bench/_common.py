@@ -24,7 +24,7 @@ def free_port() -> int:
 def bench_broker() -> Iterator[tuple[str, Any]]:
     """``(tmp, broker)``: a temporary directory and the embedded broker logging into it, with
     warnings only and kafka-python's connection noise off; both gone on exit."""
-    from metricbus._broker import EmbeddedBroker
+    from metricbus.stack._broker import EmbeddedBroker
 
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
@@ -69,7 +69,7 @@ def fill(settings, n: int, run_id: str | None = None, columnar: bool = True) -> 
     ``max_block_s``: a tight loop outruns the encoder, and shed events would make n a lie.
     ``columnar=False`` writes a record per event (the v4 layout) instead of EventBatch v5's columns.
     """
-    from producers import Run
+    from metricbus.producers import Run
 
     run = Run("bench", run_id=run_id, settings=settings, system_metrics=False, linger_s=0.05, max_block_s=5.0)
     run._publisher.columnar = columnar

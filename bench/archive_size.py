@@ -54,8 +54,8 @@ def dir_bytes(path: Path) -> int:
 def metricbus_bytes(
     data: dict[str, np.ndarray], out: Path, flush_steps: int, compact_after: int = 64, finish: bool = False
 ) -> int:
-    from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, default_codec, run_started
-    from sinks import ParquetArchive
+    from metricbus.schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, default_codec, run_started
+    from metricbus.sinks import ParquetArchive
 
     fp = default_codec().newest("EventBatch").fingerprint
     sink = ParquetArchive(out, compact_after=compact_after)

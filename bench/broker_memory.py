@@ -37,8 +37,8 @@ def values(kind: str, step: int, rng: random.Random) -> dict[str, float]:
 
 def broker_growth_mb(compression: str, kind: str) -> float:
     """MB of broker resident memory added by N logged events of ``kind`` sent with ``compression``."""
-    from producers import Run
-    from schemas import Settings
+    from metricbus.producers import Run
+    from metricbus.schemas import Settings
 
     rng = random.Random(7)
     with bench_broker() as (tmp, broker):

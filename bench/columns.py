@@ -27,7 +27,7 @@ LOOPS = 20
 
 
 def main() -> None:
-    from schemas import METRICS, decode_events, default_codec, encode_events
+    from metricbus.schemas import METRICS, decode_events, default_codec, encode_events
 
     codec = default_codec()
     events = [
@@ -105,9 +105,9 @@ def archive_rate(codec, events, columnar: bool, as_columns: bool) -> float:  # t
     Kafka): LOOPS records of BATCH events, then one flush."""
     import tempfile
 
-    from schemas import decode_record, encode_events
-    from sinks import Feeder
-    from sinks.parquet import ParquetArchive
+    from metricbus.schemas import decode_record, encode_events
+    from metricbus.sinks import Feeder
+    from metricbus.sinks.parquet import ParquetArchive
 
     records = [
         encode_events(

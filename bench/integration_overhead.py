@@ -108,8 +108,8 @@ def sb3_baseline(tmp: str) -> tuple[float, float]:
 
 
 def sb3_metricbus(tmp: str, bootstrap: str) -> tuple[float, float]:
-    from producers.sb3 import MetricbusCallback, MetricbusOutputFormat
-    from schemas import Settings
+    from metricbus.producers.sb3 import MetricbusCallback, MetricbusOutputFormat
+    from metricbus.schemas import Settings
 
     settings = Settings(bootstrap=bootstrap, data_dir=Path(tmp) / "mb")
     model = _ppo()
@@ -190,7 +190,7 @@ def _on_log_cost(callback: Any, tmp: str, begin: Any = None, end: Any = None) ->
 
 def hf_metricbus(tmp: str, bootstrap: str) -> tuple[float, float]:
     from metricbus.hf import MetricbusCallback
-    from schemas import Settings
+    from metricbus.schemas import Settings
 
     cb = MetricbusCallback(
         project="bench",

@@ -35,8 +35,8 @@ REPEATS = int(os.environ.get("BENCH_REPEATS", 3))
 
 
 def consume(settings, out: Path, group: str, metrics_on: bool) -> float:
-    from schemas import LoopMetrics
-    from sinks import SinkRunner, make_sink
+    from metricbus.schemas import LoopMetrics
+    from metricbus.sinks import SinkRunner, make_sink
 
     saved = {name: getattr(LoopMetrics, name) for name in ("update", "observe", "stamp")}
     if not metrics_on:
@@ -78,8 +78,8 @@ def follow(url: str, stop: threading.Event) -> None:
 
 
 def main() -> None:
-    from metricbus._broker import EmbeddedBroker
-    from schemas import Settings, ensure_topics
+    from metricbus.schemas import Settings, ensure_topics
+    from metricbus.stack._broker import EmbeddedBroker
 
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
@@ -91,7 +91,7 @@ def main() -> None:
             settings = Settings(bootstrap=broker.bootstrap, data_dir=Path(tmp) / "d", partitions=1)
             ensure_topics(settings)
             fill(settings, N)
-            from metricbus._board import RunBoard
+            from metricbus.ops._board import RunBoard
 
             run_id = RunBoard(settings).read_once().runs_table()[0]["run_id"]
             for r in range(REPEATS):

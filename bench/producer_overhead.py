@@ -49,8 +49,8 @@ def measure(make) -> tuple[float, float]:  # type: ignore[no-untyped-def]
 
 
 def bench_metricbus(bootstrap: str, data_dir: str) -> tuple[float, float]:
-    from producers import Run
-    from schemas import Settings
+    from metricbus.producers import Run
+    from metricbus.schemas import Settings
 
     def make():  # type: ignore[no-untyped-def]
         run = Run(

@@ -25,9 +25,9 @@ REPEATS = int(os.environ.get("BENCH_REPEATS", 3))
 
 
 def build_archive(root: Path) -> str:
-    from schemas import METRICS as KIND
-    from schemas import RUN_STARTED, Event, default_codec, run_started
-    from sinks import ParquetArchive
+    from metricbus.schemas import METRICS as KIND
+    from metricbus.schemas import RUN_STARTED, Event, default_codec, run_started
+    from metricbus.sinks import ParquetArchive
 
     fp = default_codec().newest("EventBatch").fingerprint
     sink = ParquetArchive(root)
@@ -69,8 +69,8 @@ def build_archive(root: Path) -> str:
 
 def replay(archive: Path, run_id: str, out: Path) -> float:
     from metricbus._replay import replay_to_sink
-    from schemas import Settings
-    from sinks import TensorBoardSink
+    from metricbus.schemas import Settings
+    from metricbus.sinks import TensorBoardSink
 
     settings = Settings(data_dir=archive.parent)
     t0 = time.perf_counter()
@@ -91,7 +91,7 @@ def summary_writer(out: Path) -> float:
 
 
 def read_archive(archive: Path, run_id: str) -> float:
-    from sinks import read_table
+    from metricbus.sinks import read_table
 
     t0 = time.perf_counter()
     t = read_table(archive, run_id, columns=["step", "name", "value"])

@@ -30,10 +30,10 @@ RUN = "bench-run"
 def build(data_dir: Path) -> None:
     """The run in ``data_dir``'s archive, and replayed into ``data_dir/tb``."""
     from metricbus._replay import replay_to_sink
-    from schemas import DERIVED_PRODUCER, RUN_FINISHED, RUN_STARTED, Event, Settings, default_codec
-    from schemas import METRICS as KIND
-    from schemas import run_started as started
-    from sinks import ParquetArchive, TensorBoardSink
+    from metricbus.schemas import DERIVED_PRODUCER, RUN_FINISHED, RUN_STARTED, Event, Settings, default_codec
+    from metricbus.schemas import METRICS as KIND
+    from metricbus.schemas import run_started as started
+    from metricbus.sinks import ParquetArchive, TensorBoardSink
 
     fp = default_codec().newest("EventBatch").fingerprint
     t0 = 1_700_000_000_000

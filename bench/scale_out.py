@@ -43,8 +43,7 @@ def spread_ids(partitions: int) -> list[str]:
 
 def workers_rate(settings, tmp: str, count: int, runs: int) -> float:
     """Events/s of ``count`` workers in one group over the filled topic (first to last output)."""
-    from metricbus._read import read_topic
-    from schemas import default_codec
+    from metricbus.schemas import default_codec, read_topic
 
     env = {**os.environ, **settings.to_env()}
     logs = [open(Path(tmp) / f"{settings.topic_prefix}w{i}.log", "wb") for i in range(count)]
@@ -75,8 +74,8 @@ def workers_rate(settings, tmp: str, count: int, runs: int) -> float:
 
 def partition_move(settings, tmp: str) -> tuple[int, float, float, float]:
     """(checkpoint bytes, load s, replay s, events replayed) for one run of RUN_EVENTS events."""
-    from stream_jobs import DEFAULT_RULES, PartitionedState, load_rules
-    from stream_jobs._checkpoint import load, partition_path, write
+    from metricbus.stream_jobs import DEFAULT_RULES, PartitionedState, load_rules
+    from metricbus.stream_jobs._checkpoint import load, partition_path, write
 
     end = _end_offset(settings)
     directory = Path(tmp) / "ckpt"
@@ -97,7 +96,7 @@ def partition_move(settings, tmp: str) -> tuple[int, float, float, float]:
 def _end_offset(settings) -> int:
     from kafka import KafkaConsumer, TopicPartition
 
-    from schemas import client_options
+    from metricbus.schemas import client_options
 
     consumer = KafkaConsumer(**client_options(settings))
     tp = TopicPartition(settings.topics.events, 0)
@@ -109,7 +108,7 @@ def _end_offset(settings) -> int:
 
 
 def main() -> None:
-    from schemas import Settings, ensure_topics
+    from metricbus.schemas import Settings, ensure_topics
 
     with bench_broker() as (tmp, broker):
         rates = {}

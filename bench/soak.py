@@ -80,9 +80,9 @@ def broker_rss(up: subprocess.Popen[str]) -> float | None:
 
 
 def main() -> None:
-    from producers import Run
-    from schemas import Settings
-    from sinks import run_extent
+    from metricbus.producers import Run
+    from metricbus.schemas import Settings
+    from metricbus.sinks import run_extent
 
     tmp = Path(tempfile.mkdtemp(prefix="metricbus-soak-"))
     port = free_port()
@@ -195,8 +195,8 @@ def alerts_held(data: Path, run_id: str, nans: int) -> str:
 
     Each NaN fires nan_loss unless it still fires (it resolves after 30 s of finite losses).
     """
-    from schemas import ALERTS_PRODUCER
-    from sinks import make_sink
+    from metricbus.schemas import ALERTS_PRODUCER
+    from metricbus.sinks import make_sink
 
     console = [
         line for line in (data / "logs" / "alerts-console.log").read_text().splitlines() if run_id in line
@@ -218,7 +218,7 @@ def alerts_held(data: Path, run_id: str, nans: int) -> str:
 
 def group_lags(settings: Any) -> str:
     """Each consumer group's records still to read (all topics), as ``metricbus status`` reads them."""
-    from metricbus._lag import LagProbe
+    from metricbus.ops._lag import LagProbe
 
     probe = LagProbe(settings)
     try:
@@ -235,8 +235,8 @@ def group_lags(settings: Any) -> str:
 def sink_held(kind: str, out: Path, run_id: str, events: int) -> str:
     """What a sink holds of the run's logged events, by its own record of them (``recover``):
     holes below the highest seq it holds were lost; a shortfall past it, not yet read."""
-    from schemas import ALERTS_PRODUCER, DERIVED_PRODUCER
-    from sinks import make_sink
+    from metricbus.schemas import ALERTS_PRODUCER, DERIVED_PRODUCER
+    from metricbus.sinks import make_sink
 
     try:
         held = make_sink(kind, out).recover(run_id)

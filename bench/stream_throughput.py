@@ -37,8 +37,8 @@ RECORDS: dict[bool, int] = {}  # records read by the last consume(): the input's
 def consume(settings, with_processor: bool) -> float:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from schemas import client_options, decode_record, default_codec, fetch_options
-    from stream_jobs import DEFAULT_RULES, StreamProcessor, load_rules
+    from metricbus.schemas import client_options, decode_record, default_codec, fetch_options
+    from metricbus.stream_jobs import DEFAULT_RULES, StreamProcessor, load_rules
 
     codec = default_codec()
     processor = StreamProcessor(rules=load_rules(DEFAULT_RULES)) if with_processor else None
@@ -74,7 +74,7 @@ def consume(settings, with_processor: bool) -> float:
 
 
 def faust_worker(settings, tmp: str) -> float:
-    from metricbus._read import read_topic
+    from metricbus.schemas import read_topic
 
     env = {**os.environ, **settings.to_env()}
     log = open(Path(tmp) / "worker.log", "wb")
@@ -82,7 +82,7 @@ def faust_worker(settings, tmp: str) -> float:
         [sys.executable, "-m", "metricbus", "worker"], stdout=log, stderr=subprocess.STDOUT, env=env
     )
     try:
-        from schemas import default_codec
+        from metricbus.schemas import default_codec
 
         codec = default_codec()
         deadline = time.monotonic() + 300
@@ -100,9 +100,8 @@ def faust_worker(settings, tmp: str) -> float:
 
 
 def latency(settings, tmp: str) -> tuple[list[float], list[float]]:
-    from metricbus._read import read_topic
-    from producers import Run
-    from schemas import default_codec
+    from metricbus.producers import Run
+    from metricbus.schemas import default_codec, read_topic
 
     env = {**os.environ, **settings.to_env()}
     log = open(Path(tmp) / "worker-latency.log", "wb")
@@ -146,7 +145,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    from schemas import Settings, ensure_topics
+    from metricbus.schemas import Settings, ensure_topics
 
     bare, columns, full, worker = [], [], [], []
     with bench_broker() as (tmp, broker):

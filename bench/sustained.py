@@ -63,8 +63,7 @@ def pace(log, seconds: float, rate: int) -> tuple[array.array, float]:  # type: 
 
 def count_events(settings, run_id: str) -> tuple[int, int]:  # type: ignore[no-untyped-def]
     """(distinct, total) seqs of ``run_id``'s logged events in the events topic."""
-    from metricbus._read import read_topic
-    from schemas import Codec, decode_events
+    from metricbus.schemas import Codec, decode_events, read_topic
 
     codec = Codec()
     seqs: list[int] = []
@@ -75,8 +74,8 @@ def count_events(settings, run_id: str) -> tuple[int, int]:  # type: ignore[no-u
 
 def bench_metricbus(bootstrap: str, data_dir: Path, broker_pid: int) -> float:
     """The paced run; returns the scalars/s reached."""
-    from producers import Run
-    from schemas import Settings
+    from metricbus.producers import Run
+    from metricbus.schemas import Settings
 
     settings = Settings(bootstrap=bootstrap, data_dir=data_dir)
     run = Run("sustained", settings=settings, system_metrics=False)

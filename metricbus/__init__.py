@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from producers import Run
-from schemas import (
+from metricbus.producers import Run
+from metricbus.schemas import (
     BrokerError,
     ConfigError,
     EncodeError,
@@ -69,14 +69,14 @@ def finish(status: str = "finished", timeout: float = 10.0) -> bool:
 
 def history(run: str, metrics: Any = None, derived: bool = True, wide: bool = True, **kw: Any) -> Any:
     """One run's scalars from the archive as a pandas DataFrame (see ``metricbus._history``)."""
-    from ._history import history as read
+    from metricbus._history import history as read
 
     return read(run, metrics=metrics, derived=derived, wide=wide, **kw)
 
 
 def runs(project: str | None = None, **kw: Any) -> Any:
     """Every run in the archive as a pandas DataFrame (see ``metricbus._history``)."""
-    from ._history import runs as read
+    from metricbus._history import runs as read
 
     return read(project=project, **kw)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from schemas import MetricbusError, Settings, ensure_topics, printable, strict_json
+from metricbus.schemas import MetricbusError, Settings, ensure_topics, printable, strict_json
 
 log = logging.getLogger("metricbus")
 
@@ -39,7 +39,7 @@ def _stop_on_signals() -> threading.Event:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from ._broker import EmbeddedBroker
+    from metricbus.stack import EmbeddedBroker
 
     settings = _settings(args)
     stop = _stop_on_signals()
@@ -53,7 +53,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from ._stack import Stack
+    from metricbus.stack import Stack
 
     settings = _settings(args)
     consumers = up_consumers(args)
@@ -75,7 +75,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def up_consumers(args: argparse.Namespace) -> dict[str, list[str]]:
     """The consumer processes `up` runs, by name: their CLI arguments after `metricbus`."""
-    from ._stack import available_consumers
+    from metricbus.stack import available_consumers
 
     consumers = available_consumers()
     if args.wandb_alerts:
@@ -114,7 +114,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 def cmd_sink(args: argparse.Namespace) -> int:
-    from sinks import SinkRunner, make_sink
+    from metricbus.sinks import SinkRunner, make_sink
 
     settings = _settings(args)
     default = settings.archive_dir if args.sink == "parquet" else settings.data_dir / args.sink
@@ -146,7 +146,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
-    from stream_jobs import (
+    from metricbus.stream_jobs import (
         DEFAULT_RULES,
         PartitionedState,
         build_app,
@@ -178,7 +178,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_alerts(args: argparse.Namespace) -> int:
-    from sinks.alerts import AlertRunner, ConsoleAlerts, WandbAlerts, WebhookAlerts
+    from metricbus.sinks.alerts import AlertRunner, ConsoleAlerts, WandbAlerts, WebhookAlerts
 
     settings = _settings(args)
     if sum(map(bool, (args.console, args.webhook, args.wandb))) > 1:
@@ -194,7 +194,7 @@ def cmd_alerts(args: argparse.Namespace) -> int:
             handler = WandbAlerts(settings.data_dir / "wandb-alerts", runs=settings.data_dir / "wandb")
     except ValueError as exc:
         raise MetricbusError(str(exc)) from None
-    group = f"{settings.topic_prefix}alerts.{args.group or handler.name}"
+    group = settings.groups.alerts(args.group or handler.name)
 
     async def main() -> None:
         runner = AlertRunner(settings, handler, group_id=group)
@@ -209,9 +209,8 @@ def cmd_alerts(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from sinks import make_sink
-
-    from ._replay import archived_runs, replay_to_kafka, replay_to_sink
+    from metricbus._replay import archived_runs, replay_to_kafka, replay_to_sink
+    from metricbus.sinks import make_sink
 
     settings = _settings(args)
     if args.source == "kafka" and not args.run:
@@ -244,9 +243,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
-    from stream_jobs import DEFAULT_RULES
-
-    from ._replay import backtest, describe_alert
+    from metricbus._replay import backtest
+    from metricbus.schemas import describe_alert
+    from metricbus.stream_jobs import DEFAULT_RULES
 
     settings = _settings(args)
     rules = Path(args.rules) if args.rules else DEFAULT_RULES
@@ -259,7 +258,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    from producers import sync_spools
+    from metricbus.producers import sync_spools
 
     settings = _settings(args)
     report = sync_spools(settings)
@@ -275,8 +274,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    from ._health import assess, dead_letters_of
-    from ._replay import archived
+    from metricbus._replay import archived
+    from metricbus.diagnostics import assess, dead_letters_of
 
     settings = _settings(args)
     run_id = args.run
@@ -301,11 +300,9 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from schemas import check_run_id
-
-    from ._compare import compare_series
-    from ._replay import archived
-    from ._report import read_run
+    from metricbus._replay import archived
+    from metricbus.diagnostics import compare_series, read_run
+    from metricbus.schemas import check_run_id
 
     settings = _settings(args)
     runs = [check_run_id(r) for r in args.runs]
@@ -363,11 +360,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from schemas import check_run_id
-    from stream_jobs import DEFAULT_RULES
-
-    from ._replay import archived, raising
-    from ._report import build, read_run
+    from metricbus._replay import archived, raising
+    from metricbus.diagnostics import build, read_run
+    from metricbus.schemas import check_run_id
+    from metricbus.stream_jobs import DEFAULT_RULES
 
     settings = _settings(args)
     rules = Path(args.rules) if args.rules else DEFAULT_RULES
@@ -390,7 +386,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    from sinks import tidy
+    from metricbus.sinks import tidy
 
     settings = _settings(args)
     table = tidy(settings.archive_dir, args.run, labels=True)
@@ -430,9 +426,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from schemas import BrokerError
-
-    from ._status import collect, format_status, unreachable
+    from metricbus.ops import collect, format_status, unreachable
+    from metricbus.schemas import BrokerError
 
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # an unreachable broker is said once, below
     settings = _settings(args)
@@ -455,7 +450,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from ._web import serve
+    from metricbus.ops import serve
 
     settings = _settings(args)
     token = args.token or os.environ.get("METRICBUS_DASHBOARD_TOKEN") or None
@@ -471,7 +466,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ._demo import run_demo
+    from metricbus.demo import run_demo
 
     return run_demo(_settings(args), updates=args.updates)
 

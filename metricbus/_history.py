@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from schemas import (
+from metricbus.diagnostics._series import labelled
+from metricbus.schemas import (
     CONFIG_UPDATE,
     RUN_FINISHED,
     RUN_STARTED,
@@ -19,8 +20,6 @@ from schemas import (
     check_run_id,
     run_config,
 )
-
-from ._series import labelled
 
 
 def _pandas() -> Any:
@@ -50,7 +49,7 @@ def history(
     run, step, name, value, wall_time, labels (a dict). ``metrics`` keeps only those names;
     ``derived=False`` leaves the stream worker's series out.
     """
-    from sinks import tidy
+    from metricbus.sinks import tidy
 
     pandas = _pandas()
     table = tidy(_archive(settings), check_run_id(run), derived=derived, labels=True)
@@ -83,8 +82,8 @@ def runs(project: str | None = None, settings: Settings | None = None) -> Any:
     ``config`` is the run's config (its starts and updates merged); the ``summary`` column holds
     what ``finish(summary=...)`` recorded.
     """
-    from sinks import iter_events, run_extent
-    from sinks._archive import might_be_of, project_of, run_folders
+    from metricbus.sinks import iter_events, run_extent
+    from metricbus.sinks._archive import might_be_of, project_of, run_folders
 
     pandas = _pandas()
     archive = _archive(settings)

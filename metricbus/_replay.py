@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import datetime
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from schemas import Event, MetricbusError, Settings, default_codec, printable
+from metricbus.schemas import Event, MetricbusError, Settings, default_codec
 
 log = logging.getLogger("metricbus.replay")
 
 
 def archived_runs(archive: Path, run: str | None, project: str | None) -> list[str]:
     """Run ids to replay: the one named, or every run of a project."""
-    from sinks import run_projects
+    from metricbus.sinks import run_projects
 
     if run is not None:
         return [run]
@@ -27,9 +26,7 @@ def archived_runs(archive: Path, run: str | None, project: str | None) -> list[s
 
 def events_from_kafka(settings: Settings, run_id: str) -> list[Any]:
     """A run's logged and derived events from its topics (as far as retention reaches), deduplicated."""
-    from schemas import Deduper, SchemaError, decode_aggregates, decode_events
-
-    from ._read import read_topic
+    from metricbus.schemas import Deduper, SchemaError, decode_aggregates, decode_events, read_topic
 
     codec, logged, derived = default_codec(), Deduper(), Deduper()
     key = run_id.encode()
@@ -66,7 +63,7 @@ def replay_to_sink(
     From the archive a run is read a chunk at a time (``iter_events``), so a long run does not
     have to fit in memory as Python objects.
     """
-    from sinks import Feeder, iter_events
+    from metricbus.sinks import Feeder, iter_events
 
     feeder = Feeder(sink)
     sink.open()
@@ -107,9 +104,9 @@ def replay_to_kafka(settings: Settings, target: Settings, runs: Iterable[str]) -
     MAX_RECORD_BYTES, each send acknowledged before the next). Returns the events republished;
     an archived event that does not encode again is left out with an error naming it.
     """
-    from producers import KafkaTransport
-    from schemas import MAX_RECORD_BYTES, encode_fitting
-    from sinks import iter_events
+    from metricbus.producers import KafkaTransport
+    from metricbus.schemas import MAX_RECORD_BYTES, encode_fitting
+    from metricbus.sinks import iter_events
 
     codec = default_codec()
     transport = KafkaTransport(target, send_timeout_s=30.0)
@@ -153,8 +150,8 @@ def archived(settings: Settings, run: str, derived: bool = False) -> Iterator[li
 
     A long run is never held as events at once (a 200,000-step run's report held 1.3 GB).
     """
-    from schemas import check_run_id
-    from sinks import iter_events
+    from metricbus.schemas import check_run_id
+    from metricbus.sinks import iter_events
 
     found = False
     try:
@@ -186,7 +183,7 @@ def raising(
     For a reader that reads a run once for more than the alerts (``metricbus report``): the
     last alerts are added when the events run out, so read it to its end.
     """
-    from stream_jobs import StreamProcessor, load_config, load_rules
+    from metricbus.stream_jobs import StreamProcessor, load_config, load_rules
 
     cfg = load_config(config_path) if config_path is not None else None
     processor = StreamProcessor(cfg, rules=load_rules(rules_path))
@@ -199,16 +196,3 @@ def raising(
             batch = []
     if batch:
         alerts.extend(processor.process(batch).alerts)
-
-
-def describe_alert(alert: Mapping[str, Any]) -> str:
-    """One line: when, at which step, what."""
-    try:
-        when = datetime.datetime.fromtimestamp(alert["ts_ms"] / 1000, tz=datetime.timezone.utc).strftime(
-            "%Y-%m-%d %H:%M:%S"
-        )
-    except (ValueError, OverflowError, OSError):  # a record's time past year 9999 (a topic is untrusted)
-        when = f"ts_ms={alert['ts_ms']}"
-    step = "-" if alert["step"] is None else alert["step"]
-    what = f"{alert['state']:<9}{alert['rule']} [{alert['severity']}] {alert['metric']}: {alert['message']}"
-    return printable(f"{when}Z  step {step:>8}  {what}")

@@ -1,7 +1,7 @@
 """``from metricbus.hf import MetricbusCallback`` (needs ``pip install 'metricbus[hf]'``)."""
 
 try:
-    from producers.hf import MetricbusCallback
+    from metricbus.producers.hf import MetricbusCallback
 except ImportError as exc:  # pragma: no cover - the message is the point
     if exc.name and exc.name.split(".")[0] in ("transformers", "torch"):
         raise ImportError(

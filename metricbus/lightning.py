@@ -1,7 +1,7 @@
 """``from metricbus.lightning import MetricbusLogger`` (needs ``pip install 'metricbus[lightning]'``)."""
 
 try:
-    from producers.lightning import MetricbusLogger
+    from metricbus.producers.lightning import MetricbusLogger
 except ImportError as exc:  # pragma: no cover - the message is the point
     if exc.name and exc.name.split(".")[0] == "lightning":
         raise ImportError(

@@ -4,6 +4,6 @@ See :class:`producers.SummaryWriter` for what carries over (scalars, scalar grou
 text, hparams) and what is said once and counted (images, audio, graphs, ...).
 """
 
-from producers import SummaryWriter
+from metricbus.producers import SummaryWriter
 
 __all__ = ["SummaryWriter"]

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from producers import WandbHistogram as Histogram
-from producers import WandbRun, wandb_init
-from producers import WandbTable as Table
+from metricbus.producers import WandbHistogram as Histogram
+from metricbus.producers import WandbRun, wandb_init
+from metricbus.producers import WandbTable as Table
 
 run: WandbRun | None = None
 
@@ -28,7 +28,7 @@ def init(*args: Any, **kwargs: Any) -> WandbRun:
 
 def _current(what: str) -> WandbRun:
     if run is None:
-        from schemas import ConfigError
+        from metricbus.schemas import ConfigError
 
         raise ConfigError(f"metricbus.wandb.{what}() was called before metricbus.wandb.init()")
     return run

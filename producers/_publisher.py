@@ -25,7 +25,7 @@ from collections.abc import Callable
 from itertools import repeat, starmap
 from typing import Any
 
-from schemas import MAX_RECORD_BYTES, Codec, EncodeError, ScalarRows, encode_fitting
+from metricbus.schemas import MAX_RECORD_BYTES, Codec, EncodeError, ScalarRows, encode_fitting
 
 from ._spool import Spool
 from ._transport import BrokerRestarting, Transport, TransportError

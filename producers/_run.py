@@ -22,7 +22,7 @@ from operator import floordiv, itemgetter
 from pathlib import Path
 from typing import Any
 
-from schemas import (
+from metricbus.schemas import (
     CONFIG_UPDATE,
     HEARTBEAT,
     HISTOGRAM,

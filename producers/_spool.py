@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from schemas import MetricbusError
+from metricbus.schemas import MetricbusError
 
 log = logging.getLogger("metricbus.spool")
 

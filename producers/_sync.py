@@ -6,7 +6,7 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from schemas import Settings
+from metricbus.schemas import Settings
 
 from ._spool import Spool, SpoolBusyError, pending_spools
 from ._transport import KafkaTransport, Transport, TransportError

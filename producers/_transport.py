@@ -19,7 +19,15 @@ import logging
 import time
 from typing import Any, Protocol
 
-from schemas import MAX_RECORD_BYTES, BrokerError, MetricbusError, Settings, client_options, ensure_topics
+from metricbus.schemas import (
+    MAX_RECORD_BYTES,
+    BrokerError,
+    MetricbusError,
+    Settings,
+    client_options,
+    ensure_topics,
+    make_admin,
+)
 
 log = logging.getLogger("metricbus.producer")
 
@@ -96,14 +104,12 @@ class KafkaTransport:
 
     def _open_admin(self) -> Any:
         """The admin client: creates the topics at a connect, checks them after sends."""
-        from kafka.admin import KafkaAdminClient
-
         if self._admin is None:
             timeout_ms = int(self.send_timeout_s * 1000)
-            self._admin = KafkaAdminClient(
-                **client_options(self.settings),
-                client_id="metricbus-producer-check",
-                request_timeout_ms=timeout_ms,
+            self._admin = make_admin(
+                self.settings,
+                "metricbus-producer-check",
+                self.send_timeout_s,
                 bootstrap_timeout_ms=min(timeout_ms, 3000),
             )
         return self._admin

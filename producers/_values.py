@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from itertools import chain
 from typing import Any
 
-from schemas import MetricValueError
+from metricbus.schemas import MetricValueError
 
 log = logging.getLogger("metricbus.producer")
 

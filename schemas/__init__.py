@@ -4,6 +4,7 @@ Public names only; implementation lives in the private modules. Depends on nothi
 ours: producers, stream_jobs, sinks and the metricbus face all build on it.
 """
 
+from ._alert_text import describe_alert, format_alert
 from ._bodies import (
     config_object,
     config_update,
@@ -67,16 +68,20 @@ from ._kafka import (
     consumer_group_options,
     ensure_topics,
     fetch_options,
+    make_admin,
     make_consumer,
     make_producer,
     mark_broker_restarting,
     mark_carried_over,
+    reach,
+    read_topic,
     ssl_context,
+    topic_reader,
     unmark_broker_restarting,
 )
 from ._names import FALLBACK_PROJECT, UNKNOWN_PROJECT, check_run_id, checked_ids, path_segment, printable
 from ._registry import SCHEMA_DIR, SchemaVersion, load_versions
-from ._settings import Settings, Topics
+from ._settings import Groups, Settings, Topics
 from ._telemetry import LoopMetrics, count_restart, multiprocess_dir
 
 __all__ = [
@@ -123,6 +128,7 @@ __all__ = [
     "SchemaError",
     "SchemaVersion",
     "Settings",
+    "Groups",
     "Topics",
     "TruncatedRecordError",
     "UnsafeRecordError",
@@ -149,10 +155,16 @@ __all__ = [
     "all_events",
     "decode_aggregates",
     "decode_alert",
+    "describe_alert",
+    "format_alert",
     "decode_events",
     "decode_record",
     "default_codec",
     "ensure_topics",
+    "make_admin",
+    "reach",
+    "read_topic",
+    "topic_reader",
     "mark_broker_restarting",
     "mark_carried_over",
     "unmark_broker_restarting",

@@ -1,12 +1,19 @@
-"""Kafka client construction from Settings: one place that knows security options.
+"""The one home of Kafka clients: every consumer, producer and admin client is built here.
 
-Clients are imported lazily so importing metricbus never pays for them.
+Security options, fetch waits and group timeouts come from Settings in one place. Clients are
+imported lazily so importing metricbus never pays for them. Reading a whole topic once
+(:func:`read_topic`) ends at the high watermark from Fetch responses: the embedded broker
+answers ListOffsets LATEST with the last batch's base offset + 1, which would stop a reader early.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 import ssl
+import time
+from collections.abc import Callable
 from typing import Any
 
 from ._settings import Settings
@@ -91,17 +98,27 @@ def ensure_topics(settings: Settings, timeout_s: float = 10.0, admin: Any = None
     )
 
 
-def _admin_client(settings: Settings, timeout_s: float) -> Any:
-    """A KafkaAdminClient for metricbus's own topic chores (the caller closes it)."""
+def make_admin(settings: Settings, client_id: str, timeout_s: float = 10.0, **overrides: Any) -> Any:
+    """The one kafka-python admin client set-up (the caller closes it).
+
+    ``timeout_s`` bounds each request and the bootstrap; ``overrides`` are KafkaAdminClient options.
+    """
     from kafka.admin import KafkaAdminClient
 
     ms = int(timeout_s * 1000)
-    return KafkaAdminClient(
+    opts: dict[str, Any] = {
         **client_options(settings),
-        request_timeout_ms=ms,
-        bootstrap_timeout_ms=ms,
-        client_id="metricbus-admin",
-    )
+        "request_timeout_ms": ms,
+        "bootstrap_timeout_ms": ms,
+        "client_id": client_id,
+    }
+    opts.update(overrides)
+    return KafkaAdminClient(**opts)
+
+
+def _admin_client(settings: Settings, timeout_s: float) -> Any:
+    """An admin client for metricbus's own topic chores (the caller closes it)."""
+    return make_admin(settings, "metricbus-admin", timeout_s)
 
 
 def mark_broker_restarting(settings: Settings, timeout_s: float = 10.0) -> None:
@@ -243,3 +260,104 @@ def make_producer(settings: Settings, client_id: str = "metricbus", **overrides:
     }
     opts.update(overrides)
     return AIOKafkaProducer(**opts)
+
+def reach(settings: Settings, timeout_s: float = 2.0) -> None:
+    """Raise kafka's KafkaConnectionError now when no bootstrap server accepts a TCP connection.
+
+    kafka-python tries to bootstrap for about 25 s before it gives up: the dashboard's pipeline
+    page and ``status`` showed nothing for that long with the broker down, and again at each
+    sample. A server that accepts but does not answer as Kafka is still left to kafka-python.
+    """
+    from kafka.errors import KafkaConnectionError
+
+    refused = []
+    for server in settings.bootstrap_servers.split(","):
+        host, colon, port = server.strip().rpartition(":")
+        if not colon:  # a host alone: Kafka's port, as kafka-python takes it
+            host, port = port, "9092"
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+                return
+        except (OSError, ValueError) as exc:
+            refused.append(f"{server.strip()} ({exc})")
+    raise KafkaConnectionError(f"no broker answers at {'; '.join(refused)}")
+
+
+def topic_reader(settings: Settings, client_id: str, **overrides: Any) -> Any:
+    """The one kafka-python consumer of the ops tools: no group, no commits, records up to the limit.
+
+    ``status``, the dashboard's run board and the dead-letter count read with it (on threads of
+    their own, so a synchronous client); raises kafka's KafkaError when Kafka is unreachable
+    (at once when nothing listens: :func:`reach`).
+    """
+    from kafka import KafkaConsumer
+
+    reach(settings)
+
+    opts: dict[str, Any] = {
+        **client_options(settings),
+        "client_id": client_id,
+        "enable_auto_commit": False,
+        "fetch_max_wait_ms": settings.fetch_max_wait_ms,
+        "max_partition_fetch_bytes": MAX_RECORD_BYTES + 64 * 1024,
+        "request_timeout_ms": 10_000,
+    }
+    opts.update(overrides)
+    return KafkaConsumer(**opts)
+
+
+def read_topic(
+    settings: Settings,
+    topic: str,
+    idle_s: float = 1.0,
+    timeout_s: float = 30.0,
+    starts: dict[int, int] | None = None,
+    keep: Callable[[Any], bool] | None = None,
+) -> list[Any]:
+    """Every record of ``topic`` in partition order (no consumer group).
+
+    From the beginning, or per partition from the offset in ``starts``. ``keep``: only the
+    records it returns True for are returned (it sees every one; the rest are not held).
+    """
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    async def main() -> list[Any]:
+        consumer = AIOKafkaConsumer(
+            **client_options(settings),
+            **fetch_options(settings),
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        try:  # started inside: one that cannot reach the broker is stopped too (else "Unclosed")
+            await consumer.start()
+            partitions = consumer.partitions_for_topic(topic)
+            if not partitions:
+                await consumer._client.force_metadata_update()
+                partitions = consumer.partitions_for_topic(topic) or set()
+            tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+            if not tps:
+                return []
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            for tp in tps:
+                if starts and starts.get(tp.partition):
+                    consumer.seek(tp, starts[tp.partition])
+            out: list[Any] = []
+            deadline = time.monotonic() + timeout_s
+            last_data = time.monotonic()
+            while time.monotonic() < deadline:
+                batches = await consumer.getmany(timeout_ms=200)
+                for records in batches.values():
+                    out.extend(records if keep is None else filter(keep, records))
+                    last_data = time.monotonic()
+                caught_up = True
+                for tp in tps:
+                    high = consumer.highwater(tp)
+                    caught_up = caught_up and high is not None and await consumer.position(tp) >= high
+                if caught_up or time.monotonic() - last_data > idle_s:
+                    break
+            return out
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(main())

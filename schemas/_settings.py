@@ -71,6 +71,31 @@ class Topics:
 
 
 @dataclasses.dataclass(frozen=True)
+class Groups:
+    """Names of the consumer groups metricbus uses; all share the topics' prefix."""
+
+    prefix: str = "metricbus."
+
+    def sink(self, kind: str) -> str:
+        """The group of a sink (``parquet``, ``tensorboard``, ``wandb``): its instances share it."""
+        return f"{self.sink_prefix}{kind}"
+
+    @property
+    def sink_prefix(self) -> str:
+        """What every sink's group name starts with."""
+        return f"{self.prefix}sink."
+
+    def alerts(self, name: str) -> str:
+        """The group of an alert deliverer (``console``, ``webhook``, ``wandb``, or a name of the user's)."""
+        return f"{self.prefix}alerts.{name}"
+
+    @property
+    def stream(self) -> str:
+        """The stream workers' group (Faust's app id)."""
+        return f"{self.prefix}stream"
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
     """Where metricbus finds Kafka and keeps its files.
 
@@ -193,6 +218,11 @@ class Settings:
     def topics(self) -> Topics:
         """The topic names under this settings' prefix."""
         return Topics(self.topic_prefix)
+
+    @property
+    def groups(self) -> Groups:
+        """The consumer-group names under this settings' prefix."""
+        return Groups(self.topic_prefix)
 
     @property
     def spool_dir(self) -> Path:

@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from schemas import (
+from metricbus.schemas import (
     DERIVED_PRODUCER,
     FALLBACK_PROJECT,
     METRICS,

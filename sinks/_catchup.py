@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
-from schemas import MetricbusError, Settings, atomic_write, check_run_id, path_segment
+from metricbus.schemas import MetricbusError, Settings, atomic_write, check_run_id, path_segment
 
 
 def catchup_path(settings: Settings, group: str) -> Path:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from schemas import MetricbusError
+from metricbus.schemas import MetricbusError
 
 #: Sink name -> the module it needs beyond the core, and the extra that brings it.
 EXTRAS = {"tensorboard": "tensorboard", "wandb": "wandb"}

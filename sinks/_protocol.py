@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from schemas import Event, Interval
+from metricbus.schemas import Event, Interval
 
 
 class Sink(Protocol):

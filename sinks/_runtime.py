@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from schemas import (
+from metricbus.schemas import (
     ALERT,
     ALERTS_PRODUCER,
     DERIVED_PRODUCER,
@@ -504,7 +504,7 @@ class SinkRunner(ConsumerLoop):
         super().__init__(
             settings,
             [*(topics or [settings.topics.events]), *([settings.topics.alerts] if alerts else [])],
-            group_id or f"{settings.topic_prefix}sink.{sink.name}",
+            group_id or settings.groups.sink(sink.name),
             f"sink-{sink.name}",
             flush_interval_s=flush_interval_s,
         )

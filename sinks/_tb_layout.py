@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from schemas import LOSS_ALIASES, REWARD_ALIASES, THROUGHPUT_ALIASES, ConfigError, read_yaml
+from metricbus.schemas import LOSS_ALIASES, REWARD_ALIASES, THROUGHPUT_ALIASES, ConfigError, read_yaml
 
 _SMOOTHED = r"(?:_recent_mean|_ema)?"  # the stream's rolling statistics sit beside their series
 #: tags a run's layout remembers having looked at (then it starts again; placed ones stay)

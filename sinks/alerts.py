@@ -15,48 +15,28 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TextIO
 
-from schemas import (
+from metricbus.schemas import (
     Codec,
     Ledger,
     SchemaError,
     Settings,
     decode_alert,
     default_codec,
+    format_alert,
     path_segment,
-    printable,
     strict_json,
 )
 
 from ._runtime import ConsumerLoop
+from ._wandb_file import finish
+from ._wandb_run import init_run, raise_on_wandb, run_project, wandb_mode
 
 log = logging.getLogger("metricbus.alerts")
 
 Handler = Callable[[dict[str, Any]], Awaitable[bool]]
-
-
-def format_alert(alert: dict[str, Any]) -> str:
-    """One clear line: state, severity, rule, run, metric, step, message (terminal-safe)."""
-    icon = {"firing": "FIRING", "resolved": "RESOLVED"}.get(alert["state"], alert["state"].upper())
-    where = f" {alert['metric']}" if alert["metric"] != "*" else ""
-    step = f" step {alert['step']}" if alert["step"] is not None else ""
-    head = f"[{icon}] {alert['severity']} {alert['rule']}"
-    return printable(f"{head}: run {alert['run_id']}{where}{step}: {alert['message']}")
-
-
-#: an alert's severity as a W&B alert level (a resolved one is INFO)
-WANDB_LEVELS = {"critical": "ERROR", "warning": "WARN", "info": "INFO"}
-
-
-def raise_on_wandb(run: Any, alert: dict[str, Any]) -> None:
-    """``run.alert`` of an alert: its rule as the title, its console line as the text."""
-    import wandb
-
-    firing = alert["state"] == "firing"
-    level = WANDB_LEVELS.get(alert["severity"], "WARN") if firing else "INFO"
-    title = alert["rule"] if firing else f"{alert['rule']} resolved"
-    run.alert(title=title, text=format_alert(alert), level=getattr(wandb.AlertLevel, level))  # type: ignore[attr-defined]
 
 
 class ConsoleAlerts:
@@ -136,12 +116,9 @@ class WandbAlerts:
     name = "wandb"
 
     def __init__(self, root: Any, mode: str | None = None, runs: Any = None) -> None:
-        import os
-        from pathlib import Path
-
         self.root = Path(root)
         self.runs = Path(runs) if runs is not None else None
-        self.mode = mode or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        self.mode = wandb_mode(mode)
         self._runs: dict[str, Any] = {}
 
     async def __call__(self, alert: dict[str, Any]) -> bool:
@@ -149,10 +126,6 @@ class WandbAlerts:
         return await asyncio.to_thread(self._send, alert)
 
     def _send(self, alert: dict[str, Any]) -> bool:
-        import wandb
-
-        from .wandb import run_project
-
         run = self._runs.get(alert["run_id"])
         if run is None:
             project = run_project(self.runs, alert["run_id"]) if self.runs is not None else None
@@ -163,23 +136,12 @@ class WandbAlerts:
                     alert["run_id"],
                     self.runs,
                 )
-            self.root.mkdir(parents=True, exist_ok=True)
-            run = self._runs[alert["run_id"]] = wandb.init(
-                id=alert["run_id"],
-                project=project,
-                resume="allow",
-                reinit="create_new",
-                dir=str(self.root),
-                mode=self.mode,  # type: ignore[arg-type]
-                settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
-            )
+            run = self._runs[alert["run_id"]] = init_run(self.root, alert["run_id"], self.mode, project)
         raise_on_wandb(run, alert)
         return True
 
     def close(self) -> None:
         """Finish the W&B runs this consumer opened, each once W&B has written its file."""
-        from ._wandb_file import finish
-
         for run in self._runs.values():
             finish(run)
         self._runs.clear()
@@ -205,7 +167,7 @@ class AlertRunner(ConsumerLoop):
         codec: Codec | None = None,
     ) -> None:
         name = getattr(handler, "name", "handler")
-        group = group_id or f"{settings.topic_prefix}alerts.{name}"
+        group = group_id or settings.groups.alerts(name)
         super().__init__(
             settings, [settings.topics.alerts], group, f"alerts-{name}", flush_interval_s=flush_interval_s
         )

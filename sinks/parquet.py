@@ -42,7 +42,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from schemas import (
+from metricbus.schemas import (
     DIRECTORY_ERRNOS,
     FALLBACK_PROJECT,
     METRICS,

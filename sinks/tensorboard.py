@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from schemas import (
+from metricbus.schemas import (
     CONFIG_UPDATE,
     DIRECTORY_ERRNOS,
     FALLBACK_PROJECT,

@@ -33,17 +33,14 @@ filtered-out metrics) are recorded in a small ledger beside the run at each flus
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import json
 import logging
-import os
-import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from schemas import (
+from metricbus.schemas import (
     ALERT,
     CONFIG_UPDATE,
     HISTOGRAM,
@@ -63,79 +60,23 @@ from schemas import (
 )
 
 from ._wandb_file import finish, logged_ids, run_files
+from ._wandb_run import (
+    EPOCH,
+    ID_KEY,
+    RUNS_DIR,
+    STEP,
+    init_run,
+    raise_on_wandb,
+    wandb_key,
+    wandb_mode,
+    wandb_project,
+    wandb_tags,
+)
 
 log = logging.getLogger("metricbus.sink.wandb")
 SEQS_DIR = ".metricbus-seqs"
-RUNS_DIR = ".metricbus-runs"
-STEP = "metricbus/step"
-EPOCH = "metricbus/epoch"
-#: the history key holding each row's event identity, ``<producer_id>/<seq>``
-ID_KEY = "_metricbus_id"
-#: what W&B refuses in a project name (UsageError), and its length limit
-_NOT_IN_PROJECT = re.compile(r"[/\\#?%:\x00-\x1f\x7f]")
-_PROJECT_MAX = 128
-#: W&B's length limit of a tag
-_TAG_MAX = 64
 #: metric names whose include/exclude verdict is cached
 _NAMES_KEPT = 65_536
-#: keys W&B or this sink gives a meaning (see wandb_key)
-_RESERVED = frozenset({"", "_step", "_runtime", "_timestamp", "_wandb", STEP, EPOCH, ID_KEY})
-
-
-def wandb_project(project: str) -> str:
-    """A project name W&B accepts, as close to the metricbus one as it allows.
-
-    W&B refuses slashes, backslashes, ``# ? % :`` and names over 128 characters: those become ``-``
-    and a long name keeps its start plus a hash of the whole (the original is in the run's
-    config as ``metricbus/project``).
-    """
-    return _cut(_NOT_IN_PROJECT.sub("-", project), project, _PROJECT_MAX)
-
-
-def _cut(clean: str, original: str, limit: int) -> str:
-    """``clean``, or past ``limit`` characters its start plus ``~`` and a hash of ``original``."""
-    if len(clean) <= limit:
-        return clean
-    digest = hashlib.sha256(original.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return clean[: limit - 17] + "~" + digest
-
-
-def wandb_key(name: str) -> str:
-    """The W&B key of a metric name: the name, unless W&B or this sink gives that key a meaning.
-
-    W&B drops a logged ``_step`` and ``_runtime`` and takes ``_timestamp`` as the row's time,
-    an empty name is dropped, and ``metricbus/step``, ``metricbus/epoch`` and ``_metricbus_id``
-    are this sink's: such a name gets ``~`` and 6 hex digits of its hash (as the TensorBoard
-    sink maps its unsafe names), so its values are kept under a key of their own.
-    """
-    if name not in _RESERVED:
-        return name
-    return f"{name}~{hashlib.sha1(name.encode()).hexdigest()[:6]}"  # noqa: S324 - a name, not a secret
-
-
-def wandb_tags(tags: Sequence[str]) -> list[str]:
-    """Tags W&B accepts: 1 to 64 characters each (it refused to open a run with any other).
-
-    An empty tag is left out; a longer one keeps its start plus a hash of the whole (the
-    originals are in the run's config as ``metricbus/tags``); duplicates once.
-    """
-    out: list[str] = []
-    for tag in tags:
-        tag = _cut(tag, tag, _TAG_MAX)
-        if tag and tag not in out:
-            out.append(tag)
-    return out
-
-
-def run_project(root: Path, run_id: str) -> str | None:
-    """The W&B project the sink writing under ``root`` opens ``run_id`` in; None before its RunStarted."""
-    try:
-        meta = json.loads((Path(root) / RUNS_DIR / f"{check_run_id(run_id)}.json").read_text())
-    except FileNotFoundError:
-        return None
-    return wandb_project(meta["project"])
-
-
 class WandbSink:
     """The ``wandb`` sink (see the module docstring for its guarantees)."""
 
@@ -153,7 +94,7 @@ class WandbSink:
         self.root = Path(root)
         self.include = tuple(include)
         self.exclude = tuple(exclude)
-        self.mode = mode or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        self.mode = wandb_mode(mode)
         self.finish_grace_s = finish_grace_s
         #: a run nothing was written to for this long is closed at a flush, and reopened on its
         #: next event: a run killed without its RunFinished stayed open for ever (each open run
@@ -304,7 +245,6 @@ class WandbSink:
             changes = config_object(body["config_json"])
             self._run(e.run_id).config.update(changes, allow_val_change=True)
         elif e.kind == ALERT:  # from the alerts topic (sink wandb --alerts): on the run held open
-            from .alerts import raise_on_wandb
 
             raise_on_wandb(self._run(e.run_id), body)
         elif e.kind == RUN_FINISHED:
@@ -370,7 +310,6 @@ class WandbSink:
         run = self._runs.get(run_id)
         if run is not None:
             return run
-        import wandb
 
         path = self.root / RUNS_DIR / f"{check_run_id(run_id)}.json"
         try:
@@ -387,18 +326,7 @@ class WandbSink:
         tags = wandb_tags(meta["tags"])
         if tags != meta["tags"]:
             config["metricbus/tags"] = meta["tags"]
-        run = wandb.init(
-            project=project,
-            name=meta["name"],
-            id=run_id,
-            config=config,
-            tags=tags,
-            dir=str(self.root),
-            mode=self.mode,  # type: ignore[arg-type]
-            resume="allow",
-            reinit="create_new",
-            settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
-        )
+        run = init_run(self.root, run_id, self.mode, project, name=meta["name"], config=config, tags=tags)
         run.define_metric(STEP)
         run.define_metric(EPOCH, step_metric=STEP)
         run.define_metric("*", step_metric=STEP)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from schemas import (
+from metricbus.schemas import (
     MAX_RECORD_BYTES,
     LoopMetrics,
     SchemaError,
@@ -74,7 +74,7 @@ def _patch_fetch_wait() -> None:
 
 def group_id(settings: Settings) -> str:
     """The stream worker's consumer group (Faust's app id)."""
-    return f"{settings.topic_prefix}stream"
+    return settings.groups.stream
 
 
 def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:

@@ -23,7 +23,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from schemas import Settings, atomic_write
+from metricbus.schemas import Settings, atomic_write
 
 from ._processor import StreamProcessor
 

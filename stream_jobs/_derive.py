@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from schemas import (
+from metricbus.schemas import (
     HEARTBEAT,
     METRICS,
     NO_EPOCH,

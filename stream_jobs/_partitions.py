@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from schemas import Settings
+from metricbus.schemas import Settings
 
 from ._checkpoint import load, partition_path, snapshot
 from ._config import StreamConfig

@@ -11,7 +11,15 @@ import operator
 from collections.abc import Iterable
 from typing import Any
 
-from schemas import RUN_FINISHED, RUN_STARTED, Deduper, Event, ScalarColumns, all_events, derived_event_count
+from metricbus.schemas import (
+    RUN_FINISHED,
+    RUN_STARTED,
+    Deduper,
+    Event,
+    ScalarColumns,
+    all_events,
+    derived_event_count,
+)
 
 from ._alerts import AlertEngine
 from ._config import StreamConfig

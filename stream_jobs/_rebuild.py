@@ -17,7 +17,14 @@ import logging
 import time
 from typing import Any
 
-from schemas import SchemaError, Settings, client_options, decode_record, default_codec, fetch_options
+from metricbus.schemas import (
+    SchemaError,
+    Settings,
+    decode_record,
+    default_codec,
+    make_admin,
+    make_consumer,
+)
 
 from ._processor import StreamProcessor
 
@@ -26,9 +33,7 @@ log = logging.getLogger("metricbus.stream")
 
 def committed_offsets(settings: Settings, group_id: str) -> dict[int, int]:
     """The group's committed offset per partition of the events topic (empty for a new group)."""
-    from kafka.admin import KafkaAdminClient
-
-    admin = KafkaAdminClient(**client_options(settings), client_id="metricbus-stream-rebuild")
+    admin = make_admin(settings, "metricbus-stream-rebuild", timeout_s=30.0)
     try:
         offsets = admin.list_group_offsets({group_id: None}).get(group_id, {})
     finally:
@@ -56,12 +61,10 @@ async def _replay(
     processor: StreamProcessor, settings: Settings, todo: dict[int, tuple[int, int]], timeout_s: float
 ) -> int:
     """Feed the records of each partition p in ``[todo[p][0], todo[p][1])`` to ``processor``."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
     codec = default_codec()
-    consumer = AIOKafkaConsumer(
-        **client_options(settings), **fetch_options(settings), enable_auto_commit=False
-    )
+    consumer = make_consumer(settings, client_id="metricbus-stream-rebuild")
     try:  # started inside: one that cannot reach the broker is stopped too
         await consumer.start()
         tps = {TopicPartition(settings.topics.events, p): bounds for p, bounds in sorted(todo.items())}

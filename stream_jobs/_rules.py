@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from schemas import ConfigError
+from metricbus.schemas import ConfigError
 
 DEFAULT_RULES = Path(__file__).parent / "rules" / "default.yaml"
 

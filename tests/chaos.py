@@ -36,7 +36,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from schemas import (  # noqa: E402
+from metricbus.schemas import (  # noqa: E402
     DERIVED_PRODUCER,
     METRICS,
     RUN_STARTED,
@@ -124,7 +124,7 @@ def archived(settings: Settings, run_id: str, derived: bool = False) -> tuple[se
 
     An event is one row per scalar: a duplicate is a second row of one (seq, name).
     """
-    from sinks import read_table
+    from metricbus.sinks import read_table
 
     try:
         table = read_table(settings.archive_dir, run_id, columns=["producer_id", "seq", "name"])
@@ -139,7 +139,7 @@ def archived(settings: Settings, run_id: str, derived: bool = False) -> tuple[se
 
 
 def steps_archived(settings: Settings, run_id: str, name: str = "x") -> list[int]:
-    from sinks import read_table
+    from metricbus.sinks import read_table
 
     try:
         table = read_table(settings.archive_dir, run_id, columns=["name", "step"])
@@ -176,7 +176,7 @@ def row(name: str, sent: int, steps: list[int], restarts: int, ok_extra: bool = 
 
 
 def crash_consumer(tmp: Path, name: str, needle: str, n: int = 20_000) -> dict:
-    from producers import Run
+    from metricbus.producers import Run
 
     up = Up(tmp / name / "data")
     try:
@@ -199,8 +199,8 @@ def crash_consumer(tmp: Path, name: str, needle: str, n: int = 20_000) -> dict:
 
 PRODUCER = """
 import os, sys, time
-from producers import Run
-from schemas import Settings
+from metricbus.producers import Run
+from metricbus.schemas import Settings
 settings = Settings.from_env()
 run = Run("chaos", name="producer", settings=settings, system_metrics=False, linger_s=%r)
 out = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -311,7 +311,7 @@ def _metrics(scalars: dict, step: int) -> dict:
 def fuzz(tmp: Path, n: int = 10_000, events: int = 5_000) -> dict:
     from kafka import KafkaProducer
 
-    from producers import Run
+    from metricbus.producers import Run
 
     base = tmp / "fuzz" / "outer"
     up = Up(base / "data")
@@ -380,7 +380,7 @@ def _status(up: Up) -> dict:
 
 
 def broker_kill(tmp: Path, n: int = 600) -> dict:
-    from producers import Run
+    from metricbus.producers import Run
 
     up = Up(tmp / "broker" / "data")
     try:
@@ -403,7 +403,7 @@ def broker_kill(tmp: Path, n: int = 600) -> dict:
 
 
 def overload(tmp: Path, seconds: float = 5.0) -> dict:
-    from producers import Run
+    from metricbus.producers import Run
 
     up = Up(tmp / "overload" / "data")
     try:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from producers import TransportError
-from schemas import decode_events, default_codec
+from metricbus.producers import TransportError
+from metricbus.schemas import decode_events, default_codec
 
 
 class FakeTransport:

@@ -14,7 +14,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from schemas import (
+from metricbus.schemas import (
     CONFIG_UPDATE,
     HEARTBEAT,
     HISTOGRAM,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sinks._wandb_file import records, run_files
+from metricbus.sinks._wandb_file import records, run_files
 
 __all__ = ["read_run", "records", "run_file", "run_files"]
 

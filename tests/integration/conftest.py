@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from metricbus._broker import EmbeddedBroker
-from metricbus._read import read_topic as _read_topic
-from schemas import Settings, decode_events, default_codec, ensure_topics
+from metricbus.schemas import Settings, decode_events, default_codec, ensure_topics
+from metricbus.schemas import read_topic as _read_topic
+from metricbus.stack._broker import EmbeddedBroker
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ import threading
 import pytest
 from kafka import KafkaProducer
 
-from schemas import client_options, default_codec
-from sinks.alerts import AlertRunner, ConsoleAlerts, WebhookAlerts
+from metricbus.schemas import client_options, default_codec
+from metricbus.sinks.alerts import AlertRunner, ConsoleAlerts, WebhookAlerts
 
 from .conftest import read_topic
 
@@ -188,7 +188,7 @@ def test_the_wandb_sink_with_alerts_raises_each_alert_once_on_the_run_it_holds_o
     import subprocess
     import time
 
-    from schemas import ALERTS_PRODUCER, Ledger, encode_events, run_started
+    from metricbus.schemas import ALERTS_PRODUCER, Ledger, encode_events, run_started
     from tests.wandb_reader import read_run, records, run_files
 
     from .conftest import cli

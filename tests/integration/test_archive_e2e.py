@@ -7,9 +7,16 @@ import duckdb
 import pyarrow.compute as pc
 import pytest
 
-from producers import Run
-from schemas import RUN_STARTED, client_options, default_codec, encode_aggregates, encode_events, run_started
-from sinks import ParquetArchive, SinkRunner, read_table, tidy
+from metricbus.producers import Run
+from metricbus.schemas import (
+    RUN_STARTED,
+    client_options,
+    default_codec,
+    encode_aggregates,
+    encode_events,
+    run_started,
+)
+from metricbus.sinks import ParquetArchive, SinkRunner, read_table, tidy
 
 from .conftest import cli, read_topic
 
@@ -170,7 +177,7 @@ class _SlowArchive(ParquetArchive):
 
 
 def test_a_sink_far_behind_hears_a_stop_within_a_slice_and_the_next_process_writes_the_rest_once(settings):
-    from sinks._runtime import SLICE_BYTES
+    from metricbus.sinks._runtime import SLICE_BYTES
 
     run = Run("p", settings=settings, system_metrics=False)
     for step in range(100_000):  # ~9 MB of records, one poll's worth, ~5 slices
@@ -252,7 +259,7 @@ def test_what_is_held_for_a_run_never_seen_is_let_go_and_its_partition_committed
     """
     from kafka import KafkaProducer
 
-    from metricbus._carry import committed
+    from metricbus.stack._restart import committed
 
     proc = sink(flush_interval=0.2)
     producer = KafkaProducer(**client_options(settings), enable_idempotence=False)

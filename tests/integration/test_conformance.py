@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 
 import metricbus
-from schemas import decode_aggregates, default_codec
-from sinks import read_table
-from sinks.alerts import format_alert
-from sinks.tensorboard import tag
+from metricbus.schemas import decode_aggregates, default_codec
+from metricbus.sinks import read_table
+from metricbus.sinks.alerts import format_alert
+from metricbus.sinks.tensorboard import tag
 
 from .conftest import cli, read_topic
 

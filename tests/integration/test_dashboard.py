@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from metricbus._board import MAX_POINTS
-from producers import Run
+from metricbus.ops._board import MAX_POINTS
+from metricbus.producers import Run
 
 from .conftest import cli, free_port
 
@@ -139,7 +139,7 @@ def test_a_live_run_in_the_browser_gains_points_and_shows_a_nan_alert(
             assert run._publisher.flush(20)
             expect(chart).to_have_attribute("data-xmax", str(12 + MAX_POINTS), timeout=30_000)
             assert chart.get_attribute("data-points") == str(MAX_POINTS)
-            from sinks._catchup import add_runs
+            from metricbus.sinks._catchup import add_runs
 
             add_runs(settings, f"{settings.topic_prefix}sink.wandb", {run.run_id: False})
             page.goto(dashboard + "/pipeline")
@@ -274,7 +274,7 @@ def test_with_kafka_down_the_pipeline_page_says_so_at_once_and_shows_the_waiting
     and the log says it once, not every reconnect."""
     from playwright.sync_api import expect, sync_playwright
 
-    from schemas import Settings
+    from metricbus.schemas import Settings
 
     down = Settings(bootstrap=f"127.0.0.1:{free_port()}", topic_prefix="down.", data_dir=tmp_path / "data")
     run = Run("ops", settings=down, system_metrics=False)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from metricbus._ppo import PPOConfig, train
-from producers import Run
-from sinks import read_table
+from metricbus.demo._ppo import PPOConfig, train
+from metricbus.producers import Run
+from metricbus.sinks import read_table
 
 from .conftest import cli
 

@@ -17,8 +17,8 @@ import time
 import numpy as np
 import pytest
 
-from schemas import run_config
-from sinks import read_events, read_table
+from metricbus.schemas import run_config
+from metricbus.sinks import read_events, read_table
 
 pytestmark = pytest.mark.integration
 

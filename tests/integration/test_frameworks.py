@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from schemas import run_config
-from sinks import read_events, read_table
+from metricbus.schemas import run_config
+from metricbus.sinks import read_events, read_table
 
 from .conftest import aggregates
 

@@ -11,14 +11,21 @@ import time
 
 import pytest
 
-from metricbus import _carry
-from metricbus._broker import port_open
-from metricbus._read import read_topic
-from metricbus._stack import Stack
-from producers import Run, sync_spools
-from schemas import METRICS, Settings, decode_events, default_codec, ensure_topics, mark_broker_restarting
-from sinks import SinkRunner
-from sinks._runtime import ConsumerLoop
+from metricbus.producers import Run, sync_spools
+from metricbus.schemas import (
+    METRICS,
+    Settings,
+    decode_events,
+    default_codec,
+    ensure_topics,
+    mark_broker_restarting,
+    read_topic,
+)
+from metricbus.sinks import SinkRunner
+from metricbus.sinks._runtime import ConsumerLoop
+from metricbus.stack import _restart as _carry
+from metricbus.stack._broker import port_open
+from metricbus.stack._supervisor import Stack
 
 from .conftest import free_port
 
@@ -161,7 +168,7 @@ def test_a_group_killed_before_its_first_flush_still_gets_what_it_had_not_read_c
     stop timeout, in a 45-minute soak), was invisible to the carry, which went by the other
     groups' commits: what it had not read was lost (gaps of 160k events). A consumer now
     commits where its new partitions start as soon as it is assigned them."""
-    from metricbus._lag import LagProbe
+    from metricbus.ops._lag import LagProbe
 
     settings = stack.settings
     logged(stack, 50)
@@ -186,7 +193,7 @@ def test_a_group_killed_before_its_first_flush_still_gets_what_it_had_not_read_c
 def test_the_next_planned_restart_waits_for_every_group_to_be_back_on_the_new_broker(stack, monkeypatch):
     """Restarts 20-22 of the soak came 17-20 s apart, before a slow sink was back: it waits now
     (for at most GROUPS_BACK_S: a group whose consumer is gone for good does not hold it)."""
-    from metricbus import _stack
+    from metricbus.stack import _supervisor as _stack
 
     lag = _carry.PartitionLag(stack.settings.topics.events, 0, committed=5, end=5, lag=0, lag_s=None)
     monkeypatch.setattr(_carry, "committed", lambda settings: {"metricbus.sink.parquet": [lag]})
@@ -331,7 +338,7 @@ def test_each_group_resumes_on_the_restarted_broker_where_it_was_instead_of_read
     restart (the archive sink dropped 1.88M duplicates in one process), on the 2 cores the W&B
     sink needed. Each group's position is now committed on the new broker, mapped through the
     carry; a group that never came back after a restart gets none at the next."""
-    from metricbus._lag import LagProbe
+    from metricbus.ops._lag import LagProbe
 
     settings, events = stack.settings, stack.settings.topics.events
     run = Run("groups", settings=stack.settings, system_metrics=False)
@@ -455,8 +462,8 @@ def test_a_sink_left_behind_catches_up_from_the_archive_every_step_once(stack):
     joins its group. TensorBoard's own reader then sees every step once."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from sinks import ParquetArchive, TensorBoardSink, read_table
-    from sinks._catchup import catchup_path, pending_runs
+    from metricbus.sinks import ParquetArchive, TensorBoardSink, read_table
+    from metricbus.sinks._catchup import catchup_path, pending_runs
 
     settings = dataclasses.replace(stack.settings, broker_max_mb=3000.0)
     stack.settings = settings

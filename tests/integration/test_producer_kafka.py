@@ -4,9 +4,9 @@ import time
 
 import pytest
 
-from metricbus._broker import EmbeddedBroker
-from producers import Run, sync_spools
-from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Settings
+from metricbus.producers import Run, sync_spools
+from metricbus.schemas import METRICS, RUN_FINISHED, RUN_STARTED, Settings
+from metricbus.stack._broker import EmbeddedBroker
 
 from .conftest import free_port, read_events
 

@@ -113,7 +113,7 @@ NAMES = ["ranks/Train/Loss/mean", "ranks/Train/Loss/min", "ranks/Train/Loss/max"
 
 def archived_merge(settings, run_id, steps, timeout=90.0):
     """The merged series as the Parquet sink archived them: name -> [(step, value)] (duplicates kept)."""
-    from sinks import read_table
+    from metricbus.sinks import read_table
 
     deadline = time.monotonic() + timeout
     got: dict = {}

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, default_codec, run_started
-from sinks import ParquetArchive
+from metricbus.schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, default_codec, run_started
+from metricbus.sinks import ParquetArchive
 
 from .conftest import cli
 

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from producers import Run
-from schemas import METRICS, RUN_FINISHED, RUN_STARTED, run_config
-from sinks import read_events
+from metricbus.producers import Run
+from metricbus.schemas import METRICS, RUN_FINISHED, RUN_STARTED, run_config
+from metricbus.sinks import read_events
 
 from .conftest import aggregates
 from .test_tensorboard_replay import scalars, start_sink

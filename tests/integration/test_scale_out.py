@@ -14,11 +14,11 @@ import uuid
 import pytest
 from kafka.partitioner.default import murmur2
 
-from producers import Run
-from schemas import METRICS, RUN_FINISHED, Event, default_codec, ensure_topics
-from sinks import read_events
-from stream_jobs import StreamProcessor, derive_all, load_rules
-from stream_jobs._rules import DEFAULT_RULES
+from metricbus.producers import Run
+from metricbus.schemas import METRICS, RUN_FINISHED, Event, default_codec, ensure_topics
+from metricbus.sinks import read_events
+from metricbus.stream_jobs import StreamProcessor, derive_all, load_rules
+from metricbus.stream_jobs._rules import DEFAULT_RULES
 
 from .conftest import SinkProcess, cli, read_topic
 

@@ -56,7 +56,7 @@ def start_up(tmp_path, *args):
 
 
 def test_up_starts_broker_and_consumers_and_sigterm_stops_every_child(tmp_path):
-    from stream_jobs import DEFAULT_RULES
+    from metricbus.stream_jobs import DEFAULT_RULES
 
     (tmp_path / "stream.yaml").write_text("metric_stats: [recent_mean, p99]\n")
     proc, port, lines = start_up(
@@ -142,9 +142,9 @@ def test_demo_trains_and_reads_every_event_back_from_the_archive(tmp_path):
 
 def test_up_restarts_a_killed_broker_says_so_and_the_archive_loses_nothing(tmp_path):
     """Issue 13 point 5: the memory-only broker dies mid-run; everything logged reaches the archive once."""
-    from producers import Run
-    from schemas import Settings
-    from sinks import read_table
+    from metricbus.producers import Run
+    from metricbus.schemas import Settings
+    from metricbus.sinks import read_table
 
     proc, port, _ = start_up(tmp_path)
     try:
@@ -188,8 +188,8 @@ def test_up_serves_the_dashboard_status_and_every_process_counters(tmp_path):
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from producers import Run
-    from schemas import Settings
+    from metricbus.producers import Run
+    from metricbus.schemas import Settings
 
     web = free_port()
     proc, port, lines = start_up(tmp_path, "--dashboard-port", str(web))
@@ -239,9 +239,9 @@ def test_up_serves_the_dashboard_status_and_every_process_counters(tmp_path):
 def test_up_with_two_workers_and_two_instances_of_each_sink_shares_the_partitions(tmp_path):
     """Issue 11: `up --workers 2 --sink-instances 2`: every child in its group gets partitions, and
     every event of several runs reaches the archive once, with what the workers derived."""
-    from producers import Run
-    from schemas import METRICS, Settings
-    from sinks import read_events
+    from metricbus.producers import Run
+    from metricbus.schemas import METRICS, Settings
+    from metricbus.sinks import read_events
 
     proc, port, lines = start_up(tmp_path, "--workers", "2", "--sink-instances", "2", "--no-dashboard")
     try:
@@ -286,10 +286,10 @@ def test_up_with_two_workers_and_two_instances_of_each_sink_shares_the_partition
 def test_up_restarts_a_broker_over_its_memory_bound_and_nothing_is_lost_or_derived_twice(tmp_path):
     """Issue 14: the memory-only broker keeps every record; past METRICBUS_BROKER_MAX_MB, once every
     group has read everything, `up` restarts it. The archive and the worker's series go on whole."""
-    from producers import Run
-    from schemas import DERIVED_PRODUCER, Settings
-    from sinks import read_events
-    from stream_jobs import derive_all
+    from metricbus.producers import Run
+    from metricbus.schemas import DERIVED_PRODUCER, Settings
+    from metricbus.sinks import read_events
+    from metricbus.stream_jobs import derive_all
 
     port = free_port()
     env = {**os.environ, "METRICBUS_LOCAL_PORT": str(port), "METRICBUS_BROKER_MAX_MB": "45"}

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from producers import Run
-from schemas import client_options
+from metricbus.producers import Run
+from metricbus.schemas import client_options
 
 from .conftest import cli, read_topic
 
@@ -98,7 +98,7 @@ def test_status_lists_unsent_spools_and_finished_runs(settings):
     done.log({"x": 2.0}, step=0)
     assert done.finish(timeout=20)
 
-    from sinks._catchup import add_runs
+    from metricbus.sinks._catchup import add_runs
 
     add_runs(settings, f"{settings.topic_prefix}sink.wandb", {"old-run-1": False, "old-run-2": True})
     result = subprocess.run(
@@ -122,7 +122,7 @@ def test_status_against_an_unreachable_broker_says_so_shows_the_spools_and_watch
     """A broker that is down (or restarting under `metricbus up`): the reason, once; what waits
     in the local spools; and `--watch` keeps watching instead of exiting."""
 
-    from schemas import Settings
+    from metricbus.schemas import Settings
 
     from .conftest import free_port
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from producers import Run
-from schemas import default_codec
+from metricbus.producers import Run
+from metricbus.schemas import default_codec
 
 from .conftest import aggregates, cli, read_topic
 
@@ -47,7 +47,7 @@ def test_worker_state_survives_kill_9_twice_aggregates_equal_an_uninterrupted_ru
     import dataclasses
     import signal
 
-    from stream_jobs import derive_all
+    from metricbus.stream_jobs import derive_all
 
     def start(name, checkpoint_interval_s):
         env = {
@@ -187,8 +187,8 @@ def test_derived_series_are_archived_beside_the_logged_ones_and_replays_leave_th
 ):
     import duckdb
 
-    from schemas import DERIVED_PRODUCER
-    from sinks import read_events
+    from metricbus.schemas import DERIVED_PRODUCER
+    from metricbus.sinks import read_events
 
     parquet = sink()
     run = Run("p", settings=settings, system_metrics=False)
@@ -218,7 +218,7 @@ def test_derived_series_are_archived_beside_the_logged_ones_and_replays_leave_th
 #: run "poison" raises, as a bug of ours would. No hostile record found by fuzzing the processor
 #: makes it raise, so the fault is injected to prove the agent's guard in the real process.
 POISON = """
-from stream_jobs._processor import StreamProcessor
+from metricbus.stream_jobs._processor import StreamProcessor
 
 _process_record = StreamProcessor.process_record
 
@@ -239,7 +239,7 @@ def test_a_record_the_worker_cannot_decode_or_process_is_dead_lettered_and_the_w
 ):
     from kafka import KafkaProducer
 
-    from schemas import METRICS, client_options, encode_events
+    from metricbus.schemas import METRICS, client_options, encode_events
 
     (tmp_path / "inject").mkdir()
     (tmp_path / "inject" / "sitecustomize.py").write_text(POISON)

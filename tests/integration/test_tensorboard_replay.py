@@ -5,8 +5,8 @@ import time
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from producers import Run
-from sinks import read_events, read_table
+from metricbus.producers import Run
+from metricbus.sinks import read_events, read_table
 
 from .conftest import cli
 

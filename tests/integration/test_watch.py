@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from schemas import default_codec
-from sinks import read_table
+from metricbus.schemas import default_codec
+from metricbus.sinks import read_table
 
 from .conftest import read_topic
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_watch_logs_the_norms_clip_grad_norm_reports_and_a_nan_gradient_alerts(settings, sink, worker):
-    from producers import Run
+    from metricbus.producers import Run
 
     sink(flush_interval=0.3)
     torch.manual_seed(0)

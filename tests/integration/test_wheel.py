@@ -27,10 +27,12 @@ def test_the_wheel_installs_in_a_fresh_venv_and_every_integration_imports(tmp_pa
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         metadata = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    top_level = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert top_level == {"metricbus"}, top_level  # one installed name: nothing beside the user's modules
     for data in (
-        "schemas/avro/EventBatch.v2.avsc",
-        "stream_jobs/rules/default.yaml",
-        "metricbus/web/static/vendor/uplot/uPlot.iife.min.js",
+        "metricbus/schemas/avro/EventBatch.v2.avsc",
+        "metricbus/stream_jobs/rules/default.yaml",
+        "metricbus/ops/web/static/vendor/uplot/uPlot.iife.min.js",
         "metricbus/py.typed",
     ):
         assert any(n.endswith(data) for n in names), data
@@ -52,16 +54,21 @@ def test_the_wheel_installs_in_a_fresh_venv_and_every_integration_imports(tmp_pa
     (Path(purelib) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel], check=True)
 
+    # The user's own modules of the generic names, where the user runs from: ours never see them.
+    user = tmp_path / "user"
+    user.mkdir()
+    for name in ("schemas", "sinks", "producers", "stream_jobs"):
+        (user / f"{name}.py").write_text(f"raise ImportError('the user\\'s own {name}.py was imported')\n")
     probe = (
         "import importlib.resources as r, metricbus, metricbus.sb3, metricbus.hf, metricbus.lightning,"
-        " metricbus.tensorboard, metricbus.wandb, stream_jobs, sinks;"
+        " metricbus.tensorboard, metricbus.wandb, metricbus.stream_jobs, metricbus.sinks;"
         "print(metricbus.__file__);"
-        "print(r.files('stream_jobs').joinpath('rules/default.yaml').read_text()[:1])"
+        "print(r.files('metricbus.stream_jobs').joinpath('rules/default.yaml').read_text()[:1])"
     )
-    out = subprocess.run([python, "-c", probe], check=True, capture_output=True, text=True, cwd=tmp_path)
+    out = subprocess.run([python, "-c", probe], check=True, capture_output=True, text=True, cwd=user)
     where, first = out.stdout.split()
     assert Path(where).is_relative_to(env_dir) and first == "#", out.stdout
     help_text = subprocess.run(
-        [env_dir / "bin" / "metricbus", "--help"], check=True, capture_output=True, text=True, cwd=tmp_path
+        [env_dir / "bin" / "metricbus", "--help"], check=True, capture_output=True, text=True, cwd=user
     ).stdout
     assert "status" in help_text and "sink" in help_text

@@ -3,10 +3,10 @@ import math
 import numpy as np
 import pytest
 
-from schemas import METRICS, RUN_FINISHED, ConfigError, Event, default_codec
-from stream_jobs import StreamProcessor
-from stream_jobs._alerts import AlertEngine
-from stream_jobs._rules import DEFAULT_RULES, load_rules, parse_rules
+from metricbus.schemas import METRICS, RUN_FINISHED, ConfigError, Event, default_codec
+from metricbus.stream_jobs import StreamProcessor
+from metricbus.stream_jobs._alerts import AlertEngine
+from metricbus.stream_jobs._rules import DEFAULT_RULES, load_rules, parse_rules
 
 
 def engine(yaml_text):
@@ -52,7 +52,7 @@ def test_nonfinite_glob_catches_a_nan_loss():
 
 def test_the_cache_of_which_rules_watch_a_name_is_bounded_and_rules_still_fire(monkeypatch):
     """Names come from users: a worker of runs that each log names of their own kept them all."""
-    monkeypatch.setattr("stream_jobs._alerts.MATCHES_KEPT", 8)
+    monkeypatch.setattr("metricbus.stream_jobs._alerts.MATCHES_KEPT", 8)
     e = engine("rules: [{name: nan_loss, kind: nonfinite, metric: '*Loss*'}]")
     for i in range(100):
         e.observe("r", f"u/{i}", 1.0, i, i)

@@ -1,7 +1,7 @@
 """The dashboard's run board folds what the topics hold; no record can stop it."""
 
-from metricbus._board import MAX_RANKS, RunBoard
-from schemas import METRICS, RUN_STARTED, Settings, default_codec, encode_events, run_started
+from metricbus.ops._board import MAX_RANKS, RunBoard
+from metricbus.schemas import METRICS, RUN_STARTED, Settings, default_codec, encode_events, run_started
 
 CODEC = default_codec()
 

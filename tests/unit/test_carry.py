@@ -11,8 +11,8 @@ import types
 
 import pytest
 
-from metricbus import _carry
-from schemas import Settings
+from metricbus.schemas import Settings
+from metricbus.stack import _restart as _carry
 
 
 class Refusing:

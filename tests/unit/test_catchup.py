@@ -7,9 +7,9 @@ reader) is tests/integration/test_planned_restart.py's.
 
 import asyncio
 
-from schemas import METRICS, RUN_STARTED, Event, Settings, default_codec, run_started
-from sinks import ParquetArchive, SinkRunner
-from sinks._catchup import CatchupLock, add_runs, catchup_path, done, pending_groups, pending_runs
+from metricbus.schemas import METRICS, RUN_STARTED, Event, Settings, default_codec, run_started
+from metricbus.sinks import ParquetArchive, SinkRunner
+from metricbus.sinks._catchup import CatchupLock, add_runs, catchup_path, done, pending_groups, pending_runs
 
 
 def settings(tmp_path) -> Settings:
@@ -130,7 +130,7 @@ def test_a_sink_catches_up_on_each_run_and_strikes_off_even_what_cannot_be_read(
     assert sink.complete == ["r1"] and sink.buffered == 0  # closed runs told so; everything flushed
     assert pending_runs(s, runner.group_id) == {}
     # an archive that cannot be read is logged and struck off: the sink joins its group anyway
-    import sinks._archive as archive_module
+    import metricbus.sinks._archive as archive_module
 
     def broken(*args, **kwargs):  # noqa: ANN002, ANN003
         raise OSError("a torn Parquet file")
@@ -163,7 +163,7 @@ def test_another_instance_waits_while_one_catches_up_and_a_stop_is_heard_meanwhi
 
 
 def test_the_archive_is_read_from_a_given_seq_per_producer_the_others_whole(tmp_path):
-    from sinks import read_table
+    from metricbus.sinks import read_table
 
     s = settings(tmp_path)
     archive_run(s, "r1", 5)

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from stream_jobs import StreamProcessor
-from stream_jobs._checkpoint import FORMAT, load, snapshot, write
-from stream_jobs._rules import DEFAULT_RULES, load_rules
+from metricbus.stream_jobs import StreamProcessor
+from metricbus.stream_jobs._checkpoint import FORMAT, load, snapshot, write
+from metricbus.stream_jobs._rules import DEFAULT_RULES, load_rules
 
 from .test_columns import keyed, run_events
 
@@ -61,7 +61,7 @@ def test_a_missing_unreadable_or_foreign_checkpoint_is_ignored(tmp_path, caplog)
 
 def test_derived_events_are_numbered_the_same_by_a_restored_processor(tmp_path):
     """The derived identity (run, seq) survives a restart: re-derived events keep their seqs."""
-    from schemas import decode_aggregates, default_codec, encode_aggregates
+    from metricbus.schemas import decode_aggregates, default_codec, encode_aggregates
 
     codec = default_codec()
     events = run_events(random.Random(5), n=600)
@@ -89,8 +89,8 @@ def test_derived_events_are_numbered_the_same_by_a_restored_processor(tmp_path):
 
 
 def test_the_one_file_checkpoint_of_older_workers_is_removed_saying_so(tmp_path, caplog):
-    from schemas import Settings
-    from stream_jobs import checkpoint_dir, retire_single_file
+    from metricbus.schemas import Settings
+    from metricbus.stream_jobs import checkpoint_dir, retire_single_file
 
     settings = Settings(data_dir=tmp_path)
     old = tmp_path / "stream" / "g.checkpoint"

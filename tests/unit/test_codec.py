@@ -8,7 +8,7 @@ import pytest
 from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from schemas import (
+from metricbus.schemas import (
     HEARTBEAT,
     HISTOGRAM,
     METRICS,
@@ -175,7 +175,7 @@ def test_old_version_is_read_with_the_newest_reader():
 
 
 def test_aggregate_batches_decode_into_events_sinks_take_old_and_new():
-    from schemas import DERIVED_PRODUCER, decode_aggregates
+    from metricbus.schemas import DERIVED_PRODUCER, decode_aggregates
 
     codec = default_codec()
     point = {"name": "Epoch/AvgLoss", "source": "Train/Loss", "kind": "epoch_mean", "step": 9}
@@ -210,7 +210,7 @@ def test_aggregate_batches_decode_into_events_sinks_take_old_and_new():
 
 def test_an_aggregate_batch_numbered_past_the_longest_seq_is_refused():
     """Its seqs would not fit the archive's int64 column: the Parquet sink's flush failed for ever."""
-    from schemas import SchemaError, decode_aggregates, encode_aggregates
+    from metricbus.schemas import SchemaError, decode_aggregates, encode_aggregates
 
     codec = default_codec()
     points = [
@@ -235,7 +235,7 @@ def test_an_aggregate_batch_numbered_past_the_longest_seq_is_refused():
 
 
 def test_derived_events_are_numbered_from_first_seq_in_the_order_the_schema_states():
-    from schemas import decode_aggregates, derived_event_count, encode_aggregates
+    from metricbus.schemas import decode_aggregates, derived_event_count, encode_aggregates
 
     codec = default_codec()
 
@@ -307,7 +307,7 @@ def test_schema_files_must_be_versioned(tmp_path):
 
 def mixed_events(n=300):
     """What a run logs: mostly scalars-only Metrics, with samples, labels, histograms and tables among them."""
-    from schemas import HISTOGRAM, RUN_STARTED, run_started
+    from metricbus.schemas import HISTOGRAM, RUN_STARTED, run_started
 
     specials = [math.nan, math.inf, -math.inf, -0.0, 5e-324, 1.7976931348623157e308]
     out = [(0, 1_700_000_000_000, RUN_STARTED, run_started("p", "n", {"lr": 1e-3}))]
@@ -342,7 +342,7 @@ def mixed_events(n=300):
 def test_columnar_batches_read_back_every_event_exactly_and_in_order():
     import struct
 
-    from schemas import decode_events, encode_events
+    from metricbus.schemas import decode_events, encode_events
 
     codec = default_codec()
     events = mixed_events()
@@ -372,7 +372,7 @@ def test_scalars_rows_encode_exactly_as_their_metrics_bodies_in_both_layouts():
     the same events, ints as doubles, labelled rows through the events array, order kept."""
     import struct
 
-    from schemas import SCALARS, ScalarRows, decode_events, encode_events
+    from metricbus.schemas import SCALARS, ScalarRows, decode_events, encode_events
 
     codec = default_codec()
     rows = []
@@ -456,7 +456,7 @@ def test_scalars_rows_encode_exactly_as_their_metrics_bodies_in_both_layouts():
 def test_apache_avro_reads_a_columnar_batch():
     import struct
 
-    from schemas import encode_events
+    from metricbus.schemas import encode_events
 
     codec = default_codec()
     data = encode_events(codec, "run-1", "p" * 32, mixed_events(40), "0.1.0")
@@ -479,7 +479,7 @@ def test_apache_avro_reads_a_columnar_batch():
     ],
 )
 def test_a_hostile_columnar_batch_is_a_schema_error_not_a_crash(damage, why):
-    from schemas import decode_events, encode_events
+    from metricbus.schemas import decode_events, encode_events
 
     codec = default_codec()
     data = encode_events(codec, "run-1", "p" * 32, [e for e in mixed_events(30) if e[2] == METRICS][:10])
@@ -495,7 +495,7 @@ def test_encode_fitting_cuts_batches_to_fit_and_hands_back_what_cannot_go():
     """The one home of cut-to-fit (the producer's spool and `replay --to kafka`): records in
     order, each within the limit; an event too large alone, or one that does not encode, is
     given to ``rejected`` and the rest of its batch still goes."""
-    from schemas import METRICS, SCALARS, EncodeError, decode_events, encode_fitting
+    from metricbus.schemas import METRICS, SCALARS, EncodeError, decode_events, encode_fitting
 
     codec = default_codec()
     big = {"step": 1, "epoch": None, "rank": 0, "scalars": {}, "samples": {"x": [0.5] * 20_000}, "labels": {}}

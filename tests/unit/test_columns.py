@@ -10,12 +10,12 @@ import random
 import numpy as np
 import pytest
 
-from schemas import METRICS, RUN_FINISHED, Event, SeqSet
-from stream_jobs import StreamProcessor
-from stream_jobs._alerts import AlertEngine
-from stream_jobs._derive import RunDeriver
-from stream_jobs._rules import DEFAULT_RULES, load_rules, parse_rules
-from stream_jobs._stats import EMA, RollingMoments, Window
+from metricbus.schemas import METRICS, RUN_FINISHED, Event, SeqSet
+from metricbus.stream_jobs import StreamProcessor
+from metricbus.stream_jobs._alerts import AlertEngine
+from metricbus.stream_jobs._derive import RunDeriver
+from metricbus.stream_jobs._rules import DEFAULT_RULES, load_rules, parse_rules
+from metricbus.stream_jobs._stats import EMA, RollingMoments, Window
 
 
 def chunks(items, rng, largest=150):
@@ -195,7 +195,7 @@ def test_a_record_taken_from_its_columns_derives_and_fires_exactly_as_its_events
     (StreamProcessor.process_record); every output must equal processing its decoded events:
     uniform records, epochs changing within a record, names varying, samples beside columns,
     NaN and inf, a redelivered record, the run's end."""
-    from schemas import decode_events, decode_record, default_codec, encode_events
+    from metricbus.schemas import decode_events, decode_record, default_codec, encode_events
 
     rng = random.Random(11)
     codec = default_codec()

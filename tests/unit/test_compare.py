@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from metricbus._compare import compare_metric, config_diff, final_window
+from metricbus.diagnostics._compare import compare_metric, config_diff, final_window
 
 
 def test_only_differing_config_keys_are_shown_nested_keys_flattened():
@@ -49,7 +49,7 @@ def test_a_worse_loss_is_a_regression_with_scipys_p_value_and_hedges_g():
 
 def archived(run, config, values, env_steps_per_step=1, labels=None):
     """A run's logged events: its config, then one Metrics event per value."""
-    from schemas import METRICS, RUN_STARTED, Event, run_started
+    from metricbus.schemas import METRICS, RUN_STARTED, Event, run_started
 
     out = [Event(run, "p", 0, 0, RUN_STARTED, run_started("proj", run, config), b"")]
     for i, v in enumerate(values):
@@ -60,7 +60,7 @@ def archived(run, config, values, env_steps_per_step=1, labels=None):
 
 
 def test_seeds_of_one_config_are_a_group_and_groups_are_compared_on_per_run_means():
-    from metricbus._compare import compare_runs, group_runs
+    from metricbus.diagnostics._compare import compare_runs, group_runs
 
     rng = np.random.default_rng(1)
     runs, finals = {}, {}
@@ -84,7 +84,7 @@ def test_seeds_of_one_config_are_a_group_and_groups_are_compared_on_per_run_mean
 
 
 def test_runs_line_up_on_a_logged_axis_and_are_cut_at_the_shared_budget():
-    from metricbus._compare import compare_runs
+    from metricbus.diagnostics._compare import compare_runs
 
     # a logs 1 env step per step for 100 steps; b 4 per step for 100 steps (400 env steps).
     # On the env_steps axis b is cut at 99 env steps: its first 25 values, all 0.0.
@@ -99,7 +99,7 @@ def test_runs_line_up_on_a_logged_axis_and_are_cut_at_the_shared_budget():
 
 
 def test_labelled_series_are_compared_per_label():
-    from metricbus._compare import compare_runs
+    from metricbus.diagnostics._compare import compare_runs
 
     def tasks(i):
         return {"task": "hard" if i % 2 else "easy"}

@@ -3,7 +3,7 @@ from pathlib import Path
 import yaml
 
 from metricbus._cli import build_parser
-from metricbus._stack import CONSUMERS
+from metricbus.stack._supervisor import CONSUMERS
 
 ROOT = Path(__file__).resolve().parents[2]
 

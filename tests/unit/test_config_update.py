@@ -10,8 +10,8 @@ import avro.schema
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from producers import Run
-from schemas import (
+from metricbus.producers import Run
+from metricbus.schemas import (
     CONFIG_UPDATE,
     HEADER_SIZE,
     RUN_STARTED,
@@ -24,8 +24,8 @@ from schemas import (
     run_config,
     run_started,
 )
-from sinks.tensorboard import TensorBoardSink
-from sinks.wandb import WandbSink
+from metricbus.sinks.tensorboard import TensorBoardSink
+from metricbus.sinks.wandb import WandbSink
 from tests.fakes import FakeTransport
 from tests.wandb_reader import read_run
 

@@ -6,8 +6,8 @@ import time
 
 from prometheus_client import REGISTRY
 
-from schemas import Settings
-from sinks._runtime import ConsumerLoop
+from metricbus.schemas import Settings
+from metricbus.sinks._runtime import ConsumerLoop
 
 
 class SlowLoop(ConsumerLoop):
@@ -89,7 +89,7 @@ class SlicingLoop(ConsumerLoop):
 def test_a_large_poll_is_processed_and_committed_a_slice_at_a_time():
     from aiokafka import TopicPartition
 
-    from sinks._runtime import SLICE_BYTES
+    from metricbus.sinks._runtime import SLICE_BYTES
 
     loop = SlicingLoop()
     loop._consumer = Consumer()
@@ -105,7 +105,7 @@ def test_a_large_poll_is_processed_and_committed_a_slice_at_a_time():
 def test_a_stop_between_slices_commits_what_was_processed_and_leaves_the_rest_to_be_read_again():
     from aiokafka import TopicPartition
 
-    from sinks._runtime import SLICE_BYTES
+    from metricbus.sinks._runtime import SLICE_BYTES
 
     loop = SlicingLoop(stop_after=2)
     loop._consumer = Consumer()

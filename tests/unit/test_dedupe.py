@@ -1,6 +1,6 @@
 import random
 
-from schemas import Deduper, SeqSet
+from metricbus.schemas import Deduper, SeqSet
 
 
 def expand(intervals):

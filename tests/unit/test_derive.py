@@ -3,11 +3,11 @@ import math
 import numpy as np
 import pytest
 
-from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, run_started
-from stream_jobs import StreamConfig, StreamProcessor
-from stream_jobs._derive import RunDeriver, derive_all
-from stream_jobs._processor import FINISHED_KEPT, RUNS_KEPT
-from stream_jobs._stats import Window
+from metricbus.schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, run_started
+from metricbus.stream_jobs import StreamConfig, StreamProcessor
+from metricbus.stream_jobs._derive import RunDeriver, derive_all
+from metricbus.stream_jobs._processor import FINISHED_KEPT, RUNS_KEPT
+from metricbus.stream_jobs._stats import Window
 
 
 def metrics(step, scalars=None, samples=None, epoch=None):
@@ -351,7 +351,7 @@ def test_a_partition_checkpointed_and_replayed_forgets_the_same_runs_as_one_that
     holds the state and derives the output of the uninterrupted one."""
     import pickle
 
-    from stream_jobs._checkpoint import snapshot
+    from metricbus.stream_jobs._checkpoint import snapshot
 
     cfg = StreamConfig(max_partition_series=50)
     batches = [
@@ -384,7 +384,7 @@ def test_a_partition_checkpointed_and_replayed_forgets_the_same_runs_as_one_that
 def test_a_finished_run_forgotten_leaves_no_rule_state_and_a_stray_event_of_it_is_no_stalled_run():
     """The rules' states of every finished run were kept for ever: ~3.5 kB a run (six states
     with the default rules), in memory and in every checkpoint."""
-    from stream_jobs._rules import load_rules
+    from metricbus.stream_jobs._rules import load_rules
 
     proc = StreamProcessor(StreamConfig(), load_rules())
 

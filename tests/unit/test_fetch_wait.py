@@ -3,7 +3,7 @@ the whole wait whenever one of its partitions has nothing new)."""
 
 import asyncio
 
-from schemas import Settings, fetch_options
+from metricbus.schemas import Settings, fetch_options
 
 
 def test_the_fetch_wait_is_short_by_default_and_configurable():
@@ -14,7 +14,7 @@ def test_the_fetch_wait_is_short_by_default_and_configurable():
 
 
 def test_the_faust_worker_consumer_uses_it_instead_of_fausts_fixed_1500_ms():
-    from stream_jobs import build_app
+    from metricbus.stream_jobs import build_app
 
     async def main():
         app = build_app(Settings(bootstrap="127.0.0.1:9", fetch_max_wait_ms=70))
@@ -30,7 +30,7 @@ def test_the_faust_worker_consumer_uses_it_instead_of_fausts_fixed_1500_ms():
 def test_the_faust_worker_producer_compresses_as_the_training_jobs_do():
     """Aggregates, alerts and dead letters go out zstd-compressed by default (the embedded
     broker keeps every byte in memory), uncompressed with METRICBUS_COMPRESSION=none."""
-    from stream_jobs import build_app
+    from metricbus.stream_jobs import build_app
 
     async def codec(settings):
         producer = build_app(settings).producer._new_producer()  # aiokafka's: refuses a codec it lacks

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from metricbus._health import assess
-from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, run_started
+from metricbus.diagnostics._health import assess
+from metricbus.schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, run_started
 
 T0 = 1_700_000_000_000
 
@@ -171,8 +171,8 @@ def test_with_no_broker_the_dead_letters_are_not_checked_and_no_client_is_left_o
 
     import aiokafka
 
-    from metricbus._health import dead_letters_of
-    from schemas import Settings
+    from metricbus.diagnostics._health import dead_letters_of
+    from metricbus.schemas import Settings
 
     made = []
 
@@ -188,7 +188,7 @@ def test_with_no_broker_the_dead_letters_are_not_checked_and_no_client_is_left_o
     settings = Settings(data_dir=tmp_path, bootstrap=f"127.0.0.1:{port}")
     assert dead_letters_of(settings, "r", timeout_s=1.0) is None
     assert made == []  # nothing listens: said before any client is made (no aiokafka ERROR lines)
-    from metricbus._read import read_topic
+    from metricbus.schemas import read_topic
 
     with pytest.raises(Exception):  # noqa: B017 - aiokafka's own connection error
         read_topic(settings, settings.topics.deadletter, timeout_s=1.0)

@@ -6,7 +6,7 @@ import pytest
 
 import metricbus
 from metricbus._replay import archived_runs
-from schemas import (
+from metricbus.schemas import (
     CONFIG_UPDATE,
     METRICS,
     RUN_FINISHED,
@@ -17,7 +17,7 @@ from schemas import (
     default_codec,
     run_started,
 )
-from sinks import ParquetArchive
+from metricbus.sinks import ParquetArchive
 
 FP = default_codec().newest("EventBatch").fingerprint
 

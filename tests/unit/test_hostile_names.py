@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from schemas import (
+from metricbus.schemas import (
     METRICS,
     RUN_FINISHED,
     RUN_STARTED,
@@ -21,7 +21,7 @@ from schemas import (
     encode_events,
     run_started,
 )
-from sinks import Feeder, make_sink
+from metricbus.sinks import Feeder, make_sink
 
 HOSTILE = [
     "",

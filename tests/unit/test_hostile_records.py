@@ -23,11 +23,10 @@ import types
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from metricbus._board import RunBoard
-from metricbus._health import assess
-from metricbus._replay import describe_alert
-from metricbus._report import build, read_run
-from schemas import (
+from metricbus.diagnostics._health import assess
+from metricbus.diagnostics._report import build, read_run
+from metricbus.ops._board import RunBoard
+from metricbus.schemas import (
     HISTOGRAM,
     METRICS,
     RUN_STARTED,
@@ -37,15 +36,16 @@ from schemas import (
     decode_aggregates,
     decode_record,
     default_codec,
+    describe_alert,
     encode_aggregates,
     encode_events,
     run_started,
 )
-from sinks import Feeder, SinkRunner, iter_events, make_sink
-from sinks.alerts import AlertRunner, ConsoleAlerts, WandbAlerts, WebhookAlerts, format_alert
-from sinks.wandb import WandbSink, wandb_key
-from stream_jobs import DEFAULT_RULES, StreamProcessor, load_rules
-from stream_jobs._checkpoint import snapshot
+from metricbus.sinks import Feeder, SinkRunner, iter_events, make_sink
+from metricbus.sinks.alerts import AlertRunner, ConsoleAlerts, WandbAlerts, WebhookAlerts, format_alert
+from metricbus.sinks.wandb import WandbSink, wandb_key
+from metricbus.stream_jobs import DEFAULT_RULES, StreamProcessor, load_rules
+from metricbus.stream_jobs._checkpoint import snapshot
 from tests.hostile import Hostile
 from tests.wandb_reader import read_run as read_wandb_run
 from tests.wandb_reader import records as wandb_records

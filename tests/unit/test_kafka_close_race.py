@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-import schemas._kafka  # noqa: F401 - installs the filter on kafka-python's transport logger
+import metricbus.schemas._kafka  # noqa: F401 - installs the filter on kafka-python's transport logger
 
 pytest.importorskip("kafka.net.transport", reason="kafka-python 3's network layer")
 from kafka.net.transport import KafkaTCPTransport  # noqa: E402

@@ -9,13 +9,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from producers import Run
-from schemas import METRICS, Event, Settings, decode_events, default_codec
-from sinks import ParquetArchive, read_events
-from sinks._archive import SCHEMA
-from stream_jobs import StreamConfig, StreamProcessor
-from stream_jobs._derive import RunDeriver
-from stream_jobs._rules import parse_rules
+from metricbus.producers import Run
+from metricbus.schemas import METRICS, Event, Settings, decode_events, default_codec
+from metricbus.sinks import ParquetArchive, read_events
+from metricbus.sinks._archive import SCHEMA
+from metricbus.stream_jobs import StreamConfig, StreamProcessor
+from metricbus.stream_jobs._derive import RunDeriver
+from metricbus.stream_jobs._rules import parse_rules
 from tests.fakes import FakeTransport
 
 FP = default_codec().newest("EventBatch").fingerprint
@@ -208,7 +208,7 @@ def test_the_archive_keeps_labels_in_a_column_duckdb_and_old_files_read(tmp_path
 
 
 def test_the_demo_ppo_logs_each_cartpole_episode_with_its_outcome(tmp_path):
-    from metricbus._ppo import PPOConfig, train
+    from metricbus.demo._ppo import PPOConfig, train
 
     fake, run = quiet_run(tmp_path)
     train(run, PPOConfig(updates=4, seed=1))

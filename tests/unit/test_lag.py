@@ -1,6 +1,6 @@
 """Burrow-style consumer status from a window of lag samples (metricbus/_lag.py)."""
 
-from metricbus._lag import GroupSample, PartitionLag, evaluate
+from metricbus.ops._lag import GroupSample, PartitionLag, evaluate
 
 
 def sample(at, committed, end, lag_s=None, group="g"):

@@ -4,8 +4,8 @@ import types
 
 import pytest
 
-from producers._nvml import Nvml
-from producers._system import sample_system
+from metricbus.producers._nvml import Nvml
+from metricbus.producers._system import sample_system
 
 _GB = 1024**3
 

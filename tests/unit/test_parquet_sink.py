@@ -3,8 +3,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from schemas import HISTOGRAM, METRICS, RUN_STARTED, TABLE, Event, SeqSet, default_codec, run_started
-from sinks import ParquetArchive, iter_events, read_events, read_table, summary, tidy
+from metricbus.schemas import (
+    HISTOGRAM,
+    METRICS,
+    RUN_STARTED,
+    TABLE,
+    Event,
+    SeqSet,
+    default_codec,
+    run_started,
+)
+from metricbus.sinks import ParquetArchive, iter_events, read_events, read_table, summary, tidy
 
 FP = default_codec().newest("EventBatch").fingerprint
 
@@ -143,7 +152,7 @@ def test_a_compaction_holds_a_bounded_number_of_rows_and_files_stay_under_the_ca
     """A live run's flush files are merged into files of at most max_rows_per_file rows, each
     written a few sorted row groups at a time (COMPACT_ROWS): memory stays bounded whatever
     the run's size (one sorted table of a soak's 9.3M rows took 4.1 GB)."""
-    import sinks.parquet as parquet
+    import metricbus.sinks.parquet as parquet
 
     monkeypatch.setattr(parquet, "COMPACT_ROWS", 5)
     sink = ParquetArchive(tmp_path / "archive", compact_after=8, max_rows_per_file=25)
@@ -279,7 +288,7 @@ def test_export_carries_labels_when_the_run_has_them(archive, tmp_path, capsys):
 def test_columns_are_archived_exactly_as_their_events(tmp_path):
     """A record's columns (``write_columns``, no object per event) give the same table as the
     same events written one by one: uniform rows, rows with other names, no epoch, NaN."""
-    from schemas import SCALARS, decode_record, encode_events
+    from metricbus.schemas import SCALARS, decode_record, encode_events
 
     codec = default_codec()
     rows = [(i, None if i % 3 else i // 3, 0, {"loss": 1.0 / (i + 1), "lr": 1e-3}, None) for i in range(40)]
@@ -309,8 +318,8 @@ def test_columns_are_archived_exactly_as_their_events(tmp_path):
 def test_the_runtime_takes_columns_whole_only_when_none_was_seen(archive):
     """One check per record; a record seen in part (re-delivered across a crash) goes event by
     event, so each event is archived once."""
-    from schemas import SCALARS, decode_record, encode_events
-    from sinks import Feeder
+    from metricbus.schemas import SCALARS, decode_record, encode_events
+    from metricbus.sinks import Feeder
 
     codec = default_codec()
 
@@ -381,7 +390,7 @@ def test_export_into_a_reader_that_stops_early_ends_quietly(archive):
 def _files_out_of_order(archive):
     """A run of two producers over five files, listed in no seq order, one event archived twice
     (two files whose seqs interleave), and the stream's derived series beside them."""
-    from schemas import DERIVED_PRODUCER
+    from metricbus.schemas import DERIVED_PRODUCER
 
     def m(seq, producer="p1", scalars=None):
         body = {"step": seq, "epoch": 0, "rank": 0, "scalars": scalars or {"a": seq * 1.0, "b": -seq * 1.0}}
@@ -406,8 +415,8 @@ def test_a_run_read_a_file_at_a_time_comes_in_producer_and_seq_order_whatever_th
     """iter_events reads one file's rows of one producer at a time (a whole run's Arrow table
     was 150 MB for 200,000 steps); files whose seqs interleave are read together. The order and
     every event's body are the whole-table read's, which a run of too many files still gets."""
-    import sinks._archive as read
-    from schemas import DERIVED_PRODUCER
+    import metricbus.sinks._archive as read
+    from metricbus.schemas import DERIVED_PRODUCER
 
     events = _files_out_of_order(archive)
     assert len(list(archive.archive_dir.glob("project=*/run=run-1/*.parquet"))) == 5
@@ -500,8 +509,8 @@ def test_derived_points_that_overtake_their_runs_start_wait_for_it_and_hold_back
 
     from aiokafka import TopicPartition
 
-    from schemas import Settings, encode_aggregates, encode_events
-    from sinks import SinkRunner
+    from metricbus.schemas import Settings, encode_aggregates, encode_events
+    from metricbus.sinks import SinkRunner
 
     codec = default_codec()
     settings = Settings(data_dir=tmp_path)
@@ -542,7 +551,7 @@ def test_derived_points_that_overtake_their_runs_start_wait_for_it_and_hold_back
 
 def test_a_feeder_forgets_runs_long_unseen_and_asks_the_sink_again_on_their_next_event(tmp_path, monkeypatch):
     """It kept which seqs every run it ever saw holds (~1 kB a run in a long-lived sink)."""
-    from sinks import _runtime
+    from metricbus.sinks import _runtime
 
     monkeypatch.setattr(_runtime, "RUNS_KNOWN", 2)
     monkeypatch.setattr(_runtime, "KNOWN_IDLE_COMMITS", 1)

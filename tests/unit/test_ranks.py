@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, run_started
-from stream_jobs import DEFAULT_RULES, StreamProcessor, derive_all, load_rules
-from stream_jobs._ranks import RankMerger
+from metricbus.schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, run_started
+from metricbus.stream_jobs import DEFAULT_RULES, StreamProcessor, derive_all, load_rules
+from metricbus.stream_jobs._ranks import RankMerger
 
 
 def started(world):

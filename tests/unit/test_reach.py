@@ -5,8 +5,7 @@ import socket
 import pytest
 from kafka.errors import KafkaConnectionError
 
-from metricbus._read import reach
-from schemas import Settings
+from metricbus.schemas import Settings, reach
 
 
 def closed_port() -> int:

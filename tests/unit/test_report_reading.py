@@ -4,10 +4,18 @@ took 1.32 GB): the page is the same however the run is cut into chunks, and says
 import math
 
 from metricbus._replay import raising, rule_alerts
-from metricbus._report import build, read_run
-from schemas import DERIVED_PRODUCER, METRICS, RUN_FINISHED, RUN_STARTED, Event, default_codec, run_started
-from sinks import ParquetArchive, iter_events, read_events
-from stream_jobs import DEFAULT_RULES, StreamProcessor, load_rules
+from metricbus.diagnostics._report import build, read_run
+from metricbus.schemas import (
+    DERIVED_PRODUCER,
+    METRICS,
+    RUN_FINISHED,
+    RUN_STARTED,
+    Event,
+    default_codec,
+    run_started,
+)
+from metricbus.sinks import ParquetArchive, iter_events, read_events
+from metricbus.stream_jobs import DEFAULT_RULES, StreamProcessor, load_rules
 
 FP = default_codec().newest("EventBatch").fingerprint
 T0 = 1_700_000_000_000

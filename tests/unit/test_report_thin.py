@@ -3,7 +3,7 @@
 
 import math
 
-from metricbus._report import MAX_LINE_POINTS, thin
+from metricbus.diagnostics._report import MAX_LINE_POINTS, thin
 
 
 def line(n, value=lambda s: 1.0 / (s + 1)):

@@ -5,11 +5,11 @@ import math
 import numpy as np
 import pytest
 
-from schemas import METRICS, RUN_FINISHED, Event
-from stream_jobs import StreamConfig, StreamProcessor
-from stream_jobs._config import parse_config
-from stream_jobs._derive import derive_all
-from stream_jobs._rules import DEFAULT_RULES, load_rules
+from metricbus.schemas import METRICS, RUN_FINISHED, Event
+from metricbus.stream_jobs import StreamConfig, StreamProcessor
+from metricbus.stream_jobs._config import parse_config
+from metricbus.stream_jobs._derive import derive_all
+from metricbus.stream_jobs._rules import DEFAULT_RULES, load_rules
 
 
 def metrics(step, scalars=None, samples=None, epoch=None):

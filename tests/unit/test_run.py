@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from producers import Run
-from schemas import CONFIG_UPDATE, METRICS, RUN_FINISHED, RUN_STARTED, InvalidNameError, Settings
+from metricbus.producers import Run
+from metricbus.schemas import CONFIG_UPDATE, METRICS, RUN_FINISHED, RUN_STARTED, InvalidNameError, Settings
 from tests.fakes import FakeTransport
 
 
@@ -224,7 +224,7 @@ def test_a_script_that_forgets_finish_exits_promptly_and_loses_nothing(tmp_path)
 
     script = f"""
 import metricbus
-from schemas import Settings
+from metricbus.schemas import Settings
 run = metricbus.init("p", run_id="forgotten", settings=Settings(offline=True, data_dir={str(tmp_path)!r}))
 for i in range(1000):
     run.log({{"x": float(i)}}, step=i)
@@ -233,11 +233,11 @@ for i in range(1000):
     t0 = time.monotonic()
     subprocess.run([sys.executable, "-c", script], check=True, timeout=30)
     assert time.monotonic() - t0 < 20
-    from producers import Spool
+    from metricbus.producers import Spool
 
     (path,) = (tmp_path / "spool" / "forgotten").glob("*.spool")
     spool = Spool(path)
-    from schemas import decode_events, default_codec
+    from metricbus.schemas import decode_events, default_codec
 
     events = [e for record, _ in spool.read_unsent(10_000) for e in decode_events(default_codec(), record)]
     spool.close()
@@ -272,7 +272,7 @@ def test_batches_are_cut_to_fit_a_kafka_record_and_an_event_too_large_for_any_is
     settings, caplog
 ):
     """Issue 13 point 7: eight log() calls of 100k scalars made one 15 MB record that never left."""
-    from schemas import MAX_RECORD_BYTES
+    from metricbus.schemas import MAX_RECORD_BYTES
 
     fake = FakeTransport()
     run = Run("p", settings=settings, transport=fake, system_metrics=False, linger_s=0.5)
@@ -294,7 +294,7 @@ def test_batches_are_cut_to_fit_a_kafka_record_and_an_event_too_large_for_any_is
 def test_a_batch_of_columns_too_large_for_a_record_is_cut_like_its_events(settings):
     """log()'s common batch reaches the encoder as columns (ScalarRows); past the record size
     it is halved as its events, and an unencodable one goes the events' way too."""
-    from schemas import ScalarRows, decode_events, default_codec
+    from metricbus.schemas import ScalarRows, decode_events, default_codec
 
     run = Run("p", settings=settings, transport=FakeTransport(), system_metrics=False)
     publisher = run._publisher
@@ -430,7 +430,7 @@ def test_plain_numbers_take_the_fast_path_and_are_checked_on_the_publishers_thre
     assert all(type(v) is float for _, b in got for v in b["scalars"].values())
     assert got[3][1]["samples"] == {"arr": [1.0, 2.0]}  # as it was when logged
     assert [seq for seq, _ in got] == [1, 2, 3, 4] and [b["step"] for _, b in got] == [0, 1, 2, 3]
-    from schemas import decode_events, default_codec
+    from metricbus.schemas import decode_events, default_codec
 
     stamps = [e.ts_ms for r in fake.records for e in decode_events(default_codec(), r) if e.kind == METRICS]
     assert len(stamps) == 4 and all(before <= ts <= after for ts in stamps)  # milliseconds
@@ -451,7 +451,7 @@ def test_a_status_that_is_no_string_ends_the_run_as_finished_with_one_warning(se
 
 def test_log_after_finish_is_ignored_with_a_warning_and_a_strict_run_raises_in_the_caller(settings, caplog):
     """log()'s quick path is taken only by an open run that is not strict."""
-    from schemas import MetricValueError
+    from metricbus.schemas import MetricValueError
 
     fake = FakeTransport()
     run = Run("p", settings=settings, transport=fake, system_metrics=False)

@@ -4,8 +4,8 @@ they were given, labelled series beside the plain ones."""
 
 import math
 
-from metricbus._series import Points, labelled, on_axis, scalars
-from schemas import METRICS, RUN_STARTED, Event, run_started
+from metricbus.diagnostics._series import Points, labelled, on_axis, scalars
+from metricbus.schemas import METRICS, RUN_STARTED, Event, run_started
 
 
 def test_points_read_back_as_the_tuples_they_were_given():

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas import ConfigError, InvalidNameError, Settings, check_run_id, path_segment
+from metricbus.schemas import ConfigError, InvalidNameError, Settings, check_run_id, path_segment
 
 
 def test_from_env_parses_types_and_overrides_win(tmp_path):

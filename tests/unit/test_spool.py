@@ -1,6 +1,6 @@
 import pytest
 
-from producers import Spool, SpoolBusyError, pending_spools
+from metricbus.producers import Spool, SpoolBusyError, pending_spools
 
 
 def test_append_read_commit_and_rotation(tmp_path):

@@ -4,7 +4,16 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from stream_jobs._stats import DECLINING, EMA, IMPROVING, STABLE, Convergence, Welford, Window, trend_class
+from metricbus.stream_jobs._stats import (
+    DECLINING,
+    EMA,
+    IMPROVING,
+    STABLE,
+    Convergence,
+    Welford,
+    Window,
+    trend_class,
+)
 
 SERIES = {
     "normal": np.random.default_rng(0).normal(3.0, 2.0, 5000),
@@ -127,7 +136,7 @@ def test_convergence_needs_patience_windows_of_calm():
 
 @pytest.mark.parametrize("name", ["normal", "tiny variance", "constant"])
 def test_rolling_moments_match_the_exact_window(name):
-    from stream_jobs._stats import RollingMoments
+    from metricbus.stream_jobs._stats import RollingMoments
 
     xs = SERIES[name][:500]
     fast, exact = RollingMoments(20), Window(20)
@@ -144,7 +153,7 @@ def test_values_past_floats_range_give_inf_or_nan_never_an_exception_and_the_win
     the record), and the rolling sums went inf - inf = NaN for good once it left the window."""
     import warnings
 
-    from stream_jobs._stats import RollingMoments, fsum
+    from metricbus.stream_jobs._stats import RollingMoments, fsum
 
     window = Window(4)
     for x in (1.0, 1e200, -1e200, 3.0):

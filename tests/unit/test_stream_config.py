@@ -6,9 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-from schemas import ConfigError
-from stream_jobs import StreamConfig, load_config, parse_config
-from stream_jobs._derive import RunDeriver
+from metricbus.schemas import ConfigError
+from metricbus.stream_jobs import StreamConfig, load_config, parse_config
+from metricbus.stream_jobs._derive import RunDeriver
 
 from .test_derive import metrics
 

@@ -9,10 +9,10 @@ from tensorboard.backend.event_processing import plugin_event_multiplexer as pem
 from tensorboard.plugins import base_plugin
 from tensorboard.plugins.custom_scalar.custom_scalars_plugin import CustomScalarsPlugin
 
-from schemas import METRICS, RUN_STARTED, ConfigError, Event, default_codec, run_started
-from sinks import make_sink
-from sinks._tb_layout import load_layout
-from sinks.tensorboard import TensorBoardSink
+from metricbus.schemas import METRICS, RUN_STARTED, ConfigError, Event, default_codec, run_started
+from metricbus.sinks import make_sink
+from metricbus.sinks._tb_layout import load_layout
+from metricbus.sinks.tensorboard import TensorBoardSink
 
 FP = default_codec().newest("EventBatch").fingerprint
 
@@ -133,7 +133,7 @@ def test_a_bad_layout_file_is_refused_with_the_fix(tmp_path, text, fragment):
 
 def test_a_run_logging_a_new_name_every_step_keeps_one_tag_a_pattern_and_a_bounded_memory(monkeypatch):
     """Every placed tag was kept, in memory and in the layout file each change rewrote."""
-    from sinks import _tb_layout
+    from metricbus.sinks import _tb_layout
 
     monkeypatch.setattr(_tb_layout, "TAGS_KEPT", 100)
     run = _tb_layout.RunLayout(_tb_layout.merged(None))

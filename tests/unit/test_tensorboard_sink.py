@@ -2,8 +2,17 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from schemas import HISTOGRAM, METRICS, RUN_FINISHED, RUN_STARTED, TABLE, Event, default_codec, run_started
-from sinks.tensorboard import TensorBoardSink, tag
+from metricbus.schemas import (
+    HISTOGRAM,
+    METRICS,
+    RUN_FINISHED,
+    RUN_STARTED,
+    TABLE,
+    Event,
+    default_codec,
+    run_started,
+)
+from metricbus.sinks.tensorboard import TensorBoardSink, tag
 
 FP = default_codec().newest("EventBatch").fingerprint
 
@@ -122,8 +131,8 @@ def test_a_killed_sinks_unflushed_tail_is_cut_so_redelivery_writes_it_once(tmp_p
     """What was appended after the last flush (and ledger save) is re-delivered: it is cut first."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from schemas import METRICS, Event, default_codec
-    from sinks import TensorBoardSink
+    from metricbus.schemas import METRICS, Event, default_codec
+    from metricbus.sinks import TensorBoardSink
 
     fp = default_codec().newest("EventBatch").fingerprint
 
@@ -240,7 +249,7 @@ def test_a_run_whose_directory_cannot_be_written_goes_to_the_fallback_and_the_ot
 def test_the_least_recently_written_runs_are_closed_and_go_on_in_their_own_file(tmp_path, monkeypatch):
     """The sink held every run it ever wrote open: past ~1,000 runs a usual limit of 1,024
     descriptors made each new run's open fail (Errno 24, measured)."""
-    from sinks import tensorboard
+    from metricbus.sinks import tensorboard
 
     monkeypatch.setattr(tensorboard, "OPEN_RUNS", 2)
     sink = TensorBoardSink(tmp_path / "tb")
@@ -281,9 +290,9 @@ def test_a_sink_writes_thousands_of_runs_within_a_usual_limit_of_descriptors(tmp
         f"""
         import asyncio, resource, types
         from pathlib import Path
-        from schemas import Settings, encode_events, default_codec, RUN_STARTED, RUN_FINISHED, METRICS, run_started
-        from sinks import SinkRunner
-        from sinks.tensorboard import TensorBoardSink
+        from metricbus.schemas import Settings, encode_events, default_codec, RUN_STARTED, RUN_FINISHED, METRICS, run_started
+        from metricbus.sinks import SinkRunner
+        from metricbus.sinks.tensorboard import TensorBoardSink
 
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
         codec = default_codec()

@@ -2,8 +2,8 @@
 
 import pytest
 
-from producers._transport import BrokerRestarting, KafkaTransport
-from schemas import Settings
+from metricbus.producers._transport import BrokerRestarting, KafkaTransport
+from metricbus.schemas import Settings
 
 
 class Admin:
@@ -81,7 +81,7 @@ def test_a_topic_gone_after_sends_is_left_to_whoever_restarted_the_broker_for_a_
 ):
     """`metricbus up` creates its marker, then the topics, publishes the carry, deletes the
     marker: a producer that created the topic itself first would send ahead of the carry."""
-    from producers import _transport
+    from metricbus.producers import _transport
 
     now = [100.0]
     monkeypatch.setattr(_transport.time, "monotonic", lambda: now[0])

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from producers import ValueGate
-from schemas import MetricValueError
+from metricbus.producers import ValueGate
+from metricbus.schemas import MetricValueError
 
 
 def test_numbers_numpy_and_torch_become_floats_and_arrays_become_samples():

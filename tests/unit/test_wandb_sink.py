@@ -2,8 +2,17 @@ import json
 
 import pytest
 
-from schemas import HISTOGRAM, METRICS, RUN_FINISHED, RUN_STARTED, TABLE, Event, default_codec, run_started
-from sinks.wandb import WandbSink
+from metricbus.schemas import (
+    HISTOGRAM,
+    METRICS,
+    RUN_FINISHED,
+    RUN_STARTED,
+    TABLE,
+    Event,
+    default_codec,
+    run_started,
+)
+from metricbus.sinks.wandb import WandbSink
 from tests.wandb_reader import read_run
 
 FP = default_codec().newest("EventBatch").fingerprint
@@ -91,7 +100,7 @@ def test_online_when_an_api_key_is_set(tmp_path, monkeypatch):
 def test_wandb_alert_consumer_raises_an_alert_on_the_run(tmp_path, offline):
     import asyncio
 
-    from sinks.alerts import WandbAlerts
+    from metricbus.sinks.alerts import WandbAlerts
     from tests.wandb_reader import records, run_file
 
     sink = WandbSink(tmp_path / "wandb")  # what `metricbus sink wandb` keeps of the run's start
@@ -124,8 +133,8 @@ def test_wandb_alert_consumer_raises_an_alert_on_the_run(tmp_path, offline):
 
 def test_a_restarted_sink_learns_from_the_run_file_what_wandb_wrote_and_logs_only_the_rest(tmp_path, offline):
     """Exactly once after a crash: the W&B run file is the ledger of rows (there is no flush)."""
-    from sinks import Feeder
-    from sinks._wandb_file import run_files
+    from metricbus.sinks import Feeder
+    from metricbus.sinks._wandb_file import run_files
 
     events = [ev(0, RUN_STARTED, run_started("grpo", "gemma"))]
     events += [metrics(i, i - 1, {"Train/Loss": 1.0 / i}) for i in range(1, 201)]
@@ -183,7 +192,7 @@ def test_a_resumed_run_reopens_the_same_wandb_run_with_its_new_config(tmp_path, 
 def test_a_rebalance_releases_the_runs_and_the_next_event_reopens_them_once(tmp_path, offline):
     """Two instances pass a run between them: this one finishes its W&B run and reloads what
     the run file holds when the run comes back, so nothing is logged twice."""
-    from sinks import Feeder
+    from metricbus.sinks import Feeder
 
     sink = WandbSink(tmp_path)
     sink.open()
@@ -206,8 +215,8 @@ def test_a_rebalance_releases_the_runs_and_the_next_event_reopens_them_once(tmp_
 def test_a_finished_run_file_is_complete_when_finish_returns(tmp_path, offline):
     """W&B's own finish() returns before its service writes the file (read right after, it
     can be empty); the next opening reads that file as its ledger, so the sink waits for it."""
-    from sinks import Feeder
-    from sinks._wandb_file import closed, run_files
+    from metricbus.sinks import Feeder
+    from metricbus.sinks._wandb_file import closed, run_files
 
     sink = WandbSink(tmp_path)
     sink.open()
@@ -227,7 +236,7 @@ def test_a_finished_run_file_is_complete_when_finish_returns(tmp_path, offline):
 def test_a_run_file_the_writer_never_flushed_holds_no_rows(tmp_path, offline):
     """W&B buffers a run file until it closes it: a sink killed before that leaves it empty,
     and the restarted sink logs every row again instead of failing to read it."""
-    from sinks._wandb_file import closed, records
+    from metricbus.sinks._wandb_file import closed, records
 
     path = tmp_path / "wandb" / "offline-run-20260101_000000-run-wb1" / "run-run-wb1.wandb"
     path.parent.mkdir(parents=True)
@@ -250,7 +259,7 @@ def test_closed_reads_a_long_run_file_s_last_blocks_and_agrees_with_a_full_read_
     read of the whole file says (the last whole record is the run's exit, or not)."""
     from collections import deque
 
-    from sinks._wandb_file import BLOCK, closed, records, run_files
+    from metricbus.sinks._wandb_file import BLOCK, closed, records, run_files
 
     sink = WandbSink(tmp_path)
     sink.open()
@@ -272,8 +281,8 @@ def test_closed_reads_a_long_run_file_s_last_blocks_and_agrees_with_a_full_read_
 
 
 def test_recover_reads_each_run_file_once_and_then_only_new_or_grown_ones(tmp_path, offline, monkeypatch):
-    import sinks.wandb as module
-    from sinks import Feeder
+    import metricbus.sinks.wandb as module
+    from metricbus.sinks import Feeder
 
     read: list = []
     real = module.logged_ids
@@ -304,7 +313,7 @@ def _log_file(path, records):
     """A run file in W&B's LevelDB log format (header, 32 KiB blocks, records split across them)."""
     import struct
 
-    from sinks._wandb_file import BLOCK, HEADER
+    from metricbus.sinks._wandb_file import BLOCK, HEADER
 
     out = bytearray(b":W&B\xe1\xbe\x00")
     for data in (r.SerializeToString() for r in records):
@@ -327,7 +336,7 @@ def _log_file(path, records):
 def test_closed_finds_an_exit_record_that_begins_in_the_block_before_the_last(tmp_path):
     from wandb.proto import wandb_internal_pb2 as pb
 
-    from sinks._wandb_file import BLOCK, HEADER, closed, records
+    from metricbus.sinks._wandb_file import BLOCK, HEADER, closed, records
 
     def history(size):
         r = pb.Record()
@@ -395,7 +404,7 @@ def test_tags_wandb_refuses_are_mended_and_the_run_opens(tmp_path, offline):
 
 
 def test_the_cache_of_wanted_names_is_bounded_and_its_verdicts_hold(tmp_path, monkeypatch):
-    monkeypatch.setattr("sinks.wandb._NAMES_KEPT", 4)
+    monkeypatch.setattr("metricbus.sinks.wandb._NAMES_KEPT", 4)
     sink = WandbSink(tmp_path, exclude=["debug/*"])
     verdicts = [sink._wanted(f"{'debug' if i % 2 else 'train'}/{i}") for i in range(20)]
     assert verdicts == [i % 2 == 0 for i in range(20)] and len(sink._keep) <= 4
@@ -405,7 +414,7 @@ def test_names_wandb_or_the_sink_give_a_meaning_are_kept_under_keys_of_their_own
     """W&B dropped a logged _step, took _timestamp as the row's time; _metricbus_id and
     metricbus/step were overwritten by the sink's own (a seq-less row's float id broke the
     ledger a restart reads); an empty name was dropped."""
-    from sinks.wandb import wandb_key
+    from metricbus.sinks.wandb import wandb_key
 
     names = ["_step", "_timestamp", "_runtime", "_metricbus_id", "metricbus/step", ""]
     sink = WandbSink(tmp_path)
@@ -481,8 +490,8 @@ def test_sink_alerts_raise_each_alert_once_on_the_run_the_sink_holds_open(tmp_pa
     import asyncio
     import types
 
-    from schemas import Settings, encode_events
-    from sinks import SinkRunner
+    from metricbus.schemas import Settings, encode_events
+    from metricbus.sinks import SinkRunner
     from tests.wandb_reader import records, run_files
 
     codec = default_codec()
@@ -547,8 +556,8 @@ def test_an_alert_whose_run_never_comes_is_let_go_once_the_events_are_read_past_
 
     from aiokafka import TopicPartition
 
-    from schemas import Settings, encode_events
-    from sinks import SinkRunner
+    from metricbus.schemas import Settings, encode_events
+    from metricbus.sinks import SinkRunner
     from tests.wandb_reader import records, run_files
 
     codec = default_codec()
@@ -605,8 +614,8 @@ def test_a_sink_holding_too_much_for_unseen_runs_reads_only_the_events_until_hal
 
     from aiokafka import TopicPartition
 
-    from schemas import Settings, encode_events
-    from sinks import SinkRunner, _runtime
+    from metricbus.schemas import Settings, encode_events
+    from metricbus.sinks import SinkRunner, _runtime
 
     monkeypatch.setattr(_runtime, "MAX_HELD_RECORDS", 4)
     codec = default_codec()

@@ -1,6 +1,6 @@
 """The dashboard's run health is computed again only when stale: a long run's costs seconds."""
 
-from metricbus._web import HEALTH_EVERY_S, health_stale
+from metricbus.ops._web import HEALTH_EVERY_S, health_stale
 
 
 def test_a_cheap_health_is_fresh_for_the_minimum_interval():

@@ -17,10 +17,8 @@ import logging
 from collections.abc import Callable, Collection
 from typing import Any
 
-from schemas import MetricbusError, Settings, make_consumer, make_producer
-
-from ._lag import LagProbe, PartitionLag
-from ._read import read_topic
+from metricbus.ops._lag import LagProbe, PartitionLag
+from metricbus.schemas import MetricbusError, Settings, make_consumer, make_producer, read_topic
 
 log = logging.getLogger("metricbus.up")
 
@@ -181,7 +179,7 @@ class Unread:
 
     def _in_hole(self, topic: str, record: Any) -> None:
         """Note the run of a record some group left behind had not read."""
-        from schemas import SchemaError, check_run_id, decode_aggregates, default_codec
+        from metricbus.schemas import SchemaError, check_run_id, decode_aggregates, default_codec
 
         try:
             run = check_run_id(bytes(record.key or b"").decode())

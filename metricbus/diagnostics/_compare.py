@@ -33,10 +33,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from schemas import Event, run_config
-from stream_jobs import StreamConfig
-
-from ._series import Series, on_axis, scalars, split, up_to
+from metricbus.diagnostics._series import Series, on_axis, scalars, split, up_to
+from metricbus.schemas import Event, run_config
+from metricbus.stream_jobs import StreamConfig
 
 #: Config keys that name a seed: runs that differ only in these are one group.
 SEED_KEY = re.compile(r"(^|[/_.])seed$", re.IGNORECASE)

@@ -14,9 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from schemas import BrokerError, PortInUseError
-
-from . import _proc
+from metricbus.schemas import BrokerError, PortInUseError
+from metricbus.stack import _proc
 
 
 def tansu_binary() -> str:
@@ -42,7 +41,7 @@ def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
         return False
 
 
-def _port_free(host: str, port: int) -> bool:
+def port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -68,7 +67,7 @@ class EmbeddedBroker:
 
     def start(self, timeout: float = 15.0) -> EmbeddedBroker:
         """Start the broker and wait until it accepts connections."""
-        if not _port_free(self.host, self.port):
+        if not port_free(self.host, self.port):
             raise PortInUseError(
                 f"port {self.port} on {self.host} is already in use, so the embedded broker cannot "
                 "listen there. Stop what uses it, or choose another port with --port (and set "

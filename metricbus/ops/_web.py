@@ -24,10 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from schemas import MetricbusError, Settings, check_run_id
-
-from ._board import RunBoard
-from ._status import StatusWatch, catching_up, dead_letters, kafka_down, spools
+from metricbus.ops._board import RunBoard
+from metricbus.ops._status import StatusWatch, catching_up, dead_letters, kafka_down, spools
+from metricbus.schemas import MetricbusError, Settings, check_run_id
 
 log = logging.getLogger("metricbus.dashboard")
 
@@ -125,7 +124,7 @@ def build_app(
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 
-    from ._metrics import render_metrics
+    from metricbus.ops._metrics import render_metrics
 
     shell = (WEB / "app.html").read_text()
 
@@ -301,9 +300,8 @@ def _health(settings: Settings, run_id: str) -> dict[str, Any] | None:
 
     Dead letters are not read here (the pipeline view shows them).
     """
-    from sinks import iter_events
-
-    from ._health import assess
+    from metricbus.diagnostics._health import assess
+    from metricbus.sinks import iter_events
 
     found = 0
 

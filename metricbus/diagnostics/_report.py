@@ -23,7 +23,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
-from schemas import (
+from metricbus.diagnostics._compare import compare_series
+from metricbus.diagnostics._health import Seen, judge
+from metricbus.diagnostics._series import Points, Series, split
+from metricbus.schemas import (
     CONFIG_UPDATE,
     DERIVED_PRODUCER,
     LOSS_ALIASES,
@@ -32,13 +35,9 @@ from schemas import (
     RUN_FINISHED,
     RUN_STARTED,
     Event,
+    describe_alert,
     run_config,
 )
-
-from ._compare import compare_series
-from ._health import Seen, judge
-from ._replay import describe_alert
-from ._series import Points, Series, split
 
 _LOSS_PARTS = ("policy", "value", "entropy", "kl", "clip")
 _MAX_CHARTS = 24
@@ -395,7 +394,7 @@ def build(
 
 
 def _asset(name: str) -> str:
-    return resources.files("metricbus").joinpath(f"web/static/vendor/uplot/{name}").read_text()
+    return resources.files("metricbus.ops").joinpath(f"web/static/vendor/uplot/{name}").read_text()
 
 
 def _cell(value: Any) -> str:

@@ -28,9 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from schemas import Settings, client_options
-
-from ._read import reach, topic_reader
+from metricbus.schemas import Settings, make_admin, reach, topic_reader
 
 log = logging.getLogger("metricbus.lag")
 
@@ -158,17 +156,10 @@ class LagProbe:
         self._consumer: Any = None
 
     def _clients(self) -> tuple[Any, Any]:
-        from kafka.admin import KafkaAdminClient
-
         if self._admin is None:
             reach(self.settings)  # nothing listening: said now, not after kafka-python's 25 s
             ms = int(self.timeout_s * 1000)
-            self._admin = KafkaAdminClient(
-                **client_options(self.settings),
-                request_timeout_ms=ms,
-                bootstrap_timeout_ms=ms,
-                client_id="metricbus-status",
-            )
+            self._admin = make_admin(self.settings, "metricbus-status", self.timeout_s)
             # only the first record at each position is needed (its timestamp): brokers
             # return at least the first batch however small the limit (KIP-74), so a
             # sample of a group far behind does not pull megabytes of its backlog

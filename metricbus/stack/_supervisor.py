@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from schemas import (
+from metricbus.schemas import (
     MetricbusError,
     Settings,
     count_restart,
@@ -34,13 +34,12 @@ from schemas import (
     mark_carried_over,
     unmark_broker_restarting,
 )
-
-from . import _proc
-from ._broker import EmbeddedBroker
+from metricbus.stack import _proc
+from metricbus.stack._broker import EmbeddedBroker
 
 if TYPE_CHECKING:
-    from ._carry import Placed, Unread
-    from ._lag import PartitionLag
+    from metricbus.ops._lag import PartitionLag
+    from metricbus.stack._restart import Placed, Unread
 
 log = logging.getLogger("metricbus.up")
 #: Seconds between looks at the embedded broker's memory.
@@ -277,13 +276,13 @@ class Stack:
         the training jobs thus holds the broker at its backlog plus that half, not at the bound:
         the restarts go on freeing what everyone has read.
         """
-        from ._carry import committed
+        from metricbus.stack._restart import committed
 
         try:
             positions = committed(self.settings)
         except RuntimeError as exc:
             return f"cannot read the consumer groups ({exc})"
-        from sinks._catchup import pending_groups
+        from metricbus.sinks._catchup import pending_groups
 
         leavable = self._leavable(positions, pending_groups(self.settings))
         missing = sorted(
@@ -295,7 +294,7 @@ class Stack:
         if missing and time.monotonic() < self._groups_wait_until:
             # each would lose what it had not read: the carry goes by the groups' commits
             return f"not every consumer is back on the restarted broker yet ({', '.join(missing)})"
-        from ._carry import unread_records
+        from metricbus.stack._restart import unread_records
 
         events = self.settings.topics.events
         leave = self._leave_behind(positions, rss_mb)
@@ -321,10 +320,10 @@ class Stack:
         What a group left behind had not read is below every other group's commit, so below
         the archive sink's, which commits only what it flushed: the archive holds it.
         """
-        from sinks import ParquetArchive
+        from metricbus.sinks import ParquetArchive
 
-        prefix = f"{self.settings.topic_prefix}sink."
-        archive = f"{prefix}{ParquetArchive.name}"
+        prefix = self.settings.groups.sink_prefix
+        archive = self.settings.groups.sink(ParquetArchive.name)
         if archive not in positions:
             return set()
         groups = set(positions) | self._groups_before | pending
@@ -336,9 +335,8 @@ class Stack:
         Those not back since the last restart, or still catching up; then, while a restart
         would free too little, the one furthest behind (``_carry.leave_behind``).
         """
-        from sinks._catchup import pending_groups
-
-        from ._carry import leave_behind
+        from metricbus.sinks._catchup import pending_groups
+        from metricbus.stack._restart import leave_behind
 
         pending = pending_groups(self.settings)
         leavable = self._leavable(positions, pending)
@@ -367,9 +365,8 @@ class Stack:
         still needs are read (``_carry``), the broker restarts, they are published again, the
         stream checkpoints are rebased on the new topic, and the consumers start again.
         """
-        from stream_jobs import checkpoint_dir, group_id, offsets, rebase
-
-        from ._carry import Unread, committed, oldest_needed, publish, stored_mb
+        from metricbus.stack._restart import Unread, committed, oldest_needed, publish, stored_mb
+        from metricbus.stream_jobs import checkpoint_dir, group_id, offsets, rebase
 
         limit = self.settings.broker_max_mb
         for child in self.children:
@@ -474,7 +471,7 @@ class Stack:
 
     def _left_behind(self, carry: Unread) -> None:
         """Record, for each sink group left behind, the runs it catches up on from the archive."""
-        from sinks._catchup import add_runs
+        from metricbus.sinks._catchup import add_runs
 
         for group, runs in sorted(carry.hole_runs.items()):
             try:
@@ -514,7 +511,7 @@ class Stack:
         so a consumer gone for good does not hold records across every restart after.
         Nothing is committed when this fails: every group reads from the start.
         """
-        from ._carry import commit, end_offsets, resume_at
+        from metricbus.stack._restart import commit, end_offsets, resume_at
 
         back = {
             group: lags

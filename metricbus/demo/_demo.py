@@ -8,10 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from schemas import DERIVED_PRODUCER, Settings
-
-from ._broker import _port_free
-from ._stack import Stack
+from metricbus.schemas import DERIVED_PRODUCER, Settings
+from metricbus.stack import Stack, port_free
 
 
 def _free_port() -> int:
@@ -25,7 +23,7 @@ def wait_archived(archive: Path, run_id: str, events: int, timeout: float, deriv
 
     Returns how many it holds.
     """
-    from sinks import read_table
+    from metricbus.sinks import read_table
 
     deadline = time.monotonic() + timeout
     held = 0
@@ -41,9 +39,7 @@ def wait_archived(archive: Path, run_id: str, events: int, timeout: float, deriv
 
 def derived_total(settings: Settings, run_id: str, timeout: float = 30.0) -> int | None:
     """How many derived events the worker published for a finished run (None if it has not said yet)."""
-    from schemas import decode_aggregates, default_codec
-
-    from ._read import read_topic
+    from metricbus.schemas import decode_aggregates, default_codec, read_topic
 
     codec = default_codec()
     deadline = time.monotonic() + timeout
@@ -62,9 +58,7 @@ def derived_total(settings: Settings, run_id: str, timeout: float = 30.0) -> int
 
 def _print_stream_results(settings: Settings, run_id: str) -> None:
     """What the stream worker derived, read back from its topic, and what the console consumer printed."""
-    from schemas import default_codec
-
-    from ._read import read_topic
+    from metricbus.schemas import default_codec, read_topic
 
     codec = default_codec()
     points: list[dict[str, Any]] = [
@@ -127,10 +121,9 @@ def _tensorboard(settings: Settings, run_id: str, timeout: float = 30.0) -> None
         return
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from sinks import make_sink
-    from sinks.tensorboard import TensorBoardSink
-
-    from ._replay import replay_to_sink
+    from metricbus._replay import replay_to_sink
+    from metricbus.sinks import make_sink
+    from metricbus.sinks.tensorboard import TensorBoardSink
 
     def scalars(root: Path) -> dict[str, list[tuple[int, float]]]:
         dirs = TensorBoardSink(root).run_dirs(run_id)
@@ -170,7 +163,7 @@ def _tensorboard(settings: Settings, run_id: str, timeout: float = 30.0) -> None
 
 def _print_status(settings: Settings, stack: Stack) -> None:
     """What ops sees: `metricbus status` of the stack, and where the dashboard was."""
-    from ._status import collect, format_status
+    from metricbus.ops._status import collect, format_status
 
     print("\n$ metricbus status")
     print(format_status(collect(settings, window_s=1.0)))
@@ -181,11 +174,10 @@ def _print_status(settings: Settings, stack: Stack) -> None:
 def run_demo(settings: Settings, updates: int = 30) -> int:
     """Run the demo; return the exit code."""
     import metricbus
-    from sinks import summary
+    from metricbus.demo._ppo import PPOConfig, train
+    from metricbus.sinks import summary
 
-    from ._ppo import PPOConfig, train
-
-    if settings.is_local and not _port_free("127.0.0.1", settings.local_port):
+    if settings.is_local and not port_free("127.0.0.1", settings.local_port):
         port = _free_port()
         print(
             f"port {settings.local_port} is busy (another metricbus up?); the demo's own broker uses {port}"

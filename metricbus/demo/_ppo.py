@@ -9,7 +9,7 @@ import dataclasses
 import time
 from typing import Any
 
-from producers import Run
+from metricbus.producers import Run
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from schemas import (
+from metricbus.schemas import (
     CONFIG_UPDATE,
     HEARTBEAT,
     METRICS,
@@ -35,10 +35,9 @@ from schemas import (
     decode_events,
     default_codec,
     merge_config,
+    topic_reader,
 )
-from schemas import MAX_RECORD_BYTES as _MAX_RECORD
-
-from ._read import topic_reader
+from metricbus.schemas import MAX_RECORD_BYTES as _MAX_RECORD
 
 log = logging.getLogger("metricbus.board")
 

@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import overload
 
-from schemas import METRICS, Event
+from metricbus.schemas import METRICS, Event
 
 Point = tuple[int, float, int]  #: (step, value, ts_ms)
 

@@ -2,7 +2,7 @@
 
 The same snapshot feeds the dashboard's pipeline page and its Prometheus gauges. A
 :class:`StatusWatch` keeps a sliding window of lag samples so consumer statuses are judged
-on a window (see :mod:`metricbus._lag`), as Burrow does.
+on a window (see :mod:`metricbus.ops._lag`), as Burrow does.
 """
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ import collections
 import time
 from typing import Any
 
-from producers import pending_spools, spool_in_use, unsent_bytes
-from schemas import BrokerError, Settings, printable
-
-from ._board import RunBoard
-from ._lag import STATUSES, GroupSample, LagProbe, evaluate
-from ._read import topic_reader
+from metricbus.ops._board import RunBoard
+from metricbus.ops._lag import STATUSES, GroupSample, LagProbe, evaluate
+from metricbus.producers import pending_spools, spool_in_use, unsent_bytes
+from metricbus.schemas import BrokerError, Settings, printable, topic_reader
 
 #: Dead letters read for the top reasons (the count covers the whole topic).
 DEAD_LETTERS_READ = 10_000
@@ -137,7 +135,7 @@ def spools(settings: Settings) -> list[dict[str, Any]]:
 
 def catching_up(settings: Settings) -> list[dict[str, Any]]:
     """Sink groups a planned broker restart left behind, with the runs each still reads from the archive."""
-    from sinks._catchup import pending_groups, pending_runs
+    from metricbus.sinks._catchup import pending_groups, pending_runs
 
     return [
         {"group": group, "runs": sorted(pending_runs(settings, group))}

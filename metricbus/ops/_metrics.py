@@ -18,13 +18,12 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, Any
 
-from schemas import multiprocess_dir
-
-from ._lag import STATUSES
+from metricbus.ops._lag import STATUSES
+from metricbus.schemas import multiprocess_dir
 
 if TYPE_CHECKING:
-    from ._board import RunBoard
-    from ._web import Pipeline
+    from metricbus.ops._board import RunBoard
+    from metricbus.ops._web import Pipeline
 
 
 class _Snapshot:

@@ -29,10 +29,17 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from schemas import LOSS_ALIASES, METRICS, REWARD_ALIASES, RUN_FINISHED, RUN_STARTED, Event, Settings
-
-from ._compare import final_window
-from ._series import Series, scalars, split
+from metricbus.diagnostics._compare import final_window
+from metricbus.diagnostics._series import Series, scalars, split
+from metricbus.schemas import (
+    LOSS_ALIASES,
+    METRICS,
+    REWARD_ALIASES,
+    RUN_FINISHED,
+    RUN_STARTED,
+    Event,
+    Settings,
+)
 
 #: ranks named one by one when they never reported; the rest are counted in one line
 SAID_RANKS = 8
@@ -325,7 +332,7 @@ def _spans(spans: Sequence[tuple[int, int]]) -> str:
 
 def dead_letters_of(settings: Settings, run_id: str, timeout_s: float = 5.0) -> int | None:
     """Records of ``run_id`` in the dead-letter topic (keyed by run id); None without a broker."""
-    from ._read import reach, read_topic
+    from metricbus.schemas import reach, read_topic
 
     try:
         reach(settings)  # nothing listening: said at once, and without aiokafka's ERROR lines

@@ -1,0 +1,13 @@
+"""Ops: what is running and how it is doing, read from Kafka and each process's counters.
+
+This room owns ``metricbus status`` (``_status``), consumer lag and its Burrow-style verdict
+(``_lag``), the run board that folds events and alerts into one summary per run (``_board``),
+the live dashboard with its health checks (``_web`` and the ``web/`` assets), and the
+Prometheus ``/metrics`` endpoint (``_metrics``). Ops consumes like a sink and never slows one;
+it never imports the supervisor (``metricbus.stack``).
+"""
+
+from ._status import collect, format_status, unreachable
+from ._web import serve
+
+__all__ = ["collect", "format_status", "serve", "unreachable"]
