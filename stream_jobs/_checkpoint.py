@@ -30,9 +30,10 @@ from ._processor import StreamProcessor
 log = logging.getLogger("metricbus.stream")
 
 #: Bumped whenever the pickled classes change shape; older checkpoints are then refused.
-#: 7: the rank merger's leader time, the finished runs' order; 6: per-label series; 5: one
+#: 8: the classes live under metricbus.stream_jobs (one installed name); 7: the rank merger's
+#: leader time, the finished runs' order; 6: per-label series; 5: one
 #: checkpoint per partition (older ones: refused, rebuilt)
-FORMAT = 7
+FORMAT = 8
 
 
 def checkpoint_dir(settings: Settings, group_id: str) -> Path:
