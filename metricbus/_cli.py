@@ -471,9 +471,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(_settings(args), updates=args.updates)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (exposed so tests can check every documented command exists)."""
-    p = argparse.ArgumentParser(prog="metricbus", description=__doc__)
+def _global_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bootstrap", help="Kafka bootstrap servers (default: $METRICBUS_BOOTSTRAP, else the local stack)"
     )
@@ -481,14 +479,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-dir", help="spool, archive and logs (default: $METRICBUS_DATA_DIR or ~/.metricbus)"
     )
     p.add_argument("--topic-prefix", help="prefix of every topic (default: metricbus.)")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging, and the Kafka clients' own")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed so tests can check every documented command exists)."""
+    p = argparse.ArgumentParser(prog="metricbus", description=__doc__)
+    _global_options(p)
+    # the same options after the command too (`metricbus up --data-dir X`): given there, they win
+    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    _global_options(common)
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (Tansu) in the foreground")
+    def command(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kwargs)
+
+    s = command("broker", help="run the embedded Kafka-protocol broker (Tansu) in the foreground")
     s.add_argument("--port", type=int, help="port on 127.0.0.1 (default 9092)")
     s.set_defaults(func=cmd_broker)
 
-    s = sub.add_parser("up", help="broker (unless --bootstrap) + topics + every consumer, until Ctrl-C")
+    s = command("up", help="broker (unless --bootstrap) + topics + every consumer, until Ctrl-C")
     s.add_argument("--port", type=int, help="port of the embedded broker (default 9092)")
     s.add_argument("--rules", help="alert rules YAML for the stream worker (default: the seed rule pack)")
     s.add_argument(
@@ -511,11 +521,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_up)
 
-    s = sub.add_parser("topics", help="create the metricbus topics if missing (idempotent)")
+    s = command("topics", help="create the metricbus topics if missing (idempotent)")
     s.add_argument("--timeout", type=float, default=30.0)
     s.set_defaults(func=cmd_topics)
 
-    s = sub.add_parser("sink", help="run one sink consumer")
+    s = command("sink", help="run one sink consumer")
     s.add_argument("sink", choices=["parquet", "tensorboard", "wandb"])
     s.add_argument(
         "--logdir", help="tensorboard / wandb: output root (default: <data dir>/tensorboard or /wandb)"
@@ -539,14 +549,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--flush-interval", type=float, default=2.0, help="seconds between durable flushes")
     s.set_defaults(func=cmd_sink)
 
-    s = sub.add_parser("worker", help="run the stream jobs (rolling statistics, epochs, alerts)")
+    s = command("worker", help="run the stream jobs (rolling statistics, epochs, alerts)")
     s.add_argument("--rules", help="alert rules YAML (default: the seed rule pack)")
     s.add_argument(
         "--config", help="YAML of StreamConfig fields: windows, names, metric_stats (default: the seeds')"
     )
     s.set_defaults(func=cmd_worker)
 
-    s = sub.add_parser("alerts", help="deliver alerts: one line each on the console, or POST to a webhook")
+    s = command("alerts", help="deliver alerts: one line each on the console, or POST to a webhook")
     s.add_argument("--console", action="store_true", help="print each alert as one line (the default)")
     s.add_argument(
         "--webhook", metavar="URL", help="POST Slack-compatible JSON to URL (retries with backoff)"
@@ -561,7 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_alerts)
 
-    s = sub.add_parser("replay", help="re-materialise archived runs in a new sink or a fresh set of topics")
+    s = command("replay", help="re-materialise archived runs in a new sink or a fresh set of topics")
     who = s.add_mutually_exclusive_group(required=True)
     who.add_argument("--run")
     who.add_argument("--project")
@@ -579,21 +589,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_replay)
 
-    s = sub.add_parser("backtest", help="what alert rules would have fired on an archived run")
+    s = command("backtest", help="what alert rules would have fired on an archived run")
     s.add_argument("--rules", help="alert rules YAML (default: the seed rule pack, as `metricbus up` runs)")
     s.add_argument("--config", help="YAML of StreamConfig fields, as for `metricbus worker --config`")
     s.add_argument("--run", required=True)
     s.set_defaults(func=cmd_backtest)
 
-    s = sub.add_parser("sync", help="publish what runs left in their local spools")
+    s = command("sync", help="publish what runs left in their local spools")
     s.set_defaults(func=cmd_sync)
 
-    s = sub.add_parser("health", help="a run's health 0-100 from the archive, each part with its evidence")
+    s = command("health", help="a run's health 0-100 from the archive, each part with its evidence")
     s.add_argument("run")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_health)
 
-    s = sub.add_parser(
+    s = command(
         "compare",
         help="runs side by side: config diff, final-window statistics, Welch's t-test (exit 1: regression)",
     )
@@ -610,7 +620,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_compare)
 
-    s = sub.add_parser("report", help="one self-contained HTML report of a run (charts, health, epochs)")
+    s = command("report", help="one self-contained HTML report of a run (charts, health, epochs)")
     s.add_argument("run")
     s.add_argument(
         "--compare", action="append", metavar="RUN", help="overlay and test another run (repeatable)"
@@ -620,7 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", help="stream config the rules' derived series follow (YAML)")
     s.set_defaults(func=cmd_report)
 
-    s = sub.add_parser(
+    s = command(
         "export",
         help="one run's scalars as tidy rows (run, step, name, value, wall_time, and labels when it has any)",
     )
@@ -629,7 +639,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="file to write (default: stdout; required for parquet)")
     s.set_defaults(func=cmd_export)
 
-    s = sub.add_parser(
+    s = command(
         "status",
         help="runs, consumer lag and status per group, dead letters, local spools (exit 1 on STOP/ERR)",
     )
@@ -647,7 +657,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--since", type=float, metavar="S", help="read runs from the last S seconds only")
     s.set_defaults(func=cmd_status)
 
-    s = sub.add_parser(
+    s = command(
         "dashboard", help="the live web dashboard, /metrics (Prometheus), /healthz and /readyz"
     )
     s.add_argument(
@@ -658,7 +668,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--since", type=float, metavar="S", help="read runs from the last S seconds only")
     s.set_defaults(func=cmd_dashboard)
 
-    s = sub.add_parser(
+    s = command(
         "demo", help="embedded stack + a short real PPO run on CartPole, read back from the archive"
     )
     s.add_argument("--updates", type=int, default=30, help="PPO updates (each 512 environment steps)")
