@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # A CPU build of torch==2.13.0 lies in /opt/wheels on these machines; elsewhere pip takes PyPI's.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: demo test bench lint clean chromium chaos soak
+.PHONY: demo test bench lint clean chromium chaos soak docs
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV) || (apt-get update && apt-get install -y python3-venv && python3 -m venv $(VENV))
@@ -29,8 +29,14 @@ ifeq ($(CHROMIUM),)
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 endif
 
+# Four workers on two cores: the integration tests mostly wait (group joins, flush intervals);
+# each worker starts its own embedded broker and every test has its own topics.
 test: lint chromium
-	$(VENV)/bin/pytest -q -ra
+	$(VENV)/bin/pytest -q -ra -n 4
+
+docs: $(STAMP)
+	$(PY) -m tests.docs_reference
+	$(VENV)/bin/mkdocs build --strict
 
 # The fault suite: crashes and 10,000 hostile records against `metricbus up` (a few minutes).
 chaos: $(STAMP)
