@@ -241,7 +241,7 @@ class KafkaTransport:
             # that the next send reconnects and creates the topic first: a producer that
             # reconnected by itself to a restarted broker keeps "delivering" to a topic that
             # does not exist there (acknowledged, kept nowhere), which a topic id of None then
-            # matched forever (test_broker_killed_mid_run_..., 3 runs in 4 on 2026-11-23).
+            # would match forever.
             self._topic_id = current
             self._note_lost()
             self.close()

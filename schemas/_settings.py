@@ -134,18 +134,23 @@ class Settings:
     checkpoint_dir: Path | None = None
     #: Resident memory (MB) past which ``metricbus up`` restarts its memory-only embedded
     #: broker (it keeps every record and has no retention: about 1.1 MB of memory per MB
-    #: produced), carrying over what the consumers have not read (README, "The local stack";
-    #: ``make soak``). 0: never.
+    #: produced), carrying over what the consumers have not read (docs: the local stack). 0: never.
     broker_max_mb: float = 1024.0
     #: How training jobs compress what they send: ``zstd`` (Kafka 2.1 and later), ``gzip`` or
     #: ``none``. zstd holds the embedded broker to about a third of the memory per event
     #: (bench/producer_overhead.py measures it); consumers decompress.
     compression: str = "zstd"
+    #: Kafka's ``security.protocol``: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
     security_protocol: str = "PLAINTEXT"
+    #: With SASL: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
     sasl_mechanism: str | None = None
+    #: With SASL: the user name.
     sasl_username: str | None = None
+    #: With SASL: the password (never printed nor logged).
     sasl_password: str | None = dataclasses.field(default=None, repr=False)
+    #: With SSL: the CA bundle that signs the brokers' certificates.
     ssl_cafile: str | None = None
+    #: With SSL client authentication: this client's certificate and key.
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
 

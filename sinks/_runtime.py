@@ -68,7 +68,7 @@ MAX_HELD_RECORDS = 10_000
 
 #: Runs a sink's feeder keeps what it knows of (which seqs the sink holds); past it, a run not
 #: seen for KNOWN_IDLE_COMMITS commits is forgotten after a commit (what it took is durable
-#: then) and asked of the sink again on its next event. It kept every run it ever saw.
+#: then) and asked of the sink again on its next event.
 RUNS_KNOWN = 4096
 KNOWN_IDLE_COMMITS = 30
 
@@ -391,8 +391,7 @@ class ConsumerLoop:
 
         Where the group reads from anyway (earliest). Until then the group was invisible to
         `metricbus up`'s planned broker restart, which carries over what each group still needs
-        by its commits: a sink stopped before its first commit lost what it had not read
-        (a 45-minute soak, 2026-11-23: gaps of 160k events in the TensorBoard sink).
+        by its commits: a sink stopped before its first commit would lose what it had not read.
         """
         consumer = self._consumer
         try:

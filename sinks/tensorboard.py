@@ -67,7 +67,7 @@ LAYOUT_FILE = ".metricbus-layout.json"  # the names placed in the custom-scalars
 OWNER_FILE = ".metricbus-run"  # the id of the run whose directory it is
 #: Runs whose event file the sink holds open after a flush, the most recently written: each is
 #: a file descriptor (a usual soft limit is 1,024) and its ledger and layout (~10 kB). The sink
-#: kept every run it ever wrote open. A run closed is reopened, ledger and all, on its next event.
+#: reopens a run it closed, ledger and all, on its next event.
 OPEN_RUNS = 256
 #: Directories of runs closed past OPEN_RUNS, remembered so that reopening one does not list
 #: the run directories again (a cache: cleared when full)

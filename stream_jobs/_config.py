@@ -118,8 +118,8 @@ class StreamConfig:
     label_keys: int = 8
     #: A run derives from at most this many logged names (scalars and samples series); later
     #: names reach every sink as logged but get no derived series and no alert, counted and
-    #: said once per run. Each name holds ~2 kB of the worker's state: a run logging a new name
-    #: every step (``f"loss_{step}"``) grew the worker until it ran out of memory.
+    #: said once per run. Each name holds ~2 kB of the worker's state: without the bound a run
+    #: logging a new name every step (``f"loss_{step}"``) would grow the worker without end.
     max_series: int = 10_000
     #: The runs of one partition of the events topic derive from at most this many series
     #: (each ~1-2.5 kB: ~125 MB a partition, ~500 MB for the default 4); past it the least
@@ -127,8 +127,8 @@ class StreamConfig:
     #: the log. Per partition, as a run's state is: a partition rebuilt from its records alone
     #: forgets the same runs. Label series count toward both bounds.
     max_partition_series: int = 50_000
-    #: Name prefixes whose higher values are worse (for trend direction); everything else
-    #: counts higher as better unless its name contains "loss".
+    #: Words whose presence in a name (lowercased) makes higher values worse, for the trend's
+    #: direction; throughputs always count higher as better, everything else too.
     lower_is_better: tuple[str, ...] = ("loss", "kl", "memory", "time", "variance", "std")
 
     def __post_init__(self) -> None:

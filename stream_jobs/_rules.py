@@ -13,7 +13,7 @@ import yaml
 
 from metricbus.schemas import ConfigError
 
-DEFAULT_RULES = Path(__file__).parent / "rules" / "default.yaml"
+DEFAULT_RULES = Path(__file__).resolve().parent / "rules" / "default.yaml"
 
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt,
@@ -68,9 +68,9 @@ class Scope:
 class Rule:
     """One alert rule. ``metric`` is a glob over logged and derived series names."""
 
-    name: str
+    name: str  #: the rule's name, unique in its file: the alert's title
     kind: str  #: threshold | nonfinite | absent | zscore | rate
-    metric: str = "*"
+    metric: str = "*"  #: a glob over logged and derived series names (``*[Ll]oss*``)
     op: str = ">"  #: threshold: > >= < <=
     value: float = 0.0  #: threshold: the limit
     for_: int = 1  #: consecutive evaluations the condition must hold before firing
@@ -80,9 +80,9 @@ class Rule:
     direction: str = "both"  #: zscore: both | above | below
     max_change: float = 0.0  #: rate: |value - previous value| above this fires
     seconds: float = 300.0  #: absent: silence longer than this fires
-    severity: str = "warning"
+    severity: str = "warning"  #: critical | warning | info
     resolve_after_s: float = 30.0  #: the condition must stay false this long before "resolved"
-    message: str = ""
+    message: str = ""  #: the alert's text, followed by why it fired (the value against the limit)
     only_if: Scope | None = None  #: the runs this rule applies to (all when None)
     line: int = 0  #: where the rule starts in its file
 

@@ -125,8 +125,8 @@ class Unread:
     once the broker carries the ``restarting`` marker (``mark_broker_restarting``), one more
     pass takes everything a producer saw confirmed, and what the old broker acknowledges
     after that its producers hold and send again to the new one (``producers._publisher``).
-    Without the marker, records acknowledged and confirmed after the last pass were lost
-    (test_stack, 2026-11-23: a producer that finished in that moment). A partition no group
+    Without the marker, records acknowledged and confirmed after the last pass would be lost
+    (a producer that finished in that moment). A partition no group
     committed on is read whole.
 
     ``holes``: per group left behind (``leave_behind``), per topic and partition where it had
@@ -246,7 +246,7 @@ def publish(settings: Settings, records: list[Record], attempts: int = 5) -> Pla
     Per partition, from the first record that failed on, the rest is sent again (up to
     ``attempts`` rounds): the embedded broker refuses one of two first batches written to a new
     partition at once (UnknownError, "AlreadyExists" in its log), which happens when a training
-    job resends its last minute while this publishes (bench/soak.py, 2026-11-23). A record that
+    job resends its last minute while this publishes. A record that
     got in before the failure may go twice; consumers drop it by its identity.
     Raises the last error when a partition still fails after that.
     """
