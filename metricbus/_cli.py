@@ -531,10 +531,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--logdir", help="tensorboard / wandb: output root (default: <data dir>/tensorboard or /wandb)"
     )
     s.add_argument(
-        "--include", action="append", metavar="GLOB", help="wandb: only metrics matching (repeatable)"
+        "--include", action="append", metavar="GLOB", help="tensorboard, wandb: only metrics matching"
     )
     s.add_argument(
-        "--exclude", action="append", metavar="GLOB", help="wandb: never metrics matching (repeatable)"
+        "--exclude", action="append", metavar="GLOB", help="tensorboard, wandb: never metrics matching"
     )
     s.add_argument(
         "--layout",

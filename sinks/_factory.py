@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from metricbus.schemas import MetricbusError
+
+from ._protocol import Sink
 
 #: Sink name -> the module it needs beyond the core, and the extra that brings it.
 EXTRAS = {"tensorboard": "tensorboard", "wandb": "wandb"}
@@ -19,10 +20,12 @@ def make_sink(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     layout: Path | None = None,
-) -> Any:
+) -> Sink:
     """A sink writing under ``out``; a missing extra fails with its pip line.
 
-    ``layout``: tensorboard only, a YAML file of the user's custom-scalars charts.
+    ``include`` / ``exclude``: globs over metric names, for the tensorboard and wandb sinks;
+    the archive refuses them (it is the record every replay and report reads: it keeps every
+    event). ``layout``: tensorboard only, a YAML file of the user's custom-scalars charts.
     """
     module = EXTRAS.get(kind)
     if module is not None:
@@ -32,15 +35,29 @@ def make_sink(
             raise MetricbusError(
                 f"the {kind} sink needs {module}: pip install 'metricbus[{module}]'"
             ) from None
+    if layout is not None and kind != "tensorboard":
+        raise MetricbusError(
+            f"--layout is the tensorboard sink's (custom-scalars charts), not the {kind} sink's"
+        )
     if kind == "parquet":
         from .parquet import ParquetArchive
 
+        if include or exclude:
+            raise MetricbusError(
+                "the parquet sink keeps every event (it is the archive that replay, reports and "
+                "health read): --include/--exclude are for the tensorboard and wandb sinks"
+            )
         return ParquetArchive(out)
     if kind == "tensorboard":
         from ._tb_layout import load_layout
         from .tensorboard import TensorBoardSink
 
-        return TensorBoardSink(out, layout=load_layout(layout) if layout is not None else None)
+        return TensorBoardSink(
+            out,
+            layout=load_layout(layout) if layout is not None else None,
+            include=tuple(include) or ("*",),
+            exclude=tuple(exclude),
+        )
     if kind == "wandb":
         from .wandb import WandbSink
 

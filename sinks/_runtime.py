@@ -198,10 +198,9 @@ class Feeder:
 
         Returns the events it could not take, with the reason (as :meth:`write`).
         """
-        write = getattr(self.sink, "write_columns", None)
-        if write is not None:
+        if self.sink.columnar:
             try:
-                write(columns)
+                self.sink.write_columns(columns)
                 return []
             except Exception as exc:  # noqa: BLE001 - one bad record must not stop the sink
                 log.error(
@@ -511,8 +510,6 @@ class SinkRunner(ConsumerLoop):
         self.max_pending_events = max_pending_events
         self.codec = codec or default_codec()
         self.feeder = Feeder(sink, self.codec)
-        #: the sink takes a record's columns as they are (``Sink.write_columns``)
-        self._columnar = hasattr(sink, "write_columns")
         #: derived records of runs whose logged events (RunStarted first) this sink has not seen
         #: yet: they come from another topic and can overtake them; written once the run is
         #: known, and their partition is not committed past them meanwhile
@@ -569,7 +566,7 @@ class SinkRunner(ConsumerLoop):
             except SchemaError as exc:
                 await self._deadletter(record.value, record.key, f"{type(exc).__name__}: {exc}", record)
                 continue
-            if columns is not None and self._columnar and feeder.fresh_columns(columns):
+            if columns is not None and self.sink.columnar and feeder.fresh_columns(columns):
                 fresh_columns.append(columns)  # a columnar sink: the order of rows is its own
                 self.stats.events += len(columns.seqs)
             else:
@@ -794,9 +791,7 @@ class SinkRunner(ConsumerLoop):
         self._held_alerts.clear()
         self._held_marks.clear()
         self._held_paused = False  # a new assignment starts unpaused
-        release = getattr(self.sink, "release", None)
-        if release is not None:
-            release()
+        self.sink.release()
 
     def _after_slice(self) -> None:
         self._hold_back_commits()

@@ -72,6 +72,7 @@ from ._archive import (
     replaced_by,
     run_dir,
 )
+from ._protocol import Sink
 
 log = logging.getLogger("metricbus.sink.parquet")
 
@@ -101,10 +102,11 @@ class _RunBuffer:
         return len(self.name)
 
 
-class ParquetArchive:
+class ParquetArchive(Sink):
     """The ``parquet`` sink (see the module docstring for its guarantees)."""
 
     name = "parquet"
+    columnar = True
 
     def __init__(
         self,

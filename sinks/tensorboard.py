@@ -58,6 +58,7 @@ from metricbus.schemas import (
     path_segment,
 )
 
+from ._protocol import MetricFilter, Sink
 from ._tb_layout import RunLayout, merged
 
 log = logging.getLogger("metricbus.sink.tensorboard")
@@ -143,14 +144,25 @@ class _RunWriter:
         self._file.close()
 
 
-class TensorBoardSink:
+class TensorBoardSink(Sink):
     """The ``tensorboard`` sink (see the module docstring for its guarantees)."""
 
     name = "tensorboard"
 
-    def __init__(self, root: Path, layout: Mapping[str, Mapping[str, list[str]]] | None = None) -> None:
-        """``layout``: the user's own charts (category -> chart -> regexes), beside the template's."""
+    def __init__(
+        self,
+        root: Path,
+        layout: Mapping[str, Mapping[str, list[str]]] | None = None,
+        include: Sequence[str] = ("*",),
+        exclude: Sequence[str] = (),
+    ) -> None:
+        """``layout``: the user's own charts (category -> chart -> regexes), beside the template's.
+
+        ``include`` / ``exclude``: globs over metric names (scalars, per-sample arrays,
+        histograms, tables); a name matching no include or any exclude is not written.
+        """
         self.root = Path(root)
+        self._wanted = MetricFilter(include, exclude)
         self._charts = merged(layout)
         self._writers: dict[str, _RunWriter] = {}
         self._closed: dict[str, Path] = {}  #: run -> its directory, closed past OPEN_RUNS
@@ -220,12 +232,16 @@ class TensorBoardSink:
         wall = e.ts_ms / 1000
         body = e.body
         if e.kind == METRICS:
-            tags = [tag(k) for k in body["scalars"]]
+            wanted = self._wanted
+            scalars = body["scalars"]
+            if not wanted.everything:
+                scalars = {k: v for k, v in scalars.items() if wanted(k)}
+            tags = [tag(k) for k in scalars]
             values = [
                 summary_pb2.Summary.Value(tag=t, simple_value=v)
-                for t, v in zip(tags, body["scalars"].values(), strict=True)
+                for t, v in zip(tags, scalars.values(), strict=True)
             ]
-            values += [_histogram_value(k, v) for k, v in body["samples"].items() if v]
+            values += [_histogram_value(k, v) for k, v in body["samples"].items() if v and wanted(k)]
             layout = writer.layout
             if not layout.seen.issuperset(tags) and any(
                 [layout.add(t) for t in tags if t not in layout.seen]
@@ -238,7 +254,7 @@ class TensorBoardSink:
                         wall_time=wall, step=body["step"], summary=summary_pb2.Summary(value=values)
                     )
                 )
-        elif e.kind == HISTOGRAM:
+        elif e.kind == HISTOGRAM and self._wanted(body["name"]):
             writer.write(
                 event_pb2.Event(
                     wall_time=wall,
@@ -248,7 +264,7 @@ class TensorBoardSink:
                     ),
                 )
             )
-        elif e.kind == TABLE:
+        elif e.kind == TABLE and self._wanted(body["name"]):
             writer.write(_text_event(wall, body["step"], tag(body["name"]), _markdown_table(body)))
         elif e.kind == RUN_STARTED:
             self._run_started(writer, wall, body)

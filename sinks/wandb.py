@@ -32,7 +32,6 @@ filtered-out metrics) are recorded in a small ledger beside the run at each flus
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import logging
 import time
@@ -59,6 +58,7 @@ from metricbus.schemas import (
     histogram_bins,
 )
 
+from ._protocol import MetricFilter, Sink
 from ._wandb_file import finish, logged_ids, run_files
 from ._wandb_run import (
     EPOCH,
@@ -75,9 +75,7 @@ from ._wandb_run import (
 
 log = logging.getLogger("metricbus.sink.wandb")
 SEQS_DIR = ".metricbus-seqs"
-#: metric names whose include/exclude verdict is cached
-_NAMES_KEPT = 65_536
-class WandbSink:
+class WandbSink(Sink):
     """The ``wandb`` sink (see the module docstring for its guarantees)."""
 
     name = "wandb"
@@ -92,8 +90,7 @@ class WandbSink:
         idle_close_s: float = 600.0,
     ) -> None:
         self.root = Path(root)
-        self.include = tuple(include)
-        self.exclude = tuple(exclude)
+        self._wanted = MetricFilter(include, exclude)
         self.mode = wandb_mode(mode)
         self.finish_grace_s = finish_grace_s
         #: a run nothing was written to for this long is closed at a flush, and reopened on its
@@ -106,7 +103,6 @@ class WandbSink:
         self._finished: dict[str, tuple[float, int]] = {}  # run -> (when RunFinished came, exit code)
         self._complete: set[str] = set()  # runs whose derived series are all in
         self._pending = 0
-        self._keep: dict[str, bool] = {}
 
     def open(self) -> None:
         """Create the root directory and import wandb (fails with the pip line if missing)."""
@@ -271,16 +267,6 @@ class WandbSink:
         if run is not None:
             _, code = self._finished.get(run_id, (0.0, 0))
             finish(run, exit_code=code)  # the file is the ledger the run's next opening reads
-
-    def _wanted(self, name: str) -> bool:
-        keep = self._keep.get(name)
-        if keep is None:
-            if len(self._keep) >= _NAMES_KEPT:  # a cache; names come from users and topics
-                self._keep.clear()
-            keep = self._keep[name] = any(fnmatch.fnmatchcase(name, g) for g in self.include) and not any(
-                fnmatch.fnmatchcase(name, g) for g in self.exclude
-            )
-        return keep
 
     def _ledger(self, run_id: str) -> Ledger:
         ledger = self._ledgers.get(run_id)

@@ -9,6 +9,7 @@ import asyncio
 
 from metricbus.schemas import METRICS, RUN_STARTED, Event, Settings, default_codec, run_started
 from metricbus.sinks import ParquetArchive, SinkRunner
+from metricbus.sinks import Sink as BaseSink
 from metricbus.sinks._catchup import CatchupLock, add_runs, catchup_path, done, pending_groups, pending_runs
 
 
@@ -62,7 +63,7 @@ def test_one_instance_of_a_group_holds_the_lock_until_it_releases_it(tmp_path):
     second.release()
 
 
-class Sink:
+class Sink(BaseSink):
     """A sink that keeps what it is given (and holds nothing before)."""
 
     name = "memory"

@@ -317,3 +317,64 @@ def test_a_sink_writes_thousands_of_runs_within_a_usual_limit_of_descriptors(tmp
     assert done.stdout.split() == ["3000", "0"]
     for r in (0, 777, 1499):
         assert [s.value for s in accumulate(tmp_path / "tb" / "p" / f"r{r}").Scalars("x")] == [float(r)]
+
+
+def test_include_and_exclude_choose_the_metrics_tensorboard_gets(tmp_path):
+    from metricbus.sinks import make_sink
+
+    sink = make_sink("tensorboard", tmp_path / "tb", include=["Train/*", "debug/*"], exclude=["debug/*"])
+    sink.open()
+    body = {
+        "step": 3,
+        "epoch": None,
+        "rank": 0,
+        "scalars": {"Train/Loss": 0.5, "debug/grad": 1.0, "System/CPU": 9.0},
+        "samples": {"Train/Reward": [0.1, 0.2], "other/samples": [1.0]},
+    }
+    hist = {"step": 3, "name": "debug/hist", "edges": [0.0, 1.0], "counts": [2], "rank": 0}
+    assert sink.write([started(), ev(1, METRICS, body), ev(2, HISTOGRAM, hist)]) == []
+    sink.flush()
+    acc = accumulate(tmp_path / "tb" / "grpo" / "gemma-run-1")
+    assert acc.Tags()["scalars"] == ["Train/Loss"]
+    assert acc.Tags()["histograms"] == ["Train/Reward"]
+    sink.close()
+
+
+def test_the_archive_refuses_include_and_exclude_and_only_tensorboard_takes_a_layout(tmp_path):
+    from metricbus.schemas import MetricbusError
+    from metricbus.sinks import make_sink
+
+    with pytest.raises(MetricbusError, match="keeps every event"):
+        make_sink("parquet", tmp_path, exclude=["debug/*"])
+    with pytest.raises(MetricbusError, match="--layout is the tensorboard sink's"):
+        make_sink("wandb", tmp_path, layout=tmp_path / "layout.yaml")
+
+
+def test_a_sink_must_implement_the_contract_and_gets_the_optional_members_as_no_ops():
+    from metricbus.sinks import Sink
+
+    class Half(Sink):
+        name = "half"
+
+        def open(self) -> None: ...
+
+    with pytest.raises(TypeError, match="abstract"):
+        Half()  # type: ignore[abstract]
+
+    class Whole(Half):
+        def recover(self, run_id):
+            return {}
+
+        def write(self, events):
+            return []
+
+        def pending(self):
+            return 0
+
+        def flush(self) -> None: ...
+
+    sink = Whole()
+    assert not sink.columnar
+    sink.release(), sink.derived_complete("r"), sink.close()  # no-ops
+    with pytest.raises(NotImplementedError):
+        sink.write_columns(None)  # type: ignore[arg-type]

@@ -404,10 +404,10 @@ def test_tags_wandb_refuses_are_mended_and_the_run_opens(tmp_path, offline):
 
 
 def test_the_cache_of_wanted_names_is_bounded_and_its_verdicts_hold(tmp_path, monkeypatch):
-    monkeypatch.setattr("metricbus.sinks.wandb._NAMES_KEPT", 4)
+    monkeypatch.setattr("metricbus.sinks._protocol.NAMES_KEPT", 4)
     sink = WandbSink(tmp_path, exclude=["debug/*"])
     verdicts = [sink._wanted(f"{'debug' if i % 2 else 'train'}/{i}") for i in range(20)]
-    assert verdicts == [i % 2 == 0 for i in range(20)] and len(sink._keep) <= 4
+    assert verdicts == [i % 2 == 0 for i in range(20)] and len(sink._wanted._verdicts) <= 4
 
 
 def test_names_wandb_or_the_sink_give_a_meaning_are_kept_under_keys_of_their_own(tmp_path, offline):
