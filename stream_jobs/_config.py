@@ -9,6 +9,8 @@ from typing import Any
 
 from metricbus.schemas import LOSS_ALIASES, REWARD_ALIASES, THROUGHPUT_ALIASES, ConfigError, read_yaml
 
+from ._statistics import STATISTICS
+
 #: Seed 004: the batch's per-sample rewards logged as samples under this name become
 #: Train/AvgReward, Train/RewardStd, Train/RewardMin, Train/RewardMax, Train/RewardVariance.
 SEED_004_REWARD_SAMPLES = {
@@ -22,20 +24,8 @@ SEED_004_REWARD_SAMPLES = {
 }
 
 
-#: The per-metric statistics ``metric_stats`` can name.
-METRIC_STATS = (
-    "recent_mean",
-    "ema",
-    "std",
-    "min",
-    "max",
-    "median",
-    "p99",
-    "count",
-    "nonfinite",
-    "slope",
-    "trend",
-)
+#: The per-metric statistics ``metric_stats`` can name (``_statistics.STATISTICS``).
+METRIC_STATS = tuple(STATISTICS)
 
 
 @dataclasses.dataclass(frozen=True)

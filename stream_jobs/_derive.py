@@ -28,7 +28,8 @@ from ._config import StreamConfig
 from ._labels import LabelSeries
 from ._ranks import RankMerger
 from ._roles import RoleBinding
-from ._stats import EMA, Convergence, Welford, Window, fsum, trend_class
+from ._statistics import STATISTICS, Series
+from ._stats import Welford, Window, fsum, trend_class
 
 log = logging.getLogger("metricbus.stream")
 
@@ -53,40 +54,6 @@ class Point(NamedTuple):
         return self._asdict()
 
 
-_KINDS = {"recent_mean": "rolling_mean"}  # Aggregate.kind of a metric statistic, where not its name
-
-
-def _metric_stat(series: _Series, stat: str, higher_is_better: bool) -> float:
-    if stat in ("slope", "trend"):
-        window = series.trend
-        slope = window.slope()
-        if stat == "slope":
-            return slope
-        return (
-            float(trend_class(slope, window.std() or abs(window.mean()), higher_is_better))
-            if len(window)
-            else 0.0
-        )
-    recent = series.recent
-    if stat == "recent_mean":
-        return recent.mean()
-    if stat == "ema":
-        return series.ema.value
-    if stat == "count":
-        return float(series.count)
-    if stat == "nonfinite":
-        return float(series.nonfinite)
-    if not len(recent):
-        return math.nan
-    if stat == "std":
-        return recent.std()
-    if stat == "min":
-        return min(recent.values)
-    if stat == "max":
-        return max(recent.values)
-    return recent.quantile(0.5 if stat == "median" else 0.99)
-
-
 class Column(NamedTuple):
     """One logged series over a stretch of an input record: its values with their steps and times."""
 
@@ -94,18 +61,6 @@ class Column(NamedTuple):
     values: list[float]
     steps: list[int]
     ts_ms: list[int]
-
-
-class _Series:
-    __slots__ = ("recent", "ema", "trend", "convergence", "count", "nonfinite")
-
-    def __init__(self, cfg: StreamConfig) -> None:
-        self.count = 0  # finite values, like every other statistic
-        self.nonfinite = 0
-        self.recent = Window(cfg.window)
-        self.ema = EMA(cfg.ema_weight)
-        self.trend = Window(cfg.trend_window)
-        self.convergence = Convergence()
 
 
 class _Epoch:
@@ -139,7 +94,7 @@ class RunDeriver:
     def __init__(self, run_id: str, cfg: StreamConfig | None = None) -> None:
         self.run_id = run_id
         self.cfg = cfg or StreamConfig()
-        self._series: dict[str, _Series] = {}
+        self._series: dict[str, Series] = {}
         self._sample_windows: dict[str, Window] = {}
         self._sample_totals: dict[str, Welford] = {}
         self._throughput: dict[str, tuple[Welford, Window]] = {}
@@ -412,7 +367,7 @@ class RunDeriver:
             if series is None:
                 if self._over(name):
                     continue
-                series = self._series[name] = _Series(cfg)
+                series = self._series[name] = Series(cfg.window, cfg.ema_weight, cfg.trend_window)
             if math.isfinite(sum(values)):
                 series.count += len(values)
             else:
@@ -537,8 +492,9 @@ class RunDeriver:
                 series = self._series[name]
                 up = self.cfg.higher_is_better(name)
                 for stat in stats:
-                    value = _metric_stat(series, stat, up)
-                    out.append(Point(f"{name}_{stat}", name, _KINDS.get(stat, stat), step, epoch, value, ts))
+                    statistic = STATISTICS[stat]
+                    value = statistic.value(series, up)
+                    out.append(Point(f"{name}_{stat}", name, statistic.kind, step, epoch, value, ts))
         self._touched.clear()
         out.extend(Point(*p) for p in self.labels.points())
         return out
