@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import difflib
 import json
 import logging
 import math
@@ -15,20 +16,54 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from metricbus.schemas import MetricbusError, Settings, ensure_topics, printable, strict_json
 
 log = logging.getLogger("metricbus")
 
 
+#: commands that start a stack of their own: they never join a running one
+_STARTS_A_STACK = {"up", "broker", "demo"}
+
+
 def _settings(args: argparse.Namespace) -> Settings:
-    return Settings.from_env(
+    """Settings from the flags, the environment and, for a client, the running stack (said once)."""
+    settings, stack = Settings.resolve(
+        discover=args.command not in _STARTS_A_STACK,
         bootstrap=args.bootstrap,
         data_dir=Path(args.data_dir).expanduser() if args.data_dir else None,
         topic_prefix=args.topic_prefix,
         local_port=getattr(args, "port", None),
     )
+    if stack is not None:
+        print(f"metricbus {args.command}: using {stack.describe()}", file=sys.stderr, flush=True)
+    return settings
+
+
+def _add_run(parser: argparse.ArgumentParser, optional: bool = False) -> None:
+    """The run a command takes, the same way everywhere: positional or ``--run``."""
+    parser.add_argument("run", nargs="?", help="run id, id prefix or name")
+    parser.add_argument("--run", dest="run_option", metavar="RUN", help="the same, as a flag")
+    parser.set_defaults(run_optional=optional)
+
+
+def _run_ref(args: argparse.Namespace) -> str | None:
+    ref = args.run or args.run_option
+    if args.run and args.run_option and args.run != args.run_option:
+        raise MetricbusError(f"two runs given ({args.run!r} and --run {args.run_option!r}); give one")
+    if ref is None and not args.run_optional:
+        raise MetricbusError(
+            f"metricbus {args.command} needs a run (id, id prefix or name): `metricbus runs` lists them"
+        )
+    return ref
+
+
+def _find(settings: Settings, ref: str) -> str:
+    """The archived run ``ref`` names (id, id prefix or name)."""
+    from metricbus._runs import find_run
+
+    return find_run(settings.archive_dir, ref)
 
 
 def _stop_on_signals() -> threading.Event:
@@ -53,6 +88,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from metricbus.schemas import announce, this_process, withdraw
     from metricbus.stack import Stack
 
     settings = _settings(args)
@@ -61,12 +97,22 @@ def cmd_up(args: argparse.Namespace) -> int:
     stack = Stack(settings, consumers)
     try:
         stack.start()
+        announce(
+            this_process(
+                bootstrap=settings.bootstrap,
+                local_port=settings.local_port if settings.is_local else None,
+                data_dir=str(Path(settings.data_dir).expanduser().resolve()),
+                topic_prefix=settings.topic_prefix,
+                dashboard_url=stack.dashboard_url,
+            )
+        )
         print(stack.describe(), flush=True)
         stack.wait_started(stop)
         if not stop.is_set():
             print("metricbus is up; Ctrl-C stops everything", flush=True)
         stack.run_until(stop)
     finally:
+        withdraw()
         print("metricbus: stopping the consumers (each flushes and commits), then the broker", flush=True)
         stack.stop()
         print("metricbus stopped", flush=True)
@@ -213,11 +259,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from metricbus.sinks import make_sink
 
     settings = _settings(args)
-    if args.source == "kafka" and not args.run:
-        raise MetricbusError("--from kafka replays one --run (the topic is keyed by run id)")
-    runs = (
-        [args.run] if args.source == "kafka" else archived_runs(settings.archive_dir, args.run, args.project)
-    )
+    ref = _run_ref(args)
+    if (ref is None) == (args.project is None):
+        raise MetricbusError("metricbus replay takes a run (id, id prefix or name) or --project P, not both")
+    if args.source == "kafka" and not ref:
+        raise MetricbusError("--from kafka replays one run (the topic is keyed by run id)")
+    if args.source == "kafka":
+        runs = [str(ref)]
+    else:
+        runs = archived_runs(settings.archive_dir, _find(settings, ref) if ref else None, args.project)
     if args.to == "kafka":
         if not args.to_prefix or args.to_prefix == settings.topic_prefix:
             raise MetricbusError(
@@ -248,12 +298,13 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     from metricbus.stream_jobs import DEFAULT_RULES
 
     settings = _settings(args)
+    run_id = _find(settings, str(_run_ref(args)))
     rules = Path(args.rules) if args.rules else DEFAULT_RULES
-    alerts = backtest(settings, rules, args.run, Path(args.config) if args.config else None)
+    alerts = backtest(settings, rules, run_id, Path(args.config) if args.config else None)
     for alert in alerts:
         print(describe_alert(alert))
     firing = sum(a["state"] == "firing" for a in alerts)
-    print(f"{firing} alert(s) would have fired on run {args.run} ({len(alerts)} transitions)")
+    print(f"{firing} alert(s) would have fired on run {run_id} ({len(alerts)} transitions)")
     return 0
 
 
@@ -273,12 +324,57 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 1 if report.spools_failed else 0
 
 
+def cmd_runs(args: argparse.Namespace) -> int:
+    from metricbus._runs import run_rows
+
+    settings = _settings(args)
+    rows = run_rows(settings.archive_dir, args.project)
+    now_ms = time.time() * 1000
+    for row in rows:
+        last = row["last_ts_ms"]
+        if not row["finished"]:
+            live = last is not None and now_ms - last < LIVE_S * 1000
+            row["state"] = "live" if live else "stopped, unfinished"
+    if args.json:
+        print(strict_json(rows, indent=2))
+        return 0
+    if not rows:
+        where = f" of project {args.project!r}" if args.project else ""
+        print(f"no run{where} in the archive at {settings.archive_dir}")
+        return 0
+    table = [("NAME", "PROJECT", "STATE", "STEPS", "EVENTS", "LAST EVENT", "RUN ID")]
+    for row in rows:
+        steps = "-" if row["last_step"] is None else f"{row['first_step']}..{row['last_step']}"
+        ago = "-" if row["last_ts_ms"] is None else _ago((now_ms - row["last_ts_ms"]) / 1000)
+        table.append(
+            (row["name"], row["project"], row["state"], steps, str(row["events"]), ago, row["run_id"])
+        )
+    widths = [min(40, max(len(printable(r[i])) for r in table)) for i in range(len(table[0]))]
+    for r in table:
+        print("  ".join(printable(c)[:w].ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return 0
+
+
+#: a run whose last archived event is younger than this (seconds) and that has not finished is live
+LIVE_S = 60.0
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s ago"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min ago"
+    if seconds < 129600:
+        return f"{seconds / 3600:.0f} h ago"
+    return f"{seconds / 86400:.0f} days ago"
+
+
 def cmd_health(args: argparse.Namespace) -> int:
     from metricbus._replay import archived
     from metricbus.diagnostics import assess, dead_letters_of
 
     settings = _settings(args)
-    run_id = args.run
+    run_id = _find(settings, str(_run_ref(args)))
     events = (e for chunk in archived(settings, run_id) for e in chunk)
     health = assess(run_id, events, dead_letters_of(settings, run_id))
     if args.json:
@@ -302,11 +398,10 @@ def cmd_health(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from metricbus._replay import archived
     from metricbus.diagnostics import compare_series, read_run
-    from metricbus.schemas import check_run_id
 
     settings = _settings(args)
-    runs = [check_run_id(r) for r in args.runs]
-    baseline = check_run_id(args.baseline) if args.baseline else runs[0]
+    runs = [_find(settings, r) for r in args.runs]
+    baseline = _find(settings, args.baseline) if args.baseline else runs[0]
     if baseline not in runs:
         runs.insert(0, baseline)
     if len(runs) < 2:
@@ -366,15 +461,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     from metricbus.stream_jobs import DEFAULT_RULES
 
     settings = _settings(args)
+    run_id = _find(settings, str(_run_ref(args)))
     rules = Path(args.rules) if args.rules else DEFAULT_RULES
     config = Path(args.config) if args.config else None
-    others = {r: read_run(archived(settings, r, derived=True)) for r in args.compare or ()}
+    compared = [_find(settings, c) for c in args.compare or ()]
+    others = {r: read_run(archived(settings, r, derived=True)) for r in compared}
     alerts: list[dict[str, Any]] = []
     run = read_run(
-        archived(settings, args.run, derived=True), lambda logged: raising(logged, alerts, rules, config)
+        archived(settings, run_id, derived=True), lambda logged: raising(logged, alerts, rules, config)
     )
-    page = build(args.run, run, others, alerts)
-    out = Path(args.out) if args.out else settings.data_dir / "reports" / f"{check_run_id(args.run)}.html"
+    page = build(run_id, run, others, alerts)
+    out = Path(args.out) if args.out else settings.data_dir / "reports" / f"{check_run_id(run_id)}.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page)
     print(f"wrote {out} ({len(page) // 1024} kB); open it in a browser, no network needed")
@@ -389,9 +486,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from metricbus.sinks import tidy
 
     settings = _settings(args)
-    table = tidy(settings.archive_dir, args.run, labels=True)
+    run_id = _find(settings, str(_run_ref(args)))
+    table = tidy(settings.archive_dir, run_id, labels=True)
     if table.num_rows == 0:
-        raise MetricbusError(f"run {args.run!r} has no scalars in the archive at {settings.archive_dir}")
+        raise MetricbusError(f"run {run_id!r} has no scalars in the archive at {settings.archive_dir}")
     if table["labels"].null_count == table.num_rows:  # a run logged without labels: five columns
         table = table.drop_columns(["labels"])
     if args.format == "parquet":
@@ -482,17 +580,42 @@ def _global_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging, and the Kafka clients' own")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a did-you-mean for an unknown flag (``--output`` -> ``--out``)."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments: "):
+            known = {o for a in _all_actions(self) for o in a.option_strings}
+            for word in message.split(": ", 1)[1].split():
+                flag = word.split("=", 1)[0]
+                close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6) if flag[:1] == "-" else []
+                if close:
+                    message += f" (did you mean {close[0]}?)"
+        super().error(message)
+
+
+def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The parser's actions and those of its commands."""
+    out = list(parser._actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out += sub._actions
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed so tests can check every documented command exists)."""
-    p = argparse.ArgumentParser(prog="metricbus", description=__doc__)
+    p = _Parser(prog="metricbus", description=__doc__)
     _global_options(p)
     # the same options after the command too (`metricbus up --data-dir X`): given there, they win
-    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    common = _Parser(add_help=False, argument_default=argparse.SUPPRESS)
     _global_options(common)
     sub = p.add_subparsers(dest="command", required=True)
 
     def command(name: str, **kwargs: Any) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], **kwargs)
+        parser: argparse.ArgumentParser = sub.add_parser(name, parents=[common], **kwargs)
+        return parser
 
     s = command("broker", help="run the embedded Kafka-protocol broker (Tansu) in the foreground")
     s.add_argument("--port", type=int, help="port on 127.0.0.1 (default 9092)")
@@ -572,9 +695,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_alerts)
 
     s = command("replay", help="re-materialise archived runs in a new sink or a fresh set of topics")
-    who = s.add_mutually_exclusive_group(required=True)
-    who.add_argument("--run")
-    who.add_argument("--project")
+    _add_run(s, optional=True)
+    s.add_argument("--project", help="every run of this project (instead of one run)")
     s.add_argument(
         "--from",
         dest="source",
@@ -592,14 +714,19 @@ def build_parser() -> argparse.ArgumentParser:
     s = command("backtest", help="what alert rules would have fired on an archived run")
     s.add_argument("--rules", help="alert rules YAML (default: the seed rule pack, as `metricbus up` runs)")
     s.add_argument("--config", help="YAML of StreamConfig fields, as for `metricbus worker --config`")
-    s.add_argument("--run", required=True)
+    _add_run(s)
     s.set_defaults(func=cmd_backtest)
 
     s = command("sync", help="publish what runs left in their local spools")
     s.set_defaults(func=cmd_sync)
 
+    s = command("runs", help="the archived runs: name, project, state, steps, events, last event, id")
+    s.add_argument("--project", help="only this project's runs")
+    s.add_argument("--json", action="store_true", help="one JSON array of the runs, with config and summary")
+    s.set_defaults(func=cmd_runs)
+
     s = command("health", help="a run's health 0-100 from the archive, each part with its evidence")
-    s.add_argument("run")
+    _add_run(s)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_health)
 
@@ -607,7 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
         "compare",
         help="runs side by side: config diff, final-window statistics, Welch's t-test (exit 1: regression)",
     )
-    s.add_argument("runs", nargs="+")
+    s.add_argument("runs", nargs="+", metavar="RUN", help="run ids, id prefixes or names")
     s.add_argument("--baseline", help="the run the others are compared with (default: the first)")
     s.add_argument("--metric", action="append", help="only these metrics (repeatable; default: all shared)")
     s.add_argument("--window", type=int, help="values in the final window (default: the last tenth, >= 5)")
@@ -621,7 +748,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_compare)
 
     s = command("report", help="one self-contained HTML report of a run (charts, health, epochs)")
-    s.add_argument("run")
+    _add_run(s)
     s.add_argument(
         "--compare", action="append", metavar="RUN", help="overlay and test another run (repeatable)"
     )
@@ -634,7 +761,7 @@ def build_parser() -> argparse.ArgumentParser:
         "export",
         help="one run's scalars as tidy rows (run, step, name, value, wall_time, and labels when it has any)",
     )
-    s.add_argument("--run", required=True)
+    _add_run(s)
     s.add_argument("--format", choices=["csv", "json", "parquet"], default="csv", help="json = JSON Lines")
     s.add_argument("--out", help="file to write (default: stdout; required for parquet)")
     s.set_defaults(func=cmd_export)

@@ -12,13 +12,9 @@ from typing import Any
 
 from metricbus.diagnostics._series import labelled
 from metricbus.schemas import (
-    CONFIG_UPDATE,
-    RUN_FINISHED,
-    RUN_STARTED,
     MetricbusError,
     Settings,
     check_run_id,
-    run_config,
 )
 
 
@@ -82,55 +78,19 @@ def runs(project: str | None = None, settings: Settings | None = None) -> Any:
     ``config`` is the run's config (its starts and updates merged); the ``summary`` column holds
     what ``finish(summary=...)`` recorded.
     """
-    from metricbus.sinks import iter_events, run_extent
-    from metricbus.sinks._archive import might_be_of, project_of, run_folders
+    from metricbus._runs import run_rows
 
     pandas = _pandas()
-    archive = _archive(settings)
-    rows = []
-    for run_id, folders in run_folders(archive).items():
-        if project is not None and not might_be_of(folders, project):
-            continue
-        try:  # a run's metrics are counted by Arrow, never turned into Python objects
-            control = [e for c in iter_events(archive, run_id, kinds=_CONTROL) for e in c]
-            run_project = project_of(folders, [e for e in control if e.kind == RUN_STARTED])
-            if project is not None and run_project != project:
-                continue
-            extent = run_extent(archive, run_id)
-        except (OSError, ValueError):
-            continue  # a run directory being written right now
-        rows.append(_row(run_id, run_project, extent or _NOTHING, control))
     columns = ["run_id", "project", "name", "state", "first_step", "last_step", "events", "started", "ended"]
+    rows = [
+        {
+            **row,
+            "started": _when(row["first_ts_ms"]) if row["first_ts_ms"] is not None else None,
+            "ended": _when(row["last_ts_ms"]) if row["finished"] else None,
+        }
+        for row in run_rows(_archive(settings), project)
+    ]
     return pandas.DataFrame(rows, columns=[*columns, "config", "summary"])
-
-
-#: the events a run's row is read from (besides its extent)
-_CONTROL = frozenset({RUN_STARTED, RUN_FINISHED, CONFIG_UPDATE})
-#: the extent of a run with no logged event (only the stream's derived ones)
-_NOTHING: dict[str, Any] = dict.fromkeys(("first_step", "last_step", "first_ts_ms", "last_ts_ms"))
-_NOTHING["events"] = 0
-
-
-def _row(run_id: str, project: str, extent: dict[str, Any], control: list[Any]) -> dict[str, Any]:
-    """A run's row of :func:`runs`: ``extent`` (``sinks.run_extent``) and its ``_CONTROL`` events."""
-    started = [e for e in control if e.kind == RUN_STARTED]
-    finished = [e for e in control if e.kind == RUN_FINISHED]
-    summary: dict[str, Any] = {}
-    for e in finished:
-        summary.update(e.body.get("summary") or {})
-    return {
-        "run_id": run_id,
-        "project": project,
-        "name": started[0].body["name"] if started else run_id,
-        "state": finished[-1].body["status"] if finished else "running or crashed",
-        "first_step": extent["first_step"],
-        "last_step": extent["last_step"],
-        "events": extent["events"],
-        "started": _when(extent["first_ts_ms"]) if extent["first_ts_ms"] is not None else None,
-        "ended": _when(extent["last_ts_ms"]) if finished else None,
-        "config": run_config(control),
-        "summary": summary,
-    }
 
 
 def _when(ts_ms: int) -> Any:

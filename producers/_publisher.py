@@ -53,6 +53,9 @@ PER_EVENT = 2
 VERIFY_INTERVAL_S = 1.0
 #: While the broker is restarting (planned), sending pauses this long between checks.
 RESTART_CHECK_S = 0.25
+#: A flush (``finish()``) gives up waiting once nothing has listened at the broker's address for
+#: this long: what is unsent is in the spool by then, and ``metricbus sync`` sends it later.
+REFUSED_GIVE_UP_S = 0.5
 
 
 class Publisher:
@@ -140,6 +143,8 @@ class Publisher:
         self._sender = threading.Thread(target=self._send_loop, name=f"mb-send-{run_id}", daemon=True)
         self._next_attempt = 0.0
         self._failures = 0
+        #: the run already said that no broker answers (at init): the first failure is not said again
+        self.said_unreachable = False
         self._verified_at = 0.0
         #: the sender sends when this much is spooled, or send_linger_s after its last send, or
         #: at once for a flush: at a trickle of events (an SB3 episode every few ms) one Kafka
@@ -221,19 +226,30 @@ class Publisher:
             self._checking.release()
 
     def flush(self, timeout: float) -> bool:
-        """Wait until everything submitted so far is acknowledged; False on timeout."""
+        """Wait until everything submitted so far is acknowledged; False on timeout.
+
+        Also False once nothing has listened at the broker's address for ``REFUSED_GIVE_UP_S``
+        (a refused connection, not a slow broker): what is unsent is in the spool by then.
+        """
         deadline = time.monotonic() + timeout
         self._next_attempt = 0.0
+        refused_since: float | None = None
         with self._flushing_lock:
             self._flushing += 1
         try:
-            while time.monotonic() < deadline:
+            while (now := time.monotonic()) < deadline:
                 self._wake.set()
                 self._send_wake.set()
                 if self.backlog == 0:
                     return True
                 if not (self._thread.is_alive() and self._sender.is_alive()):
                     return False
+                if getattr(self.transport, "refused", False) and self._failures:
+                    refused_since = refused_since if refused_since is not None else now
+                    if now - refused_since >= REFUSED_GIVE_UP_S:
+                        return False
+                else:
+                    refused_since = None
                 time.sleep(0.005)
             return False
         finally:
@@ -248,8 +264,8 @@ class Publisher:
         (bounded by the transport timeout).
         """
         deadline = time.monotonic() + timeout
-        if self._thread.is_alive():
-            self.flush(timeout)
+        if self._thread.is_alive() and not self.flush(timeout):
+            deadline = min(deadline, time.monotonic())  # gave up: join the threads only briefly
         self._stopping = True
         self._wake.set()
         self._send_wake.set()
@@ -445,7 +461,8 @@ class Publisher:
                     return False
             self._failures += 1
             self._next_attempt = time.monotonic() + min(0.25 * 2 ** (self._failures - 1), 5.0)
-            if self._failures == 1 and not getattr(self.transport, "offline", False):  # offline: said at init
+            offline = getattr(self.transport, "offline", False)  # offline: said at init
+            if self._failures == 1 and not offline and not self.said_unreachable:
                 log.warning(
                     "%s is unreachable (%s); events are kept in %s and sent when it is back",
                     self.describe_target(),

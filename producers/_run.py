@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import socket
+import sys
 import time
 import uuid
 import warnings
@@ -21,6 +22,7 @@ from itertools import repeat
 from operator import floordiv, itemgetter
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from metricbus.schemas import (
     CONFIG_UPDATE,
@@ -36,11 +38,13 @@ from metricbus.schemas import (
     MetricValueError,
     ScalarRows,
     Settings,
+    StackInfo,
     check_run_id,
     config_update,
     default_codec,
     histogram,
     merge_config,
+    reach,
     run_started,
 )
 
@@ -119,7 +123,10 @@ class Run:
     ) -> None:
         if not isinstance(project, str) or not project.strip():
             raise ConfigError(f"project must be a non-empty string (got {project!r})")
-        self.settings = settings or Settings.from_env()
+        stack = None
+        if settings is None:
+            settings, stack = Settings.resolve()
+        self.settings = settings
         self.run_id = check_run_id(run_id) if run_id is not None else _shared_run_id() or _new_run_id()
         self.project = project
         self.name = name or self.run_id
@@ -149,20 +156,15 @@ class Run:
             linger_s=linger_s,
             max_block_s=max_block_s,
         )
-        self._publisher.start()
         self._split = self._gate.split
         self._fast = not strict  # strict: every value checked in the caller, to raise there
         self._quick = self._fast  # log()'s quick path: not strict, not finished
         self._queue = self._publisher.queue
         self._max_items = self._publisher.max_items
         self._watchers: list[Any] = []
-        if self.settings.offline:
-            log.warning(
-                "metricbus offline mode (METRICBUS_OFFLINE): run %s is kept in %s; "
-                "publish it with `metricbus sync`",
-                self.run_id,
-                self.spool_path.parent,
-            )
+        if self.rank == 0:
+            self._say_where(stack)
+        self._publisher.start()  # after the line above: it may say the broker is unreachable itself
         #: the run's config: what it started with (RunStarted's), and keys set since with
         #: ``run.config.update(...)`` / ``run.config[key] = ...`` (each a ConfigUpdate event)
         self.config = RunConfig(_config_dict(config), self.update_config)
@@ -464,12 +466,17 @@ class Run:
                 self.spool_path.parent,
             )
         elif not clean:
+            why = (
+                "nothing answers there"
+                if getattr(self._publisher.transport, "refused", False)
+                else f"not within {timeout:.1f}s"
+            )
             log.warning(
-                "run %s: not every event reached %s within %.1fs; they are kept in %s. "
+                "run %s: not every event reached %s (%s); they are kept in %s. "
                 "Publish them later with `metricbus sync`.",
                 self.run_id,
                 self._describe_target(),
-                timeout,
+                why,
                 self.spool_path.parent,
             )
         return clean
@@ -562,6 +569,50 @@ class Run:
             exc,
             exc_info=True,
         )
+
+    def _say_where(self, stack: StackInfo | None) -> None:
+        """One line on stderr: the run, and where its events go (W&B's "View run at").
+
+        A broker found unreachable at once (nothing listens on this machine) is a warning in
+        the log instead, said once: the publisher does not say it again.
+        """
+        run = f"run {self.name!r} ({self.run_id})" if self.name != self.run_id else f"run {self.run_id}"
+        if self.settings.offline:
+            line = (
+                f"{run} in offline mode (METRICBUS_OFFLINE): its events are kept in "
+                f"{self.spool_path.parent}; publish them with `metricbus sync`"
+            )
+        elif stack is not None:
+            line = f"{run} -> {stack.describe()}"
+            if stack.dashboard_url:
+                line += f"; view it at {stack.dashboard_url}runs/{quote(self.run_id)}"
+        elif self._refused_here():
+            self._publisher.said_unreachable = True
+            log.warning(
+                "metricbus: %s: the broker at %s is unreachable (nothing listens there: start one with "
+                "`metricbus up`); its events are kept in %s and sent when it answers, or by `metricbus sync`",
+                run,
+                self.settings.bootstrap_servers,
+                self.spool_path.parent,
+            )
+            return
+        else:
+            line = f"{run} -> {self._describe_target()}"
+        if not os.environ.get("METRICBUS_QUIET"):
+            print(f"metricbus: {line}", file=sys.stderr, flush=True)
+
+    def _refused_here(self) -> bool:
+        """Whether a broker on this machine refuses the connection (instant; remote hosts are not tried)."""
+        if not isinstance(self._publisher.transport, KafkaTransport):
+            return False
+        host = self.settings.bootstrap_servers.split(",")[0].rpartition(":")[0].strip("[]")
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            return False
+        try:
+            reach(self.settings, timeout_s=0.3)
+        except Exception:  # noqa: BLE001 - kafka's connection error: nothing listens
+            return True
+        return False
 
     def _describe_target(self) -> str:
         if self.settings.offline:

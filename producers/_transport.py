@@ -27,6 +27,7 @@ from metricbus.schemas import (
     client_options,
     ensure_topics,
     make_admin,
+    reach,
 )
 
 log = logging.getLogger("metricbus.producer")
@@ -96,6 +97,9 @@ class KafkaTransport:
         self.carried_over = False
         self._had_topic = False  # connected once: a topic gone since is not ours to create at once
         self._gone_since: float | None = None
+        #: the last connect found nothing listening at the bootstrap address (refused at once,
+        #: not a broker that is slow or restarting): a flush need not wait for it
+        self.refused = False
 
     def take_lost(self) -> bool:
         """True once after the topic was found lost or re-created (what it held may be gone)."""
@@ -119,6 +123,13 @@ class KafkaTransport:
         from kafka.errors import KafkaError
 
         timeout_ms = int(self.send_timeout_s * 1000)
+        try:
+            reach(self.settings, timeout_s=min(self.send_timeout_s, 1.0))  # nothing listening: now
+        except KafkaError as exc:
+            self.refused = True
+            self.close()
+            raise TransportError(f"cannot connect to {self.settings.bootstrap_servers}: {exc}") from exc
+        self.refused = False
         try:
             self._open_admin()
             found, restarting = self._current_topic_id()

@@ -82,6 +82,7 @@ from ._kafka import (
 from ._names import FALLBACK_PROJECT, UNKNOWN_PROJECT, check_run_id, checked_ids, path_segment, printable
 from ._registry import SCHEMA_DIR, SchemaVersion, load_versions
 from ._settings import Groups, Settings, Topics
+from ._stack_file import StackInfo, announce, running_stack, this_process, withdraw
 from ._telemetry import LoopMetrics, count_restart, multiprocess_dir
 
 __all__ = [
@@ -129,6 +130,11 @@ __all__ = [
     "SchemaVersion",
     "Settings",
     "Groups",
+    "StackInfo",
+    "announce",
+    "running_stack",
+    "this_process",
+    "withdraw",
     "Topics",
     "TruncatedRecordError",
     "UnsafeRecordError",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
+from ._stack_file import StackInfo, running_stack
 
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _COMPRESSIONS = ("zstd", "gzip", "none")
@@ -180,8 +181,22 @@ class Settings:
             raise ConfigError(f"partitions must be at least 1 (got {self.partitions}).")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Read ``METRICBUS_*`` variables; keyword overrides (from CLI flags) win."""
+    def from_env(
+        cls, env: Mapping[str, str] | None = None, discover: bool = True, **overrides: Any
+    ) -> Settings:
+        """Read ``METRICBUS_*`` variables; keyword overrides (from CLI flags) win.
+
+        With no broker given (``bootstrap`` nor ``local_port``), the running ``metricbus up``
+        supplies it, and the data directory and prefix where those are not given either
+        (:func:`resolve`); ``discover=False`` never looks (``up`` itself, its children).
+        """
+        return cls.resolve(env, discover, **overrides)[0]
+
+    @classmethod
+    def resolve(
+        cls, env: Mapping[str, str] | None = None, discover: bool = True, **overrides: Any
+    ) -> tuple[Settings, StackInfo | None]:
+        """:meth:`from_env`, and the running stack it joined (None when it joined none)."""
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         for field in dataclasses.fields(cls):
@@ -190,7 +205,17 @@ class Settings:
                 continue
             values[field.name] = _parse(field.name, field.type, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        stack = None
+        if discover and not values.get("offline") and not {"bootstrap", "local_port"} & values.keys():
+            stack = running_stack(values.get("data_dir"))
+            if stack is not None:
+                if stack.bootstrap:
+                    values["bootstrap"] = stack.bootstrap
+                else:
+                    values["local_port"] = stack.local_port
+                values.setdefault("data_dir", Path(stack.data_dir))
+                values.setdefault("topic_prefix", stack.topic_prefix)
+        return cls(**values), stack
 
     def to_env(self) -> dict[str, str]:
         """``METRICBUS_*`` variables from which :meth:`from_env` rebuilds these settings.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -221,11 +222,25 @@ def run_demo(settings: Settings, updates: int = 30) -> int:
             )
         _tensorboard(settings, run.run_id)
         _print_status(settings, stack)
-    archive = settings.archive_dir
-    print(f"\narchive: {archive}")
-    # printed for a person to paste, never executed here
-    query = f"SELECT step, value FROM read_parquet('{archive}/**/*.parquet', hive_partitioning=true) "  # noqa: S608
-    query += f"WHERE run='{run.run_id}' AND name='Train/AvgReward' ORDER BY step"
-    print(f'  duckdb -c "{query}"')
-    print(f"  metricbus --data-dir {settings.data_dir} export --run {run.run_id} --format csv")
+    print(f"\narchive: {settings.archive_dir}")
+    for line in next_steps(settings, run.run_id):
+        print(line)
     return 0 if held >= events else 1
+
+
+def next_steps(settings: Settings, run_id: str) -> list[str]:
+    """What to type next, in a new shell: each line works pasted as it is (tested)."""
+    activate = Path(sys.prefix) / "bin" / "activate"
+    data = "" if Path(settings.data_dir) == Settings().data_dir else f" --data-dir {settings.data_dir}"
+    lines = ["", "next, in a new shell (the demo's stack has stopped; the archive stays):"]
+    if sys.prefix != sys.base_prefix and activate.exists():  # in a virtual environment: put it on PATH
+        lines.append(f"  source {activate}")
+    commands = [
+        (f"metricbus runs{data}", "every archived run"),
+        (f"metricbus health {run_id}{data}", "its health, 0-100, with the evidence"),
+        (f"metricbus report {run_id}{data}", "one HTML file with every chart"),
+        (f"metricbus export {run_id} --format csv{data} | head", "its scalars as rows"),
+        ("metricbus up", "the stack again, for your own script"),
+    ]
+    width = max(len(c) for c, _ in commands)
+    return lines + [f"  {c.ljust(width)}  # {why}" for c, why in commands]

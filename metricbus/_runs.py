@@ -1,0 +1,106 @@
+"""The runs of the archive: one row each, and a run found by its id, an id prefix or its name.
+
+Every command that takes a run resolves it here (:func:`find_run`), so ``metricbus health
+ppo-lr3e-4``, ``metricbus report 20261126-0130`` and ``metricbus export <full id>`` all work.
+Reads the Parquet archive only; a run's metrics are counted by Arrow, never turned into Python
+objects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from metricbus.schemas import CONFIG_UPDATE, RUN_FINISHED, RUN_STARTED, MetricbusError, run_config
+
+#: the events a run's row is read from (besides its extent)
+CONTROL = frozenset({RUN_STARTED, RUN_FINISHED, CONFIG_UPDATE})
+
+
+class AmbiguousRun(MetricbusError):
+    """A run reference that names several runs (the candidates are in the message)."""
+
+
+def run_rows(archive: Path, project: str | None = None) -> list[dict[str, Any]]:
+    """A row per archived run (of ``project`` only, if given), oldest first.
+
+    Keys: run_id, project, name, state, first_step, last_step, events, first_ts_ms,
+    last_ts_ms, config, summary. ``state`` is the RunFinished status, else "running or crashed".
+    """
+    from metricbus.sinks import iter_events, run_extent
+    from metricbus.sinks._archive import might_be_of, project_of, run_folders
+
+    rows = []
+    for run_id, folders in run_folders(archive).items():
+        if project is not None and not might_be_of(folders, project):
+            continue
+        try:
+            control = [e for c in iter_events(archive, run_id, kinds=CONTROL) for e in c]
+            run_project = project_of(folders, [e for e in control if e.kind == RUN_STARTED])
+            if project is not None and run_project != project:
+                continue
+            extent = run_extent(archive, run_id)
+        except (OSError, ValueError):
+            continue  # a run directory being written right now
+        rows.append(_row(run_id, run_project, extent, control))
+    return sorted(rows, key=lambda r: (r["first_ts_ms"] is None, r["first_ts_ms"] or 0, r["run_id"]))
+
+
+def _row(run_id: str, project: str, extent: dict[str, Any] | None, control: list[Any]) -> dict[str, Any]:
+    started = [e for e in control if e.kind == RUN_STARTED]
+    finished = [e for e in control if e.kind == RUN_FINISHED]
+    summary: dict[str, Any] = {}
+    for e in finished:
+        summary.update(e.body.get("summary") or {})
+    extent = extent or {}
+    return {
+        "run_id": run_id,
+        "project": project,
+        "name": started[0].body["name"] if started else run_id,
+        "state": finished[-1].body["status"] if finished else "running or crashed",
+        "first_step": extent.get("first_step"),
+        "last_step": extent.get("last_step"),
+        "events": extent.get("events", 0),
+        "first_ts_ms": extent.get("first_ts_ms"),
+        "last_ts_ms": extent.get("last_ts_ms"),
+        "finished": bool(finished),
+        "config": run_config(control),
+        "summary": summary,
+    }
+
+
+def find_run(archive: Path, ref: str) -> str:
+    """The id of the archived run ``ref`` names: its id, a unique id prefix, or a unique name.
+
+    Raises MetricbusError naming the archive when none matches, and :class:`AmbiguousRun`
+    listing the candidates when several do.
+    """
+    from metricbus.sinks import iter_events
+    from metricbus.sinks._archive import run_folders
+
+    ids = list(run_folders(archive))
+    if ref in ids:
+        return ref
+    prefixed = [i for i in ids if i.startswith(ref)]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    named = []
+    for run_id in ids:
+        try:
+            starts = [e for c in iter_events(archive, run_id, kinds={RUN_STARTED}) for e in c]
+        except (OSError, ValueError):
+            continue
+        if any(e.body["name"] == ref for e in starts):
+            named.append(run_id)
+    if len(named) == 1:
+        return named[0]
+    candidates = sorted(set(prefixed) | set(named))
+    if candidates:
+        raise AmbiguousRun(
+            f"{ref!r} names {len(candidates)} runs: {', '.join(candidates[:10])}"
+            + (" ..." if len(candidates) > 10 else "")
+            + "; give more of the id (`metricbus runs` lists them)"
+        )
+    raise MetricbusError(
+        f"no run {ref!r} in the archive {archive} (by id, id prefix or name); `metricbus runs` lists them"
+    )
