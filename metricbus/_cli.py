@@ -149,8 +149,15 @@ def up_consumers(args: argparse.Namespace) -> dict[str, list[str]]:
     return consumers
 
 
+def _wait_for_broker(settings: Settings, args: argparse.Namespace) -> None:
+    from metricbus.schemas import wait_for_broker
+
+    wait_for_broker(settings, args.wait_s, f"metricbus {args.command}")
+
+
 def cmd_topics(args: argparse.Namespace) -> int:
     settings = _settings(args)
+    _wait_for_broker(settings, args)
     created = ensure_topics(settings, timeout_s=args.timeout)
     print(
         f"topics ready on {settings.bootstrap_servers}"
@@ -174,6 +181,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
     if args.alerts and args.sink != "wandb":
         raise MetricbusError("--alerts is the W&B sink's: it raises each alert on the run it holds open")
     topics = [settings.topics.events, settings.topics.aggregates]  # derived series reach every sink
+    _wait_for_broker(settings, args)
     runner = SinkRunner(
         sink, settings, topics=topics, flush_interval_s=args.flush_interval, alerts=args.alerts
     )
@@ -206,6 +214,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings(args)
     rules = load_rules(args.rules or DEFAULT_RULES)
     cfg = load_config(args.config) if args.config else None
+    _wait_for_broker(settings, args)
     retire_single_file(settings, group_id(settings))
     # each partition's state is rebuilt when the group assigns it to this worker
     state = PartitionedState(settings, cfg, rules, directory=checkpoint_dir(settings, group_id(settings)))
@@ -241,6 +250,7 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise MetricbusError(str(exc)) from None
     group = settings.groups.alerts(args.group or handler.name)
+    _wait_for_broker(settings, args)
 
     async def main() -> None:
         runner = AlertRunner(settings, handler, group_id=group)
@@ -580,6 +590,9 @@ def _global_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging, and the Kafka clients' own")
 
 
+WAIT_HELP = "no broker yet: wait at most S seconds, then exit 2 (default: no limit)"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with a did-you-mean for an unknown flag (``--output`` -> ``--out``)."""
 
@@ -646,6 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = command("topics", help="create the metricbus topics if missing (idempotent)")
     s.add_argument("--timeout", type=float, default=30.0)
+    s.add_argument("--wait-s", type=float, metavar="S", help=WAIT_HELP)
     s.set_defaults(func=cmd_topics)
 
     s = command("sink", help="run one sink consumer")
@@ -670,6 +684,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="wandb: also raise each alert of the alerts topic as a W&B alert on its run (once)",
     )
     s.add_argument("--flush-interval", type=float, default=2.0, help="seconds between durable flushes")
+    s.add_argument("--wait-s", type=float, metavar="S", help=WAIT_HELP)
     s.set_defaults(func=cmd_sink)
 
     s = command("worker", help="run the stream jobs (rolling statistics, epochs, alerts)")
@@ -677,6 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--config", help="YAML of StreamConfig fields: windows, names, metric_stats (default: the seeds')"
     )
+    s.add_argument("--wait-s", type=float, metavar="S", help=WAIT_HELP)
     s.set_defaults(func=cmd_worker)
 
     s = command("alerts", help="deliver alerts: one line each on the console, or POST to a webhook")
@@ -692,6 +708,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--group", help="consumer group suffix (default: console / webhook / wandb); one group per endpoint"
     )
+    s.add_argument("--wait-s", type=float, metavar="S", help=WAIT_HELP)
     s.set_defaults(func=cmd_alerts)
 
     s = command("replay", help="re-materialise archived runs in a new sink or a fresh set of topics")
@@ -865,6 +882,9 @@ def main(argv: list[str] | None = None) -> int:
     except MetricbusError as exc:
         print(f"metricbus {args.command}: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handler (waiting for the broker)
+        print(f"metricbus {args.command}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `metricbus export ... | head`: the reader has what it wanted
         # what is still buffered would fail again at exit: it goes nowhere (Python's docs' recipe)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

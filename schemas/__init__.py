@@ -78,6 +78,7 @@ from ._kafka import (
     ssl_context,
     topic_reader,
     unmark_broker_restarting,
+    wait_for_broker,
 )
 from ._names import FALLBACK_PROJECT, UNKNOWN_PROJECT, check_run_id, checked_ids, path_segment, printable
 from ._registry import SCHEMA_DIR, SchemaVersion, load_versions
@@ -171,6 +172,7 @@ __all__ = [
     "reach",
     "read_topic",
     "topic_reader",
+    "wait_for_broker",
     "mark_broker_restarting",
     "mark_carried_over",
     "unmark_broker_restarting",
