@@ -578,11 +578,14 @@ class Run:
         """
         run = f"run {self.name!r} ({self.run_id})" if self.name != self.run_id else f"run {self.run_id}"
         if self.settings.offline:
-            line = (
-                f"{run} in offline mode (METRICBUS_OFFLINE): its events are kept in "
-                f"{self.spool_path.parent}; publish them with `metricbus sync`"
+            log.warning(
+                "metricbus: %s in offline mode (METRICBUS_OFFLINE): its events are kept in %s; "
+                "publish them with `metricbus sync`",
+                run,
+                self.spool_path.parent,
             )
-        elif stack is not None:
+            return
+        if stack is not None:
             line = f"{run} -> {stack.describe()}"
             if stack.dashboard_url:
                 line += f"; view it at {stack.dashboard_url}runs/{quote(self.run_id)}"

@@ -9,14 +9,19 @@ audio, video, graphs, embeddings, PR curves, meshes) is said once per kind and c
 time of the call (said once when a caller passes one).
 
 The run starts at the first call: project from ``project=`` or ``$METRICBUS_PROJECT`` (else
-"tensorboard"), name from the ``log_dir``'s last part, so TensorBoard's run directory names
-carry over. Like every metricbus call, no method raises into the training loop.
+"tensorboard"), name from the ``log_dir``'s last part (torch's default ``runs/<date>_<host>``
+when none is given), so TensorBoard's run directory names carry over; it says in one line where
+the stack's TensorBoard sink writes the files, since nothing is written under ``log_dir``. Like
+every metricbus call, no method raises into the training loop.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
+import socket
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -64,8 +69,11 @@ class SummaryWriter:
         run: Run | None = None,
         **init_options: Any,
     ) -> None:
+        if not log_dir:  # torch's own default: runs/<month><day>_<time>_<host><comment>
+            stamp = datetime.datetime.now().strftime("%b%d_%H-%M-%S")
+            log_dir = os.path.join("runs", f"{stamp}_{socket.gethostname()}{comment}")
         self.log_dir = log_dir
-        self._name = (Path(log_dir).name if log_dir else None) or (comment.strip("_") or None)
+        self._name = Path(log_dir).name or None
         self._project = project or os.environ.get("METRICBUS_PROJECT") or "tensorboard"
         self._options = init_options
         self._run = run
@@ -81,6 +89,14 @@ class SummaryWriter:
         """The metricbus run behind this writer (started at the first call)."""
         if self._run is None:
             self._run = Run(self._project, name=self._name, config=self._config, **self._options)
+            where = Path(self._run.settings.data_dir) / "tensorboard"
+            print(
+                f"metricbus SummaryWriter: nothing is written under {self.log_dir}: its last part names "
+                f"the run, whose TensorBoard files the stack's TensorBoard sink writes under "
+                f"{where / self._project} (`tensorboard --logdir {where}`)",
+                file=sys.stderr,
+                flush=True,
+            )
         return self._run
 
     def _walltime(self, walltime: float | None) -> None:

@@ -36,6 +36,7 @@ from metricbus.schemas import (
 )
 from metricbus.stack import _proc
 from metricbus.stack._broker import EmbeddedBroker
+from metricbus.stack._echo import AlertEcho
 
 if TYPE_CHECKING:
     from metricbus.ops._lag import PartitionLag
@@ -164,6 +165,8 @@ class Stack:
         self._groups_wait_until = 0.0
         #: per group, the positions the last planned restart committed for it on the new broker
         self._recommitted: dict[str, dict[tuple[str, int], int]] = {}
+        #: the console consumer's alerts, said on this terminal too
+        self._echo = AlertEcho(self.log_dir / "alerts-console.log", settings.archive_dir, self.report)
 
     def start(self) -> Stack:
         """Start the broker, create the topics, start every consumer."""
@@ -191,6 +194,7 @@ class Stack:
         past its start-up exits with an error: it would only fail the same way again.
         """
         now = time.monotonic()
+        self._echo.poll()
         for child in self.children:
             if child.proc is not None and child.proc.poll() is None and now - child.started >= self.startup_s:
                 child.ever_ran = True

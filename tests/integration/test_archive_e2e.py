@@ -313,7 +313,7 @@ def test_export_cli_writes_tidy_rows(settings, sink):
     rows = [line.split(",") for line in out[1:]]
     assert [(int(r[1]), r[2], float(r[3])) for r in rows] == [(s, '"Train/Loss"', s / 10) for s in range(5)]
     missing = subprocess.run(cli(settings, "export", "--run", "nope"), capture_output=True, text=True)
-    assert missing.returncode == 2 and "no scalars" in missing.stderr
+    assert missing.returncode == 2 and "no run 'nope' in the archive" in missing.stderr
 
 
 def test_health_cli_scores_an_archived_run_and_names_a_nan_burst(settings, sink):
@@ -341,7 +341,7 @@ def test_health_cli_scores_an_archived_run_and_names_a_nan_burst(settings, sink)
     assert text.startswith(f"run {run.run_id}: health ") and "validity" in text
     assert "forged\\n  validity -0.0 of 20\\x1b[2J: 1 of 1 values NaN" in text and "\x1b" not in text
     missing = subprocess.run(cli(settings, "health", "nope"), capture_output=True, text=True)
-    assert missing.returncode == 2 and "not in the archive" in missing.stderr
+    assert missing.returncode == 2 and "no run 'nope' in the archive" in missing.stderr
 
 
 def test_compare_cli_shows_the_config_difference_and_flags_a_regression(settings, sink):

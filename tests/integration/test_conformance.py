@@ -159,6 +159,8 @@ def read_wandb(root: Path, run_id: str) -> Counter:
     if not run_files(root, run_id):
         return Counter()
     run = read_run(root, run_id, every_opening=True)
+    if not run["projects"]:  # a run file opened this instant holds no run record yet: read again
+        raise ValueError(f"a W&B file of {run_id} without its run record yet")
     assert run["projects"] == {PROJECT}, run["projects"]
     out: Counter = Counter()
     for row in run["history"]:

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ SCRIPT = """
 import metricbus
 run = metricbus.init(project="first-hour", name="my-first-run", config={"lr": 0.01})
 for step in range(20):
-    run.log({"Train/Loss": 1.0 / (step + 1)}, step=step)
+    run.log({"Train/Loss": float("nan") if step == 10 else 1.0 / (step + 1)}, step=step)
 print("finished:", run.finish(), run.run_id)
 """
 
@@ -68,11 +69,10 @@ def test_a_plain_script_and_every_command_find_the_stack_up_started_and_a_dead_o
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        lines = []
-        while "metricbus is up" not in "".join(lines):
-            line = up.stdout.readline()
-            assert line, "".join(lines)
-            lines.append(line)
+        lines: list[str] = []
+        drain = threading.Thread(target=lambda: lines.extend(iter(up.stdout.readline, "")), daemon=True)
+        drain.start()  # up's terminal, read while the test goes on
+        wait_for(lambda: "metricbus is up" in "".join(lines), 120, "up to start: " + "".join(lines))
         (stack_file,) = runtime.glob("*.json")
         assert json.loads(stack_file.read_text())["local_port"] == port
 
@@ -102,6 +102,12 @@ def test_a_plain_script_and_every_command_find_the_stack_up_started_and_a_dead_o
         health = metricbus("health", "my-first-run", env=env)  # by its name
         assert health.returncode == 0 and f"run {run_id}: health" in health.stdout, health.stderr
 
+        # the NaN loss's alert, on up's own terminal, with the run's name
+        wait_for(
+            lambda: any("metricbus alert: [FIRING] critical nan_loss: run my-first-run" in x for x in lines),
+            60,
+            "the alert on up's terminal: " + "".join(lines),
+        )
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
             page = browser.new_page(viewport={"width": 1280, "height": 900})

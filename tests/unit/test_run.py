@@ -397,8 +397,9 @@ def test_a_trickle_of_events_is_sent_in_few_requests_and_checked_at_most_once_a_
     for i in range(60):
         run.log({"rollout/episode_return": [float(i)]}, step=i)
         time.sleep(0.005)
-    elapsed = time.monotonic() - started
     assert run.finish(timeout=10)
+    # the time finish() took counts too: on a loaded machine it can outlast a verify interval
+    elapsed = time.monotonic() - started
     assert fake.calls <= elapsed / 0.1 + 3  # not one request per 20 ms linger (that was ~elapsed / 0.02)
     assert 1 <= fake.verifies <= elapsed / 1.0 + 2 and not fake.unverified  # verified before finish returned
     assert len(metrics(fake.events())) == 60

@@ -1,0 +1,42 @@
+"""`metricbus up` says every alert on its own terminal, with the run's name (the console consumer's lines)."""
+
+from metricbus.schemas import RUN_STARTED, Event, default_codec, format_alert, run_started
+from metricbus.sinks import ParquetArchive
+from metricbus.stack._echo import AlertEcho
+
+FP = default_codec().newest("EventBatch").fingerprint
+
+
+def alert(run_id, state="firing"):
+    return {
+        "run_id": run_id, "state": state, "severity": "critical", "rule": "nan_loss", "metric": "Train/Loss",
+        "step": 7, "message": "loss is NaN or infinite: training has diverged: value nan", "ts_ms": 1,
+    }  # fmt: skip
+
+
+def test_each_alert_line_is_said_once_with_its_runs_name_and_nothing_else_is(tmp_path):
+    archive = tmp_path / "archive"
+    sink = ParquetArchive(archive)
+    sink.open()
+    sink.write([Event("run-1", "p", 0, 1, RUN_STARTED, run_started("proj", "my-run"), FP)])
+    sink.flush()
+    log = tmp_path / "alerts-console.log"
+    log.write_text(format_alert(alert("run-0")) + "\n")  # an earlier `up`'s: said then, not now
+    said: list[str] = []
+    echo = AlertEcho(log, archive, said.append)
+    with open(log, "a") as f:
+        f.write("2026 INFO metricbus.alerts: consumer started\n")
+        f.write(format_alert(alert("run-1")) + "\n" + format_alert(alert("run-2", "resolved"))[:20])
+    echo.poll()
+    assert said == ["metricbus alert: [FIRING] critical nan_loss: run my-run (run-1) Train/Loss step 7: "
+                    "loss is NaN or infinite: training has diverged: value nan"]  # fmt: skip
+    with open(log, "a") as f:  # the rest of the half-written line
+        f.write(format_alert(alert("run-2", "resolved"))[20:] + "\n")
+    echo.poll()
+    echo.poll()
+    assert len(said) == 2 and said[1].startswith("metricbus alert: [RESOLVED] critical nan_loss: run run-2 ")
+    log.unlink()
+    echo.poll()  # a log gone (rotated by hand) is no error
+    log.write_text(format_alert(alert("run-1", "resolved")) + "\n")
+    echo.poll()
+    assert said[-1].startswith("metricbus alert: [RESOLVED] critical nan_loss: run my-run (run-1)")
