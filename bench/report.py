@@ -59,7 +59,7 @@ def build(data_dir: Path) -> None:
 
 
 def ours(data_dir: str) -> None:
-    from metricbus._cli import main
+    from metricbus.cli import main
 
     assert main(["--data-dir", data_dir, "report", RUN, "--out", str(Path(data_dir) / "report.html")]) == 0
 

@@ -1,5 +1,5 @@
 import sys
 
-from metricbus._cli import main
+from metricbus.cli import main
 
 sys.exit(main())

@@ -44,7 +44,7 @@ def _flag_rows(parser: argparse.ArgumentParser, skip: set[str] | frozenset[str] 
 
 def cli_page() -> str:
     """Markdown of every command of ``metricbus``, built from its argparse parser."""
-    from metricbus._cli import build_parser
+    from metricbus.cli import build_parser
 
     parser = build_parser()
     out = [HEADER, "# CLI reference\n\n"]

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENTS = ("schemas", "producers", "stream_jobs", "sinks")
-ROOMS = ("stack", "ops", "diagnostics", "demo")
+ROOMS = ("cli", "stack", "ops", "diagnostics", "demo")
 #: the sinks proper; the factory and the underscored helpers (runtime, archive reader, W&B
 #: set-up) are shared plumbing of the sinks room
 SINKS = ("parquet", "tensorboard", "wandb", "alerts")

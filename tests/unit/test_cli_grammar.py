@@ -11,8 +11,8 @@ import time
 import psutil
 import pytest
 
-from metricbus._cli import main
 from metricbus._runs import AmbiguousRun, find_run
+from metricbus.cli import main
 from metricbus.schemas import (
     METRICS,
     RUN_FINISHED,

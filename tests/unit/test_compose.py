@@ -2,7 +2,7 @@ from pathlib import Path
 
 import yaml
 
-from metricbus._cli import build_parser
+from metricbus.cli import build_parser
 from metricbus.stack._supervisor import CONSUMERS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,7 +91,7 @@ def test_the_worker_and_the_archive_sink_run_replicas_that_share_the_data_volume
 
 
 def test_up_with_wandb_alerts_runs_every_wandb_sink_instance_with_alerts():
-    from metricbus._cli import up_consumers
+    from metricbus.cli import up_consumers
 
     args = build_parser().parse_args(["up", "--wandb-alerts", "--sink-instances", "2"])
     consumers = up_consumers(args)

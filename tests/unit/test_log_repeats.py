@@ -3,7 +3,7 @@ down made kafka-python log two ERROR lines a second in the dashboard), and said 
 
 import logging
 
-from metricbus._cli import Repeats
+from metricbus.cli import Repeats
 
 
 def record(name, msg, *args):

@@ -218,7 +218,7 @@ def test_a_reader_lists_again_when_a_compaction_deleted_a_file_under_it(archive,
 def test_export_writes_json_lines_and_parquet(archive, tmp_path, capsys):
     import json
 
-    from metricbus._cli import main
+    from metricbus.cli import main
 
     losses = [0.0, 0.25, float("nan"), float("inf")]
     archive.write([started()] + [metric(i + 1, i, {"Train/Loss": loss}) for i, loss in enumerate(losses)])
@@ -255,7 +255,7 @@ def test_export_writes_json_lines_and_parquet(archive, tmp_path, capsys):
 def test_export_carries_labels_when_the_run_has_them(archive, tmp_path, capsys):
     import json
 
-    from metricbus._cli import main
+    from metricbus.cli import main
 
     labelled = metric(2, 1, {"episode/reward": 9.5})
     labelled.body["labels"] = {"task": "logo_a", "termination": "time_limit"}

@@ -85,7 +85,7 @@ def test_the_report_reads_a_run_once_and_any_chunking_makes_the_same_page(tmp_pa
 
 
 def test_the_report_goes_into_the_data_directory_unless_told_where(tmp_path, capsys):
-    from metricbus._cli import main
+    from metricbus.cli import main
 
     archive_run(tmp_path / "archive", "run-a", steps=20)
     assert main(["--data-dir", str(tmp_path), "report", "run-a"]) == 0
