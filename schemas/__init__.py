@@ -15,7 +15,7 @@ from ._bodies import (
     run_started,
     strict_json,
 )
-from ._catalog import LOSS_ALIASES, REWARD_ALIASES, THROUGHPUT_ALIASES
+from ._catalog import LOSS_ALIASES, REWARD_ALIASES, THROUGHPUT_ALIASES, UNSMOOTHED
 from ._codec import HEADER_SIZE, MAGIC, Codec, default_codec
 from ._deadletter import DeadLetter, dead_letter
 from ._dedupe import Deduper, Interval, SeqSet
@@ -90,6 +90,7 @@ __all__ = [
     "LOSS_ALIASES",
     "REWARD_ALIASES",
     "THROUGHPUT_ALIASES",
+    "UNSMOOTHED",
     "HEADER_SIZE",
     "HEARTBEAT",
     "HISTOGRAM",

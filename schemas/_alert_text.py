@@ -15,7 +15,9 @@ from ._names import printable
 
 def format_alert(alert: Mapping[str, Any]) -> str:
     """One clear line: state, severity, rule, run, metric, step, message (terminal-safe)."""
-    icon = {"firing": "FIRING", "resolved": "RESOLVED"}.get(alert["state"], str(alert["state"]).upper())
+    icon = {"firing": "FIRING", "resolved": "RESOLVED", "ended": "ENDED"}.get(
+        alert["state"], str(alert["state"]).upper()
+    )
     where = f" {alert['metric']}" if alert["metric"] != "*" else ""
     step = f" step {alert['step']}" if alert["step"] is not None else ""
     head = f"[{icon}] {alert['severity']} {alert['rule']}"

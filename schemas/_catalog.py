@@ -43,3 +43,25 @@ THROUGHPUT_ALIASES: tuple[str, ...] = (
     "train_samples_per_second",  # Hugging Face Trainer (at the end of training)
     "train_steps_per_second",
 )
+
+#: Counters and schedules: series a rolling mean or an EMA says nothing about (a step count,
+#: elapsed time, a learning-rate schedule). Globs; they get no per-metric statistics
+#: (``<name>_recent_mean``, ``<name>_ema``, ...) in any sink.
+UNSMOOTHED: tuple[str, ...] = (
+    "time/iterations",  # SB3
+    "time/time_elapsed",
+    "time/total_timesteps",
+    "train/n_updates",
+    "train/learning_rate",
+    "train/clip_range",
+    "train/clip_range_vf",
+    "epoch",  # Hugging Face Trainer
+    "learning_rate",
+    "train_runtime",
+    "total_flos",
+    "global_step",
+    "trainer/global_step",  # Lightning
+    "lr-*",  # Lightning's LearningRateMonitor
+    "lr/group*",  # metricbus's run.watch(optimizer=...)
+    "charts/learning_rate",  # CleanRL
+)

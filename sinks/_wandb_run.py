@@ -124,5 +124,6 @@ def raise_on_wandb(run: Any, alert: Mapping[str, Any]) -> None:
 
     firing = alert["state"] == "firing"
     level = WANDB_LEVELS.get(alert["severity"], "WARN") if firing else "INFO"
-    title = alert["rule"] if firing else f"{alert['rule']} resolved"
+    closed = "ended" if alert["state"] == "ended" else "resolved"  # a finished run's alerts end
+    title = alert["rule"] if firing else f"{alert['rule']} {closed}"
     run.alert(title=title, text=format_alert(alert), level=getattr(wandb.AlertLevel, level))  # type: ignore[attr-defined]

@@ -125,6 +125,25 @@ class AlertEngine:
         self._keys_of.setdefault(key[0], []).append(key)
         return state
 
+    def end(self, run_id: str, ts_ms: int, step: int | None) -> list[dict[str, Any]]:
+        """Close every alert still firing on a run that finished: each gets the state "ended".
+
+        A finished run's condition can no longer stop holding, so its alerts would stay
+        "firing" for ever (Alertmanager closes an alert at its end of life likewise). Its rules
+        start afresh if the run is resumed.
+        """
+        by_name = {rule.name: rule for rule in self._value_rules}
+        out = []
+        for key in self._keys_of.get(run_id, ()):
+            state = self._state[key]
+            rule = by_name.get(key[1])
+            if rule is None or not state.firing:
+                continue
+            state.firing, state.streak, state.false_since = False, 0, None
+            why = "the run finished while it fired"
+            out.append(_alert(rule, "ended", run_id, key[2], None, step, ts_ms, why))
+        return out
+
     def forget(self, run_id: str) -> None:
         """Drop what the rules hold of a finished run that the processor forgot (FINISHED_KEPT).
 

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from metricbus.schemas import LOSS_ALIASES, REWARD_ALIASES, THROUGHPUT_ALIASES, ConfigError, read_yaml
+from metricbus.schemas import (
+    LOSS_ALIASES,
+    REWARD_ALIASES,
+    THROUGHPUT_ALIASES,
+    UNSMOOTHED,
+    ConfigError,
+    read_yaml,
+)
 
 from ._statistics import STATISTICS
 
@@ -97,6 +105,11 @@ class StreamConfig:
     #: ``trend_window`` values). Each one is another point
     #: per metric per record; () for none.
     metric_stats: tuple[str, ...] = ("recent_mean", "ema")
+    #: Counters and schedules (globs over names: SB3's ``time/iterations`` and ``train/n_updates``,
+    #: a learning-rate schedule, HF's ``epoch``): they get no ``metric_stats``, since a rolling
+    #: mean or an EMA of a step count says nothing. The catalog's list (``schemas/_catalog.py``)
+    #: by default; () smooths every scalar.
+    unsmoothed: tuple[str, ...] = UNSMOOTHED
     #: Per-label series (``run.log(..., labels={"task": "logo_a"})``, ``run.log_episode``):
     #: every labelled scalar M gets ``by_<key>/<value>/M_recent_mean`` over the last
     #: ``label_window`` values with that label (of a 0/1 success flag: the success rate), and
@@ -149,6 +162,10 @@ class StreamConfig:
     def loss_catalog(self) -> tuple[str, ...]:
         """Names a run's loss may have, best first."""
         return tuple(dict.fromkeys([self.loss_metric, *self.loss_aliases]))
+
+    def smoothed(self, name: str) -> bool:
+        """Whether ``name`` gets the per-metric statistics (not a counter or a schedule)."""
+        return not any(fnmatch.fnmatchcase(name, glob) for glob in self.unsmoothed)
 
     def higher_is_better(self, name: str) -> bool:
         """Direction of a metric: loss falling is improving, reward rising is improving."""

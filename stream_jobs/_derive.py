@@ -95,6 +95,8 @@ class RunDeriver:
         self.run_id = run_id
         self.cfg = cfg or StreamConfig()
         self._series: dict[str, Series] = {}
+        #: name -> whether it gets metric_stats (cfg.smoothed, cached; names are bounded by max_series)
+        self._smoothed: dict[str, bool] = {}
         self._sample_windows: dict[str, Window] = {}
         self._sample_totals: dict[str, Welford] = {}
         self._throughput: dict[str, tuple[Welford, Window]] = {}
@@ -144,6 +146,11 @@ class RunDeriver:
                 self.cfg.max_series,
             )
         return True
+
+    @property
+    def last_step(self) -> int:
+        """The highest step the run logged so far."""
+        return self._last_step
 
     def feed(self, kind: str, body: dict[str, Any], ts_ms: int, producer: str = "") -> list[Point]:
         """Derived points caused by one event (``producer``: who sent it, for multi-rank runs)."""
@@ -488,7 +495,13 @@ class RunDeriver:
         stats = self.cfg.metric_stats
         out = []
         if stats:
+            smoothed = self._smoothed
             for name, (step, epoch, ts) in self._touched.items():
+                keep = smoothed.get(name)
+                if keep is None:
+                    keep = smoothed[name] = self.cfg.smoothed(name)
+                if not keep:
+                    continue
                 series = self._series[name]
                 up = self.cfg.higher_is_better(name)
                 for stat in stats:

@@ -108,6 +108,8 @@ class StreamProcessor:
             deriver = self._deriver(run)
             points, columns = deriver.feed_many(stretch)
             self._derived(out, run, deriver, points, columns, closes=RUN_FINISHED in kinds)
+            if deriver.finished and RUN_FINISHED in kinds:  # after the run's last derived points
+                out.alerts.extend(self.alerts.end(run, max(e.ts_ms for e in stretch), deriver.last_step))
         return self._ordered(out)
 
     def process_record(self, events: list[Event], columns: ScalarColumns | None) -> Output:
@@ -342,6 +344,9 @@ class StreamProcessor:
             if deriver.finished:
                 finished.append(run)
                 self._emit(out, run, points, deriver.role_of)
+                ended = self.alerts.end(run, now_ms, deriver.last_step)
+                self._number(ended)
+                out.alerts.extend(ended)
                 histograms, tables = deriver.take_objects()
                 if histograms:
                     out.histograms[run] = histograms

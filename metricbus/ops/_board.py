@@ -291,7 +291,7 @@ class RunBoard:
             "message": str(alert["message"])[:500],
             "ts_ms": alert["ts_ms"],
             "fired_ms": alert["ts_ms"] if alert["state"] == "firing" else (prior or {}).get("fired_ms"),
-            "resolved_ms": alert["ts_ms"] if alert["state"] == "resolved" else None,
+            "resolved_ms": alert["ts_ms"] if alert["state"] in ("resolved", "ended") else None,
         }
         if key not in view.alerts and len(view.alerts) >= MAX_SERIES:
             return

@@ -15,7 +15,7 @@ from pathlib import Path
 from metricbus.schemas import RUN_STARTED
 
 #: a line of the console consumer (schemas.format_alert), and the run id in it
-_ALERT = re.compile(r"^\[(FIRING|RESOLVED)\] ")
+_ALERT = re.compile(r"^\[(FIRING|RESOLVED|ENDED)\] ")
 _RUN = re.compile(r": run (\S+)")
 #: run names looked up, kept for the next alerts of the same runs (bounded)
 NAMES_KEPT = 1024

@@ -111,8 +111,13 @@ def test_a_plain_script_and_every_command_find_the_stack_up_started_and_a_dead_o
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
             page = browser.new_page(viewport={"width": 1280, "height": 900})
+            missing: list[str] = []
+            page.on("response", lambda r: missing.append(r.url) if r.status >= 400 else None)
             page.goto(url)
             expect(page.get_by_text("my-first-run").first).to_be_visible(timeout=30_000)
+            expect(page).to_have_title("my-first-run · metricbus")  # the run's name, a favicon inline
+            page.screenshot(path=str(tmp_path / "run-page.png"))
+            assert not missing, missing
             browser.close()
     finally:
         up.send_signal(signal.SIGKILL)  # a stack that dies without cleaning up: its file stays

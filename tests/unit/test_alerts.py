@@ -157,3 +157,21 @@ def test_seed_reward_rules_apply_to_unit_rewards_and_a_scale_free_rule_to_others
     erratic = (100 + 120 * rng.random(40)).tolist()  # CV ~0.22
     fired = _default_pack_on(erratic)
     assert "epoch_reward_unstable_relative" in fired and "epoch_reward_unstable" not in fired
+
+
+def test_every_alert_still_firing_when_the_run_finishes_is_ended_once_with_its_identity():
+    """A finished run's condition can no longer stop holding: its firing alerts close ("ended")."""
+    fp = default_codec().newest("EventBatch").fingerprint
+    proc = StreamProcessor(rules=load_rules(DEFAULT_RULES))
+    body = {"epoch": None, "rank": 0, "samples": {}}
+    events = [
+        Event("r", "p", i, 1000 + i, METRICS, {**body, "step": i, "scalars": {"Train/Loss": math.nan if i >= 5 else 1.0}}, fp)
+        for i in range(10)
+    ]
+    fired = proc.process(events).alerts
+    assert [(a["rule"], a["state"]) for a in fired] == [("nan_loss", "firing")]
+    finished = Event("r", "p", 10, 2000, RUN_FINISHED, {"status": "failed", "summary": {}}, fp)
+    (ended,) = proc.process([finished]).alerts
+    assert (ended["rule"], ended["state"], ended["metric"], ended["step"]) == ("nan_loss", "ended", "Train/Loss", 9)
+    assert ended["seq"] == fired[0]["seq"] + 1 and "the run finished while it fired" in ended["message"]
+    assert proc.process([finished]).alerts == []  # said once: a re-delivered RunFinished ends nothing more

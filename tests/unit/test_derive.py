@@ -422,3 +422,16 @@ def test_a_finished_run_forgotten_leaves_no_rule_state_and_a_stray_event_of_it_i
     proc.process(run_events("r1", 10, 3, finish=False))  # resumed: watched again
     (alert,) = proc.tick(3_000 + 7_200_000).alerts
     assert (alert["run_id"], alert["rule"], alert["state"]) == ("r1", "run_stalled", "firing")
+
+
+def test_counters_and_schedules_get_no_smoothing_and_everything_else_does():
+    """SB3 logs step counts and schedules beside its losses: an EMA of train/n_updates says nothing."""
+    events = [
+        metrics(i, scalars={"train/loss": 1.0 / (i + 1), "train/n_updates": float(i * 10), "time/total_timesteps": float(i * 2048), "train/learning_rate": 3e-4, "time/fps": 900.0})
+        for i in range(5)
+    ]
+    names = {p.name for p in derive_all(events)}
+    assert {"train/loss_ema", "train/loss_recent_mean", "time/fps_ema"} <= names
+    assert not {n for n in names if n.startswith(("train/n_updates_", "time/total_timesteps_", "train/learning_rate_"))}
+    everything = {p.name for p in derive_all(events, cfg=StreamConfig(unsmoothed=()))}
+    assert "train/n_updates_ema" in everything  # the list is configuration

@@ -209,6 +209,7 @@ function runView(runId) {
     for (const c of Object.values(charts)) c.plot.setSize({ width: Math.max(300, c.box.clientWidth - 14), height: 180 });
   });
   follow(`/api/runs/${encodeURIComponent(runId)}/stream`, "run", (run) => {
+    document.title = `${run.name} · metricbus`;
     facts.replaceChildren(
       badge(run.state),
       ` project ${run.project} · name ${run.name} · host ${run.host} · ranks ${run.ranks.length}/${run.world_size} · last step ${run.last_step ?? "-"} · ${run.events_per_s.toFixed(1)} events/s · last event ${age(run.since_last_event_s)} ago`,
@@ -230,7 +231,7 @@ function runView(runId) {
     }
     alerts.replaceChildren(run.alerts.length ? alertsTable(run.alerts, false) : el("p", { class: "muted" }, "no alerts"));
     const cols = [...new Set(run.epochs.flatMap((e) => Object.keys(e).filter((k) => k !== "epoch")))].sort();
-    const fmt = (v) => (v == null ? "-" : Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(3) : v.toFixed(4));
+    const fmt = (v) => (v == null ? "-" : Number.isInteger(v) && Math.abs(v) < 1e15 ? String(v) : Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(3) : v.toFixed(4));
     epochs.replaceChildren(run.epochs.length ? table(["epoch", ...cols], run.epochs.map((e) => [e.epoch, ...cols.map((k) => el("td", { class: "num" }, fmt(e[k])))]), "epochs-table") : el("p", { class: "muted" }, "no epochs yet"));
     config.textContent = JSON.stringify(run.config, null, 2);
   });
