@@ -117,6 +117,8 @@ class RunDeriver:
         # the run's reward and loss series (the alias catalog), bound on first sight
         self._reward = RoleBinding(self.cfg.reward_catalog())
         self._reward_samples = RoleBinding(self.cfg.reward_catalog())
+        #: the per-step means of the reward's samples (their trend and convergence at epoch ends)
+        self._reward_steps = Series(self.cfg.window, self.cfg.ema_weight, self.cfg.trend_window)
         self._loss = RoleBinding(self.cfg.loss_catalog())
         self.labels = LabelSeries(run_id, self.cfg)
         #: logged or derived series -> the role it plays in this run ("@reward", "@loss"), for
@@ -448,8 +450,10 @@ class RunDeriver:
             if name.startswith("rewards/") and batch.count:
                 total_means.append(batch.mean)
             batch_size = max(batch_size, batch.count + batch.nonfinite)
-            if ep is not None and batch.count and name == self._reward_samples.name:
-                ep.reward_samples.add(batch.mean)
+            if batch.count and name == self._reward_samples.name:
+                self._reward_steps.trend.add(batch.mean)  # the reward's per-step value, for its trend
+                if ep is not None:
+                    ep.reward_samples.add(batch.mean)
         if total_means:
             point("rewards/total_mean", "rewards/*", "sum_of_means", fsum(total_means))
         if ep is not None:
@@ -566,22 +570,21 @@ class RunDeriver:
             point("Epoch/NumSamples", "*", "count", float(ep.samples))
         for suffix, total in sorted(ep.sums.items()):
             point(f"Epoch/{suffix}", f"*{suffix}", "epoch_sum", total)
-        for name in filter(None, (self._reward.name, self._loss.name)):
-            series = self._series.get(name)
-            if series is not None and len(series.trend) >= 2:
-                scale = series.trend.std() or abs(series.trend.mean())
-                point(
-                    f"{name}_trend",
-                    name,
-                    "trend",
-                    float(trend_class(series.trend.slope(), scale, cfg.higher_is_better(name))),
-                )
-                point(
-                    f"{name}_converged",
-                    name,
-                    "converged",
-                    float(series.convergence.update(series.trend)),
-                )
+        # the reward's per-step values: its samples' step means when it logs samples (as above)
+        rewards = (self._reward_samples.name, self._reward_steps) if samples else (self._reward.name, None)
+        roles: tuple[tuple[str, str | None, Series | None], ...] = (
+            ("Reward", *rewards),
+            ("Loss", self._loss.name, None),
+        )
+        for role, name, steps in roles:
+            series = steps or (self._series.get(name) if name is not None else None)
+            if name is None or series is None or len(series.trend) < 2:
+                continue
+            scale = series.trend.std() or abs(series.trend.mean())
+            up = cfg.higher_is_better(name) if role == "Loss" else True
+            slope_class = float(trend_class(series.trend.slope(), scale, up))
+            point(f"Epoch/{role}TrendClass", name, "trend", slope_class)
+            point(f"Epoch/{role}Converged", name, "converged", float(series.convergence.update(series.trend)))
         return out
 
     def _final(self, ts: int) -> list[Point]:

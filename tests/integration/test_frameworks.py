@@ -184,9 +184,9 @@ def test_hf_trainer_callback_gets_every_log_hf_records(settings, sink, worker, t
     callback = MetricbusCallback(project="hf-test", settings=settings, system_metrics=False)
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"),
-        max_steps=6,
+        num_train_epochs=2,  # 6 steps an epoch; a loss every 2 steps: epochs 0.33 .. 2.0 in HF's log
         per_device_train_batch_size=4,
-        logging_steps=1,
+        logging_steps=2,
         report_to=[],
         save_strategy="no",
         use_cpu=True,
@@ -211,11 +211,13 @@ def test_hf_trainer_callback_gets_every_log_hf_records(settings, sink, worker, t
     )
     assert {k: got[k] for k in expected} == expected
 
-    # HF's "loss" is the run's loss (the alias catalog): Epoch/AvgLoss per whole epoch
+    # HF's "loss" is the run's loss (the alias catalog): Epoch/AvgLoss per epoch the Trainer ran.
+    # Its epoch is epoch + (step + 1) / steps_per_epoch: an epoch's last log reads 1.0, 2.0, ...
     want: dict = {}
     for entry in trainer.state.log_history:
         if "loss" in entry:
-            want.setdefault(int(entry["epoch"]), []).append(entry["loss"])
+            want.setdefault(math.ceil(entry["epoch"]) - 1, []).append(entry["loss"])
+    assert set(want) == set(range(int(args.num_train_epochs)))  # no epoch the Trainer never ran
     derived: dict = {}
     deadline = time.monotonic() + 60
     while len(derived.get("Epoch/AvgLoss", [])) < len(want) and time.monotonic() < deadline:

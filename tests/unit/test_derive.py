@@ -93,7 +93,11 @@ def test_seed_004_batch_reward_statistics_and_epochs():
     assert [p.value for p in pts["Epoch/NumSamples"]] == [160.0] * 3  # 10 steps x 16 samples, counted once
     assert [p.value for p in pts["Epoch/APITokens"]] == [1000.0] * 3
     assert [(p.epoch, p.step) for p in pts["Epoch/AvgReward"]] == [(0, 9), (1, 19), (2, 29)]
-    assert pts["Train/Loss_trend"][-1].value == 1.0  # loss falling: improving
+    assert pts["Epoch/LossTrendClass"][-1].value == 1.0  # loss falling: improving
+    assert pts["Epoch/LossTrendClass"][-1].source == "Train/Loss"
+    # the reward is logged as samples here: its trend follows their per-step means
+    assert [p.source for p in pts["Epoch/RewardTrendClass"]] == ["Train/Reward"] * 3
+    assert "Train/Loss_trend" not in pts  # one name, one definition: the per-record trend is metric_stats'
 
 
 def test_epoch_reward_is_the_same_logged_as_samples_or_as_step_averages():
