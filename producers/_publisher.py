@@ -387,7 +387,8 @@ class Publisher:
             with self._lock:
                 pending = self.spool.read_unsent(max_records=64)
             if not pending:
-                self._verify(force=self._flushing > 0)
+                # a flush's check comes once all is sent: not while the spooler still holds some
+                self._verify(force=self._flushing > 0 and not self._queue)
                 return
             records = [record for record, _ in pending]
             if not self._send(records):
