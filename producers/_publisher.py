@@ -56,6 +56,10 @@ RESTART_CHECK_S = 0.25
 #: A flush (``finish()``) gives up waiting once nothing has listened at the broker's address for
 #: this long: what is unsent is in the spool by then, and ``metricbus sync`` sends it later.
 REFUSED_GIVE_UP_S = 0.5
+#: Encoded records held in memory while the spool's disk refuses them (full), at most.
+HELD_MAX_BYTES = 64 << 20
+#: ... and tried again this often.
+HELD_RETRY_S = 0.5
 
 
 class Publisher:
@@ -162,6 +166,13 @@ class Publisher:
         self.overflows = 0  #: times log() found the queue full
         self.dropped_events = 0  #: events shed because the queue stayed full (no seq given)
         self.lost_events = 0
+        #: encoded records the spool's disk refused (full): appended before anything newer once
+        #: it takes them again, retried every linger interval; at most HELD_MAX_BYTES, past which
+        #: the newest are lost (counted)
+        self._held: list[bytes] = []
+        self._held_events = 0
+        self._held_bytes = 0
+        self._held_retry_at = 0.0
         self.encode_errors = 0
         self.oversize_events = 0
 
@@ -221,7 +232,8 @@ class Publisher:
         try:
             with self._lock:
                 unchecked = self.transport.unverified or self._resend_retained
-                return len(self._queue) // PER_EVENT + self.spool.unsent_bytes + int(unchecked)
+                queued = len(self._queue) // PER_EVENT + self._held_events
+                return queued + self.spool.unsent_bytes + int(unchecked)
         finally:
             self._checking.release()
 
@@ -274,10 +286,21 @@ class Publisher:
                 thread.join(max(0.0, deadline - time.monotonic()) + 0.05)
         with self._lock:
             self._spool_queue_locked()
-            self.spool.sync()
+            try:
+                self.spool.sync()
+            except OSError as exc:  # a full or failing disk: said; finish() returns False below
+                log.error("cannot fsync the spool %s (%s)", self.spool.path, exc)
+                return False
             if not self._sender.is_alive():
                 self._close_locked()
-            return not self._queue and self.spool.unsent_bytes == 0
+            if self._held_events:
+                log.error(
+                    "%d events could not be written to the spool %s (its disk is full) and are lost "
+                    "when this process ends",
+                    self._held_events,
+                    self.spool.path,
+                )
+            return not self._queue and not self._held_events and self.spool.unsent_bytes == 0
 
     def _close_locked(self) -> None:
         if not self._closed:
@@ -327,18 +350,45 @@ class Publisher:
             records = self._encode(prepared)
             taken = len(prepared.seqs) if isinstance(prepared, ScalarRows) else len(prepared)
             self._next_seq += taken
-            try:
-                self.spool.append(records)
-                self.events_spooled += taken
-            except OSError as exc:
-                self.lost_events += taken
+            self._spool_records(records, taken)
+        if self._held and not queue:
+            self._spool_records([], 0)  # the disk may have room again
+
+    def _spool_records(self, records: list[bytes], events: int) -> None:
+        """Append to the spool after what it refused before, in order; hold them while it refuses."""
+        if self._held:
+            if self._held_bytes + sum(map(len, records)) > HELD_MAX_BYTES:
+                if not self.lost_events:
+                    log.error("the spool's disk is still full and %d MB are held: newer events are lost "
+                              "(counted in lost_events)", HELD_MAX_BYTES >> 20)  # fmt: skip
+                self.lost_events += events
+                records, events = [], 0
+            self._held.extend(records)
+            self._held_events += events
+            self._held_bytes += sum(map(len, records))
+            records, events = self._held, self._held_events
+            if time.monotonic() < self._held_retry_at and not self._stopping:
+                return  # the disk refused them a moment ago: try again in a while
+        try:
+            self.spool.append(records)
+        except OSError as exc:
+            self._held_retry_at = time.monotonic() + HELD_RETRY_S
+            if not self._held:
                 log.error(
-                    "cannot write the spool %s (%s): %d events lost. Free disk space or set "
-                    "METRICBUS_DATA_DIR to a writable disk.",
+                    "cannot write the spool %s (%s): its events are held in memory (at most %d MB) "
+                    "and written when it has room again. Free disk space, or set METRICBUS_DATA_DIR "
+                    "to another disk.",
                     self.spool.path,
                     exc,
-                    taken,
+                    HELD_MAX_BYTES >> 20,
                 )
+                self._held, self._held_events = list(records), events
+                self._held_bytes = sum(map(len, records))
+            return
+        if self._held:
+            log.warning("the spool %s has room again: %d held events written", self.spool.path, events)
+            self._held, self._held_events, self._held_bytes = [], 0, 0
+        self.events_spooled += events
 
     def _encode(self, events: list[Event] | ScalarRows) -> list[bytes]:
         """Records for ``events``, each under ``max_record_bytes``; what cannot be encoded is dropped.
@@ -556,6 +606,9 @@ class Publisher:
     def _sync_if_behind(self) -> None:
         now = time.monotonic()
         if self.spool.unsent_bytes and now - self._last_sync > 1.0:
-            with self._lock:
-                self.spool.sync()
             self._last_sync = now
+            with self._lock:
+                try:
+                    self.spool.sync()
+                except OSError as exc:  # a full or failing disk: the next pass tries again
+                    log.error("cannot fsync the spool %s (%s)", self.spool.path, exc)

@@ -40,7 +40,8 @@ class Spool:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._cursor_path = self.path.with_suffix(".cursor")
-        self._file = open(self.path, "ab")  # noqa: SIM115 - owned until close()
+        # unbuffered: a write the disk refused is never left in a buffer to be written later
+        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - owned until close()
         try:
             fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -58,14 +59,24 @@ class Spool:
         return (self._size if self.torn_at is None else self.torn_at) - self._cursor
 
     def append(self, records: Iterable[bytes]) -> int:
-        """Append records (buffered in the OS; :meth:`sync` makes them crash-proof)."""
+        """Append records (in the OS's cache; :meth:`sync` makes them crash-proof).
+
+        All or nothing: when the disk refuses part of them (ENOSPC, EIO), the file is cut back
+        to where it was and the OSError raised, so the file and the size this spool records
+        never disagree (a torn frame would stop every later record from being sent).
+        """
         parts = []
         for record in records:
             parts.append(_FRAME.pack(len(record), zlib.crc32(record)))
             parts.append(record)
-        data = b"".join(parts)
-        self._file.write(data)
-        self._file.flush()
+        data = memoryview(b"".join(parts))
+        written = 0
+        try:
+            while written < len(data):  # a disk nearly full takes part of a write
+                written += self._file.write(data[written:]) or 0
+        except OSError:  # cut back what landed of it, however much that was
+            os.ftruncate(self._file.fileno(), self._size)
+            raise
         self._size += len(data)
         self._dirty = True
         return len(data)

@@ -1,0 +1,83 @@
+"""A full spool disk loses nothing the process keeps: the spool stays consistent, what it refused
+is held and written once there is room, and finish() says False while anything is unwritten."""
+
+from __future__ import annotations
+
+import errno
+import time
+
+import pytest
+
+from metricbus.producers import Run
+from metricbus.producers._spool import Spool
+from tests.fakes import FakeTransport
+
+from .test_run import metrics, settings  # noqa: F401 - the fixture
+
+
+class FillingDisk:
+    """A spool file whose disk refuses writes while ``full`` (a partial write first, as a real disk)."""
+
+    def __init__(self, file) -> None:
+        self.file, self.full, self.refused = file, False, 0
+
+    def write(self, data) -> int:
+        if self.full:
+            self.refused += 1
+            if len(data) > 8:  # part of it lands, then the disk is out of room
+                self.file.write(data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self.file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+
+def test_a_refused_append_leaves_the_file_as_it_was(tmp_path):
+    spool = Spool(tmp_path / "s.spool")
+    spool.append([b"first"])
+    disk = spool._file = FillingDisk(spool._file)
+    disk.full = True
+    with pytest.raises(OSError):
+        spool.append([b"x" * 1000])
+    disk.full = False
+    spool.append([b"second"])
+    assert [r for r, _ in spool.read_unsent(10)] == [b"first", b"second"] and spool.torn_at is None
+    assert (tmp_path / "s.spool").stat().st_size == spool._size
+
+
+def test_events_logged_while_the_spool_disk_is_full_are_all_sent_once_it_has_room(settings, caplog):
+    fake = FakeTransport()
+    fake.down = True  # nothing leaves the spool meanwhile: every event must go through the disk
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    disk = run._publisher.spool._file = FillingDisk(run._publisher.spool._file)
+    for i in range(100):
+        run.log({"x": float(i)}, step=i)
+    time.sleep(0.3)
+    disk.full = True
+    for i in range(100, 300):
+        run.log({"x": float(i)}, step=i)
+    time.sleep(0.5)  # several spooler passes, each refused
+    assert disk.refused >= 1 and run._publisher.backlog > 0
+    disk.full = False
+    fake.down = False
+    assert run.finish(timeout=10)
+    got = metrics(fake.events())
+    assert [seq for seq, _ in got] == list(range(1, 301)) and [b["step"] for _, b in got] == list(range(300))
+    assert run._publisher.lost_events == 0
+    assert "held in memory" in caplog.text and "has room again" in caplog.text
+    assert "corrupt or torn" not in caplog.text
+
+
+def test_finish_says_false_while_the_disk_still_refuses(settings, caplog):
+    fake = FakeTransport()
+    fake.down = True
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    disk = run._publisher.spool._file = FillingDisk(run._publisher.spool._file)
+    disk.full = True
+    for i in range(50):
+        run.log({"x": float(i)}, step=i)
+    started = time.monotonic()
+    assert run.finish(timeout=1) is False
+    assert time.monotonic() - started < 5
+    assert "could not be written to the spool" in caplog.text
