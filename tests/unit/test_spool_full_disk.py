@@ -10,9 +10,15 @@ import pytest
 
 from metricbus.producers import Run
 from metricbus.producers._spool import Spool
+from metricbus.schemas import Settings
 from tests.fakes import FakeTransport
 
-from .test_run import metrics, settings  # noqa: F401 - the fixture
+from .test_run import metrics
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return Settings(data_dir=tmp_path, bootstrap="127.0.0.1:1")
 
 
 class FillingDisk:
