@@ -367,8 +367,8 @@ class Publisher:
             self._held_events += events
             self._held_bytes += sum(map(len, records))
             records, events = self._held, self._held_events
-            if time.monotonic() < self._held_retry_at and not self._stopping:
-                return  # the disk refused them a moment ago: try again in a while
+            if (time.monotonic() < self._held_retry_at and not self._stopping) or self.spool.closed:
+                return  # the disk refused them a moment ago (try again in a while), or the run ended
         try:
             self.spool.append(records)
         except OSError as exc:

@@ -54,6 +54,11 @@ class Spool:
         self._dirty = False
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (nothing can be appended any more)."""
+        return self._file.closed
+
+    @property
     def unsent_bytes(self) -> int:
         """Bytes appended but not yet acknowledged by Kafka (up to a torn frame, if any)."""
         return (self._size if self.torn_at is None else self.torn_at) - self._cursor
