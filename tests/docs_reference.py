@@ -50,8 +50,10 @@ def cli_page() -> str:
     out = [HEADER, "# CLI reference\n\n"]
     out.append(
         "Every process of metricbus is a `metricbus` command. Global options (below) are accepted "
-        "before or after the command. Exit codes: 0 success, 1 a finding (a regression in "
-        "`compare`, a failed sync), 2 a usage or configuration error, 130 interrupted.\n\n"
+        "before or after the command. Exit codes: 0 success; 1 a finding (a regression in "
+        "`compare`, a spool that failed to sync, a group in STOP or ERR in `status`); 2 a usage or "
+        "configuration error, or no broker within `--wait-s` (the message says which, and the fix); "
+        "130 interrupted (Ctrl-C).\n\n"
     )
     out.append("## Global options\n\n| flag | what | default |\n| --- | --- | --- |\n")
     out.append("\n".join(_flag_rows(parser)) + "\n")

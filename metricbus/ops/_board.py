@@ -22,6 +22,7 @@ from typing import Any
 
 from metricbus.schemas import (
     CONFIG_UPDATE,
+    DERIVED_PRODUCER,
     HEARTBEAT,
     METRICS,
     RUN_FINISHED,
@@ -195,6 +196,14 @@ class RunBoard:
                 log.warning(
                     "run board: a record of %s not folded (%s: %.200s)", topic, type(exc).__name__, exc
                 )
+            self._bump()
+
+    def fold(self, events: Any) -> None:
+        """Fold decoded events (an archived run's, logged and derived: told apart by producer)."""
+        with self.changed:
+            for e in events:
+                derived = e.producer_id == DERIVED_PRODUCER
+                self._event(e.run_id, e.producer_id, e.ts_ms, e.kind, e.body, derived)
             self._bump()
 
     def _bump(self) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from metricbus.ops._archived import ArchivedRuns
 from metricbus.ops._board import RunBoard
 from metricbus.ops._status import StatusWatch, catching_up, dead_letters, kafka_down, spools
 from metricbus.schemas import MetricbusError, Settings, check_run_id
@@ -116,8 +117,13 @@ def build_app(
     board: RunBoard,
     pipeline: Pipeline,
     token: str | None = None,
+    archived: ArchivedRuns | None = None,
 ) -> Any:
-    """The Starlette app; the caller starts (and stops) ``board`` and ``pipeline``."""
+    """The Starlette app; the caller starts (and stops) ``board``, ``pipeline`` and ``archived``.
+
+    ``archived``: runs the topics no longer hold, listed and drawn from the archive.
+    """
+    archive = archived or ArchivedRuns(settings)
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -130,16 +136,16 @@ def build_app(
 
     def page(request: Request) -> Response:
         run_id = request.path_params.get("run_id")
-        if run_id is not None and not _known(board, run_id):
-            return HTMLResponse(_not_found(f"no run {run_id!r} on the topics"), status_code=404)
+        if run_id is not None and not (_known(board, run_id) or archive.holds(run_id)):
+            return HTMLResponse(_not_found(f"No run {run_id!r}: not on the topics, not in the archive"), 404)
         return HTMLResponse(shell)
 
     def api_status(request: Request) -> Response:
-        return JSONResponse(_overview(settings, board, pipeline))
+        return JSONResponse(_overview(settings, board, pipeline, archive))
 
     def api_run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        detail = board.run(run_id) if _valid(run_id) else None
+        detail = (board.run(run_id) or archive.page(run_id)) if _valid(run_id) else None
         if detail is None:
             return JSONResponse({"error": f"no run {run_id[:200]!r}"}, status_code=404)
         return JSONResponse(detail)
@@ -151,7 +157,7 @@ def build_app(
                 if board.version != version or time.monotonic() - sent > KEEPALIVE_S:
                     version = board.version
                     sent = time.monotonic()
-                    yield _sse("status", _overview(settings, board, pipeline))
+                    yield _sse("status", _overview(settings, board, pipeline, archive))
                 await asyncio.sleep(1.0)
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=_NO_CACHE)
@@ -159,7 +165,11 @@ def build_app(
     async def run_stream(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         if not _known(board, run_id):
-            return JSONResponse({"error": f"no run {run_id[:200]!r}"}, status_code=404)
+            page = await asyncio.to_thread(archive.page, run_id) if _valid(run_id) else None
+            if page is None:
+                return JSONResponse({"error": f"no run {run_id[:200]!r}"}, status_code=404)
+            stream = _archived_stream(request, page)
+            return StreamingResponse(stream, media_type="text/event-stream", headers=_NO_CACHE)
 
         async def events() -> Any:
             version, sent = -1, 0.0
@@ -318,11 +328,26 @@ def _health(settings: Settings, run_id: str) -> dict[str, Any] | None:
     return health.as_dict() if found else None
 
 
-def _overview(settings: Settings, board: RunBoard, pipeline: Pipeline) -> dict[str, Any]:
+async def _archived_stream(request: Any, page: dict[str, Any]) -> Any:
+    """A run the topics no longer hold: its archived page once, then keep-alives."""
+    yield _sse("run", page)
+    while not await request.is_disconnected():
+        await asyncio.sleep(KEEPALIVE_S)
+        yield ": keep-alive\n\n"
+
+
+def _overview(
+    settings: Settings, board: RunBoard, pipeline: Pipeline, archive: ArchivedRuns | None = None
+) -> dict[str, Any]:
+    live = board.runs_table()
+    if archive is not None:  # the archived runs the topics no longer hold, after the live ones
+        held = {r["run_id"] for r in live}
+        older = [r for run_id, r in archive.rows().items() if run_id not in held]
+        live += sorted(older, key=lambda r: -(r["started_ms"] or 0))
     return {
         "at": round(time.time(), 3),
         "kafka": settings.bootstrap_servers,
-        "runs": board.runs_table(),
+        "runs": live,
         "alerts": board.alerts()[:200],
         "pipeline": pipeline.latest,
         "board": {"records": board.records, "skipped": board.skipped, "error": board.error},
@@ -330,11 +355,16 @@ def _overview(settings: Settings, board: RunBoard, pipeline: Pipeline) -> dict[s
 
 
 def _not_found(what: str) -> str:
+    """A 404 page in the dashboard's own look, with the way back to the runs."""
     import html
 
     return (
-        "<!doctype html><meta charset=utf-8><title>not found</title>"
-        f"<p>{html.escape(what)}. <a href='/'>All runs</a></p>"
+        "<!doctype html><html lang=en><head><meta charset=utf-8><title>not found · metricbus</title>"
+        '<link rel="stylesheet" href="/static/app.css"></head><body>'
+        '<header><a class="brand" href="/">metricbus</a><nav><a href="/">Runs</a>'
+        '<a href="/alerts">Alerts</a><a href="/pipeline">Pipeline</a></nav></header>'
+        f'<main><h2>Not found</h2><p>{html.escape(what)}.</p><p><a href="/">All runs</a> · '
+        "<code>metricbus runs</code> lists the archived ones.</p></main></body></html>"
     )
 
 
@@ -360,8 +390,9 @@ def serve(
 
     board = RunBoard(settings, since_s=since_s).start()
     pipeline = Pipeline(settings).start()
+    archived = ArchivedRuns(settings).start()
     try:
-        app = build_app(settings, board, pipeline, token=token)
+        app = build_app(settings, board, pipeline, token=token, archived=archived)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
         server = Server(config)
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -372,3 +403,4 @@ def serve(
     finally:
         board.stop()
         pipeline.stop()
+        archived.stop()

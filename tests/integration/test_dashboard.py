@@ -317,3 +317,73 @@ def test_with_kafka_down_the_pipeline_page_says_so_at_once_and_shows_the_waiting
     text = log_path.read_text()
     assert code == 0 and "Traceback" not in text, text
     assert text.count("run board:") == 1, text
+
+
+def archive_earlier_run(archive, run_id: str, name: str, steps: int = 40) -> None:
+    """A run an earlier stack archived: logged and derived rows, none of it on today's topics."""
+    from metricbus.schemas import (
+        DERIVED_PRODUCER,
+        METRICS,
+        RUN_FINISHED,
+        RUN_STARTED,
+        Event,
+        default_codec,
+        run_started,
+    )
+    from metricbus.sinks import ParquetArchive
+
+    fp = default_codec().newest("EventBatch").fingerprint
+    sink = ParquetArchive(archive)
+    sink.open()
+    body = {"epoch": None, "rank": 0, "samples": {}}
+    events = [Event(run_id, "p", 0, 1_700_000_000_000, RUN_STARTED, run_started("earlier", name, {"lr": 0.1}), fp)]
+    events += [
+        Event(run_id, "p", i + 1, 1_700_000_001_000 + i, METRICS, {**body, "step": i, "scalars": {"Train/Loss": 1 / (i + 1)}}, fp)
+        for i in range(steps)
+    ]
+    events.append(Event(run_id, "p", steps + 1, 1_700_000_009_000, RUN_FINISHED, {"status": "finished", "summary": {}}, fp))
+    events += [
+        Event(run_id, DERIVED_PRODUCER, i, 1_700_000_001_000 + i, METRICS, {**body, "step": i, "scalars": {"Train/Loss_ema": 0.5}}, fp)
+        for i in range(steps)
+    ]
+    sink.write(events)
+    sink.flush()
+    sink.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: `make test` installs it")
+def test_runs_of_an_earlier_stack_are_listed_and_drawn_from_the_archive(settings, dashboard, tmp_path):
+    """The embedded broker forgets at a restart; the archive does not, and neither does the board."""
+    from playwright.sync_api import expect, sync_playwright
+
+    archive_earlier_run(settings.archive_dir, "20261101-000000-earlier1", "from-last-week")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # listed within a refresh of the archive's runs
+        runs = json.loads(get(f"{dashboard}/api/status")[1])["runs"]
+        if runs:
+            break
+        time.sleep(0.5)
+    (row,) = runs
+    assert (row["run_id"], row["name"], row["state"], row["last_step"], row["archived"]) == (
+        "20261101-000000-earlier1", "from-last-week", "finished", 39, True,
+    )  # fmt: skip
+    code, body = get(f"{dashboard}/api/runs/20261101-000000-earlier1")
+    detail = json.loads(body)
+    assert code == 200 and detail["archived"] and len(detail["series"]["Train/Loss"]) == 40
+    assert detail["series"]["Train/Loss_ema"][0][:2] == [0, 0.5] and detail["config"] == {"lr": 0.1}
+    code, page = get(f"{dashboard}/runs/not-a-run-anywhere")
+    assert code == 404 and b"not in the archive" in page and b'href="/static/app.css"' in page
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(f"{dashboard}/")
+        expect(page.locator("#runs")).to_contain_text("from-last-week", timeout=30_000)
+        page.goto(f"{dashboard}/runs/20261101-000000-earlier1")
+        expect(page.locator('.chart[data-series="Train/Loss"]')).to_have_attribute("data-points", "40", timeout=30_000)
+        expect(page.locator("#archived-note")).to_be_visible()
+        expect(page).to_have_title("from-last-week · metricbus")
+        page.screenshot(path=str(tmp_path / "archived-run.png"), full_page=False)
+        page.goto(f"{dashboard}/runs/not-a-run-anywhere")
+        expect(page.get_by_role("link", name="All runs")).to_be_visible()
+        browser.close()

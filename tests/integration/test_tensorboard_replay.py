@@ -163,7 +163,9 @@ def test_backtest_prints_what_new_rules_would_have_fired(settings, sink, tmp_pat
     fired = [line for line in out if "firing" in line]
     assert "step       30" in fired[0] and "nan_loss" in fired[0]
     assert "step       43" in fired[1] and "mem" in fired[1]
-    assert out[-1] == f"2 alert(s) would have fired on run {run.run_id} (2 transitions)"
+    ended = [line for line in out if " ended " in line]  # both still firing when the run finished
+    assert len(ended) == 2 and all("step       49" in line for line in ended), out
+    assert out[-1] == f"2 alert(s) would have fired on run {run.run_id} (4 transitions)"
     seed = subprocess.run(  # no --rules: the seed rule pack, as `metricbus up` runs it
         cli(settings, "backtest", "--run", run.run_id), capture_output=True, text=True, check=True
     ).stdout

@@ -229,7 +229,11 @@ function runView(runId) {
       if (c.points.length > run.max_points) c.points.splice(0, c.points.length - run.max_points);
       c.plot.setData(plotData(c));
     }
-    alerts.replaceChildren(run.alerts.length ? alertsTable(run.alerts, false) : el("p", { class: "muted" }, "no alerts"));
+    alerts.replaceChildren(
+      run.archived
+        ? el("p", { class: "muted", id: "archived-note" }, `Drawn from the archive: the topics no longer hold this run, and alerts are not archived (\`metricbus backtest ${run.run_id}\` shows what the rules fire on it).`)
+        : run.alerts.length ? alertsTable(run.alerts, false) : el("p", { class: "muted" }, "no alerts"),
+    );
     const cols = [...new Set(run.epochs.flatMap((e) => Object.keys(e).filter((k) => k !== "epoch")))].sort();
     const fmt = (v) => (v == null ? "-" : Number.isInteger(v) && Math.abs(v) < 1e15 ? String(v) : Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(3) : v.toFixed(4));
     epochs.replaceChildren(run.epochs.length ? table(["epoch", ...cols], run.epochs.map((e) => [e.epoch, ...cols.map((k) => el("td", { class: "num" }, fmt(e[k])))]), "epochs-table") : el("p", { class: "muted" }, "no epochs yet"));

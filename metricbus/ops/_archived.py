@@ -1,0 +1,149 @@
+"""Runs the topics no longer hold, from the archive (the durable record): rows and run pages.
+
+The embedded broker is memory-only: after ``metricbus up`` restarts, the topics hold only new
+runs, so the dashboard lists every archived run beside the live ones and draws an archived
+run's page from its archived events, folded exactly as the live board folds the topics (the
+same bounded points per series). Memory stays bounded: the runs table keeps one summary row a
+run (no points), and only the last few run pages asked for are kept.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any
+
+from metricbus.schemas import MetricbusError, Settings, check_run_id
+
+from ._board import MAX_POINTS, RunBoard
+
+log = logging.getLogger("metricbus.board")
+
+#: how often the list of archived runs is read again (seconds)
+REFRESH_S = 30.0
+#: archived run pages kept, the most recently asked for
+PAGES_KEPT = 4
+
+
+class ArchivedRuns:
+    """The archive's runs as the dashboard shows them. Thread-safe; :meth:`start` refreshes rows."""
+
+    def __init__(self, settings: Settings, refresh_s: float = REFRESH_S) -> None:
+        self.settings = settings
+        self.refresh_s = refresh_s
+        self._rows: dict[str, dict[str, Any]] = {}
+        self._pages: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: set once the archive's runs were listed (the first listing can take seconds)
+        self.listed = threading.Event()
+
+    def start(self) -> ArchivedRuns:
+        self._thread = threading.Thread(target=self._loop, name="metricbus-archived", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.refresh()
+            self._stop.wait(self.refresh_s)
+
+    def refresh(self) -> None:
+        """List the archive's runs again (a row each: no points)."""
+        from metricbus._runs import run_rows
+
+        try:
+            rows = run_rows(self.settings.archive_dir)
+        except (OSError, ValueError) as exc:
+            log.warning("archived runs: cannot list %s (%s)", self.settings.archive_dir, exc)
+            return
+        now = time.time() * 1000
+        table = {r["run_id"]: _row(r, now) for r in rows}
+        with self._lock:
+            self._rows = table
+        self.listed.set()
+
+    def rows(self) -> dict[str, dict[str, Any]]:
+        """Run id -> its runs-table row, in the live board's shape."""
+        with self._lock:
+            return dict(self._rows)
+
+    def holds(self, run_id: str) -> bool:
+        """Whether the archive has rows of ``run_id`` (looked up on disk, not in the listing)."""
+        try:
+            run_id = check_run_id(run_id)
+        except MetricbusError:
+            return False
+        return any(self.settings.archive_dir.glob(f"project=*/run={run_id}/"))
+
+    def page(self, run_id: str) -> dict[str, Any] | None:
+        """The run's page from its archived events (logged and derived), as the live board draws it."""
+        with self._lock:
+            page = self._pages.get(run_id)
+            if page is not None:
+                self._pages.move_to_end(run_id)
+                return page
+        if not self.holds(run_id):
+            return None
+        page = fold(self.settings, run_id)
+        if page is None:
+            return None
+        with self._lock:
+            self._pages[run_id] = page
+            while len(self._pages) > PAGES_KEPT:
+                self._pages.popitem(last=False)
+        return page
+
+
+def fold(settings: Settings, run_id: str) -> dict[str, Any] | None:
+    """The run's page: its archived events folded one chunk at a time into a board's bounded view."""
+    from metricbus.sinks import iter_events
+
+    board = RunBoard(settings)
+    found = False
+    try:
+        for chunk in iter_events(settings.archive_dir, run_id, derived=True):
+            found = found or bool(chunk)
+            board.fold(chunk)
+    except (OSError, ValueError) as exc:
+        log.warning("archived run %s: cannot read it (%s)", run_id, exc)
+        return None
+    if not found:
+        return None
+    detail = board.run(run_id)
+    if detail is not None:
+        detail["archived"] = True  # the page says it is drawn from the archive
+        detail["max_points"] = MAX_POINTS
+    return detail
+
+
+def _row(row: dict[str, Any], now_ms: float) -> dict[str, Any]:
+    """A runs-table row of an archived run (what ``RunView.summary`` gives a live one)."""
+    last = row["last_ts_ms"]
+    state = row["state"] if row["finished"] else "stopped"
+    if row["finished"] and state in ("", "success", "ok"):
+        state = "finished"
+    return {
+        "run_id": row["run_id"],
+        "project": row["project"],
+        "name": row["name"],
+        "host": "",
+        "state": state,
+        "ranks": [0],
+        "world_size": 1,
+        "last_step": row["last_step"],
+        "events": row["events"],
+        "events_per_s": 0.0,
+        "since_last_event_s": None if last is None else round(max(0.0, now_ms - last) / 1000, 1),
+        "started_ms": row["first_ts_ms"],
+        "firing": [],
+        "archived": True,
+    }
