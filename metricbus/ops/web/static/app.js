@@ -19,7 +19,8 @@ function age(seconds) {
   if (seconds == null) return "-";
   if (seconds < 120) return `${Math.round(seconds)}s`;
   if (seconds < 7200) return `${Math.round(seconds / 60)}m`;
-  return `${(seconds / 3600).toFixed(1)}h`;
+  if (seconds < 172800) return `${(seconds / 3600).toFixed(1)}h`;
+  return `${Math.round(seconds / 86400)} days`;
 }
 
 function when(ms) {
@@ -212,7 +213,7 @@ function runView(runId) {
     document.title = `${run.name} · metricbus`;
     facts.replaceChildren(
       badge(run.state),
-      ` project ${run.project} · name ${run.name} · host ${run.host} · ranks ${run.ranks.length}/${run.world_size} · last step ${run.last_step ?? "-"} · ${run.events_per_s.toFixed(1)} events/s · last event ${age(run.since_last_event_s)} ago`,
+      ` project ${run.project} · name ${run.name}${run.host ? ` · host ${run.host}` : ""} · ranks ${run.ranks.length}/${run.world_size} · last step ${run.last_step ?? "-"} · ${run.events_per_s.toFixed(1)} events/s · last event ${age(run.since_last_event_s)} ago`,
     );
     const first = Math.min(...Object.values(run.series).flatMap((ps) => (ps.length ? [ps[0][2]] : [])));
     const start = run.started_ms ?? Math.min(runStartMs ?? Infinity, first);
