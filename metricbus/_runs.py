@@ -70,7 +70,7 @@ def _row(run_id: str, project: str, extent: dict[str, Any] | None, control: list
 
 
 def find_run(archive: Path, ref: str) -> str:
-    """The id of the archived run ``ref`` names: its id, a unique id prefix, or a unique name.
+    """The id of the archived run ``ref`` names: its id, a unique id prefix, name or name prefix.
 
     Raises MetricbusError naming the archive when none matches, and :class:`AmbiguousRun`
     listing the candidates when several do.
@@ -84,17 +84,21 @@ def find_run(archive: Path, ref: str) -> str:
     prefixed = [i for i in ids if i.startswith(ref)]
     if len(prefixed) == 1:
         return prefixed[0]
-    named = []
+    named, name_prefixed = [], []
     for run_id in ids:
         try:
-            starts = [e for c in iter_events(archive, run_id, kinds={RUN_STARTED}) for e in c]
+            names = {e.body["name"] for c in iter_events(archive, run_id, kinds={RUN_STARTED}) for e in c}
         except (OSError, ValueError):
             continue
-        if any(e.body["name"] == ref for e in starts):
+        if ref in names:
             named.append(run_id)
+        elif any(str(n).startswith(ref) for n in names):
+            name_prefixed.append(run_id)
     if len(named) == 1:
         return named[0]
-    candidates = sorted(set(prefixed) | set(named))
+    if not named and not prefixed and len(name_prefixed) == 1:
+        return name_prefixed[0]
+    candidates = sorted(set(prefixed) | set(named) | set(name_prefixed))
     if candidates:
         raise AmbiguousRun(
             f"{ref!r} names {len(candidates)} runs: {', '.join(candidates[:10])}"

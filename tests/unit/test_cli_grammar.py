@@ -64,6 +64,7 @@ def test_a_run_is_found_by_its_id_a_unique_prefix_or_a_unique_name(archive):
     assert find_run(archive, "20261126-010101-aaaa1111") == "20261126-010101-aaaa1111"
     assert find_run(archive, "20261126-01") == "20261126-010101-aaaa1111"
     assert find_run(archive, "ppo-lr3e-4") == "20261126-010101-aaaa1111"
+    assert find_run(archive, "ppo-lr3") == "20261126-010101-aaaa1111"  # a unique start of a name
     with pytest.raises(AmbiguousRun, match="names 2 runs: 20261126-020202-bbbb2222, 20261126-020202-bbbb3333"):
         find_run(archive, "ppo-lr1e-3")
     with pytest.raises(AmbiguousRun):
