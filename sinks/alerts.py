@@ -10,6 +10,7 @@ so nothing is silently lost.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import sys
 import urllib.error
@@ -69,10 +70,11 @@ class WebhookAlerts:
     async def __call__(self, alert: dict[str, Any]) -> bool:
         """POST the alert; retry with backoff; False (logged with the alert) after the last try."""
         body = strict_json({"text": format_alert(alert), "alert": alert}).encode()  # a NaN loss: null
+        key = idempotency_key(alert)
         delay = self.backoff_s
         for attempt in range(1, self.retries + 1):
             try:
-                await asyncio.to_thread(self._post, body)
+                await asyncio.to_thread(self._post, body, key)
                 return True
             except (urllib.error.URLError, OSError) as exc:
                 if attempt == self.retries:
@@ -96,11 +98,25 @@ class WebhookAlerts:
         )
         return False
 
-    def _post(self, body: bytes) -> None:
-        headers = {"Content-Type": "application/json"}
+    def _post(self, body: bytes, key: str) -> None:
+        headers = {"Content-Type": "application/json", "Idempotency-Key": key}
         request = urllib.request.Request(self.url, data=body, headers=headers)  # noqa: S310 - http(s) checked
         with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310 - http(s) checked
             response.read()
+
+
+def idempotency_key(alert: dict[str, Any]) -> str:
+    """The same for every delivery of one alert transition (a retry, a restarted consumer).
+
+    Sent as the ``Idempotency-Key`` header of each webhook call, so a receiver drops repeats:
+    a slow endpoint may get a request the client already timed out on. Derived alerts key on
+    their identity (run, seq); time-driven ones, which have none, on run, rule, state and time.
+    """
+    if alert.get("seq", -1) >= 0:
+        raw = f"{alert['run_id']}/{alert['seq']}"
+    else:
+        raw = f"{alert['run_id']}/{alert['rule']}/{alert['metric']}/{alert['state']}/{alert['ts_ms']}"
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 class WandbAlerts:

@@ -132,9 +132,11 @@ def _no_constant(name):
 
 class _Hook(http.server.BaseHTTPRequestHandler):
     received: list = []
+    keys: list = []  #: the Idempotency-Key of every request, failed ones too
     fail_first = 0
 
     def do_POST(self):  # noqa: N802
+        type(self).keys.append(self.headers.get("Idempotency-Key"))
         raw = self.rfile.read(int(self.headers["Content-Length"]))
         try:  # strictly, as Slack does: NaN is no JSON ("invalid_payload")
             body = json.loads(raw, parse_constant=_no_constant)
@@ -156,7 +158,7 @@ class _Hook(http.server.BaseHTTPRequestHandler):
 
 
 def test_webhook_posts_slack_compatible_json_and_retries_a_failing_endpoint(settings):
-    _Hook.received, _Hook.fail_first = [], 2
+    _Hook.received, _Hook.keys, _Hook.fail_first = [], [], 2
     server = http.server.HTTPServer(("127.0.0.1", 0), _Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -169,6 +171,8 @@ def test_webhook_posts_slack_compatible_json_and_retries_a_failing_endpoint(sett
     assert body["text"].startswith("[FIRING] critical nan_loss: run run-7")
     assert body["alert"]["step"] == 42 and body["alert"]["value"] is None  # the NaN loss: null
     assert hook.failed == 0  # two 500s, then delivered
+    # every try of one alert carries the same key, so a receiver that got one already drops it
+    assert len(_Hook.keys) == 3 and len(set(_Hook.keys)) == 1 and len(_Hook.keys[0]) == 32
 
 
 def test_an_unreachable_webhook_gives_up_after_its_retries_and_dead_letters_the_alert(settings):

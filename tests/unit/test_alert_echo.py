@@ -40,3 +40,12 @@ def test_each_alert_line_is_said_once_with_its_runs_name_and_nothing_else_is(tmp
     log.write_text(format_alert(alert("run-1", "resolved")) + "\n")
     echo.poll()
     assert said[-1].startswith("metricbus alert: [RESOLVED] critical nan_loss: run my-run (run-1)")
+
+
+def test_the_idempotency_key_is_one_per_alert_transition():
+    from metricbus.sinks.alerts import idempotency_key
+
+    a = {**alert("run-1"), "seq": 4}
+    assert idempotency_key(a) == idempotency_key(dict(a)) != idempotency_key({**a, "seq": 5})
+    timed = {**alert("run-1"), "seq": -1, "rule": "run_stalled"}  # no identity: run, rule, state, time
+    assert idempotency_key(timed) != idempotency_key({**timed, "ts_ms": 2}) and len(idempotency_key(timed)) == 32

@@ -244,6 +244,7 @@ function runView(runId) {
 
 // the run's health from the archive (metricbus health), refreshed every 15 s
 async function showHealth(runId, box) {
+  if (!box.firstChild) box.replaceChildren(el("p", { class: "muted" }, "computing the run's health from the archive…"));
   let h;
   try {
     const r = await fetch(`/api/runs/${encodeURIComponent(runId)}/health`);
