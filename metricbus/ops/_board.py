@@ -24,7 +24,9 @@ from metricbus.schemas import (
     CONFIG_UPDATE,
     DERIVED_PRODUCER,
     HEARTBEAT,
+    LOSS_ALIASES,
     METRICS,
+    REWARD_ALIASES,
     RUN_FINISHED,
     RUN_STARTED,
     MetricbusError,
@@ -129,6 +131,11 @@ class RunView:
                 for name, points in sorted(self.series.items())
             },
             "max_points": MAX_POINTS,
+            # the charts the page puts first: the run's reward and loss (the alias catalog)
+            "roles": {
+                "reward": next((n for n in REWARD_ALIASES if n in self.series), None),
+                "loss": next((n for n in LOSS_ALIASES if n in self.series), None),
+            },
             "epochs": [{"epoch": e, **vals} for e, vals in sorted(self.epochs.items())],
             "alerts": sorted(self.alerts.values(), key=lambda a: a["ts_ms"]),
         }

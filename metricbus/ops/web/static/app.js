@@ -145,40 +145,73 @@ const xOf = {
   wall: (p) => p[2] / 1000,
 };
 
+// a smoothing of a series is drawn over it, in its chart (TensorBoard's and W&B's way)
+const SMOOTHINGS = ["_ema", "_recent_mean"];
+const COLORS = ["#2f6fde", "#e8710a", "#12b5cb", "#9334e6"];
+
 function makePlot(c) {
   if (c.plot) c.plot.destroy();
+  const names = [c.name, ...Object.keys(c.overlays)];
   const opts = {
     width: Math.max(300, c.box.clientWidth - 14),
     height: 180,
     scales: { x: { time: xMode === "wall" } },
-    legend: { show: false },
-    series: [{ label: AXES[xMode] }, { label: c.name, stroke: "#2f6fde", width: 1.5, spanGaps: false }],
+    legend: { show: names.length > 1 },
+    series: [
+      { label: AXES[xMode] },
+      ...names.map((n, i) => ({ label: n, stroke: COLORS[i % COLORS.length], width: i ? 2 : 1.5, spanGaps: i > 0, points: { show: (i ? c.overlays[n] : c.points).length < 60 } })),
+    ],
     axes: [{}, { size: 60 }],
   };
   c.plot = new uPlot(opts, plotData(c), c.box);
 }
 
-// a point is [step, value, ts_ms]; drawn sorted by the chosen x
+// a point is [step, value, ts_ms]; every series of the chart on the union of their x, sorted
 function plotData(c) {
   const x = xOf[xMode];
-  const pairs = c.points.map((p) => [x(p), p[1]]);
-  if (pairs.some((p, i) => i > 0 && p[0] < pairs[i - 1][0])) pairs.sort((a, b) => a[0] - b[0]);
-  c.box.dataset.points = String(pairs.length);
-  c.box.dataset.xmin = pairs.length ? String(pairs[0][0]) : "";
-  c.box.dataset.xmax = pairs.length ? String(pairs[pairs.length - 1][0]) : "";
-  return [pairs.map((p) => p[0]), pairs.map((p) => p[1])];
+  const lines = [c.points, ...Object.values(c.overlays)].map((pts) => new Map(pts.map((p) => [x(p), p[1]])));
+  const xs = [...new Set(lines.flatMap((m) => [...m.keys()]))].sort((a, b) => a - b);
+  c.box.dataset.points = String(c.points.length);
+  c.box.dataset.xmin = xs.length ? String(xs[0]) : "";
+  c.box.dataset.xmax = xs.length ? String(xs[xs.length - 1]) : "";
+  return [xs, ...lines.map((m) => xs.map((v) => (m.has(v) ? m.get(v) : null)))];
 }
 
-function chartFor(grid, name) {
+// the section of a series: the reward and loss first (the alias catalog's roles), then by prefix
+function sectionOf(name, roles) {
+  if (name === roles.reward || name === roles.loss) return "Reward and loss";
+  return name.includes("/") ? name.split("/")[0] : "other";
+}
+
+function sectionGrid(sections, title) {
+  let s = sections.get(title);
+  if (s) return s.grid;
+  const grid = el("div", { class: "charts" });
+  const box = el("details", { class: "section", open: "", "data-section": title }, el("summary", {}, title), grid);
+  s = { box, grid };
+  sections.set(title, s);
+  const order = [...sections.keys()].sort((a, b) => (a === "Reward and loss" ? -1 : b === "Reward and loss" ? 1 : a.localeCompare(b)));
+  sections.container.replaceChildren(...order.map((t) => sections.get(t).box));
+  return grid;
+}
+
+function chartFor(sections, name, roles) {
   let c = charts[name];
   if (c) return c;
   const box = el("div", { class: "chart", "data-series": name, "data-points": "0" });
   box.append(el("div", { class: "title" }, name));
-  grid.append(box);
-  c = charts[name] = { name, box, points: [], plot: null };
+  sectionGrid(sections, sectionOf(name, roles)).append(box);
+  c = charts[name] = { name, box, points: [], overlays: {}, plot: null };
   makePlot(c);
   box.hidden = filterText && !name.toLowerCase().includes(filterText);
   return c;
+}
+
+// newer steps only, as the server sends them: a reconnected stream starts over
+function extend(points, more, max) {
+  const last = points.length ? points[points.length - 1][0] : -Infinity;
+  for (const p of more) if (p[0] > last) points.push(p);
+  if (points.length > max) points.splice(0, points.length - max);
 }
 
 function runView(runId) {
@@ -194,7 +227,9 @@ function runView(runId) {
     for (const c of Object.values(charts)) makePlot(c);
   });
   document.body.dataset.xaxis = xMode;
-  const grid = el("div", { class: "charts", id: "charts" });
+  const grid = el("div", { id: "charts" });
+  const sections = new Map();
+  sections.container = grid;
   const epochs = el("div", { id: "epochs" });
   const alerts = el("div", { id: "run-alerts" });
   const config = el("pre", { id: "config" });
@@ -221,15 +256,25 @@ function runView(runId) {
       runStartMs = start;
       if (xMode === "relative") for (const c of Object.values(charts)) c.plot.setData(plotData(c));
     }
+    const roles = run.roles || {};
+    const names = new Set([...Object.keys(run.series), ...Object.keys(charts)]);
+    const touched = new Set();
     for (const [name, points] of Object.entries(run.series)) {
-      const c = chartFor(grid, name);
-      // newer steps only, as the server sends them: a reconnected stream starts over
-      const last = c.points.length ? c.points[c.points.length - 1][0] : -Infinity;
-      for (const p of points) if (p[0] > last) c.points.push(p);
-      // as many as the server keeps: a page left open for a week holds no more than a fresh one
-      if (c.points.length > run.max_points) c.points.splice(0, c.points.length - run.max_points);
-      c.plot.setData(plotData(c));
+      const suffix = SMOOTHINGS.find((x) => name.endsWith(x) && names.has(name.slice(0, -x.length)));
+      if (suffix) {
+        const c = chartFor(sections, name.slice(0, -suffix.length), roles);
+        const fresh = !(name in c.overlays);
+        extend((c.overlays[name] ??= []), points, run.max_points);
+        if (fresh) makePlot(c);
+        touched.add(c);
+      } else {
+        const c = chartFor(sections, name, roles);
+        // as many as the server keeps: a page left open for a week holds no more than a fresh one
+        extend(c.points, points, run.max_points);
+        touched.add(c);
+      }
     }
+    for (const c of touched) c.plot.setData(plotData(c));
     alerts.replaceChildren(
       run.archived
         ? el("p", { class: "muted", id: "archived-note" }, `Drawn from the archive: the topics no longer hold this run, and alerts are not archived (\`metricbus backtest ${run.run_id}\` shows what the rules fire on it).`)
