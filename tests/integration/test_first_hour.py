@@ -126,6 +126,9 @@ def test_a_plain_script_and_every_command_find_the_stack_up_started_and_a_dead_o
     after = metricbus("runs", "--json", env=env)
     assert "is not running any more" in after.stderr and not list(runtime.glob("*.json")), after.stderr
     assert "using the stack" not in after.stderr
+    # with the stack gone, its runs are still listed from its archive
+    listed = json.loads(metricbus("runs", "--json", "--data-dir", str(data), env=env).stdout)
+    assert [r["run_id"] for r in listed] == [run_id] and listed[0]["finished"]
 
 
 def test_finish_with_the_broker_refusing_returns_in_under_a_second_and_sync_delivers_everything(
