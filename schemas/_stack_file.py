@@ -104,6 +104,9 @@ def running_stack(data_dir: Path | str | None = None) -> StackInfo | None:
         try:
             raw = json.loads(path.read_text())
             info = StackInfo(**{f.name: raw[f.name] for f in dataclasses.fields(StackInfo) if f.name in raw})
+            names_broker = bool(info.bootstrap) and isinstance(info.bootstrap, str)
+            if not names_broker and not isinstance(info.local_port, int):
+                raise ValueError("it names no broker (bootstrap nor local_port)")
         except (OSError, ValueError, TypeError, KeyError) as exc:
             log.warning("metricbus: ignoring the stack file %s: unreadable (%s)", path, exc)
             continue
