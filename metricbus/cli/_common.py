@@ -29,6 +29,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
     if stack is not None:
         print(f"metricbus {args.command}: using {stack.describe()}", file=sys.stderr, flush=True)
+    args.joined_stack = stack  # commands that can ask the stack itself (status: its dashboard)
     return settings
 
 

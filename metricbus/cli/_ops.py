@@ -17,15 +17,21 @@ from ._common import (
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from metricbus.ops import collect, format_status, unreachable
+    from metricbus.ops import collect, format_status, from_dashboard, unreachable
     from metricbus.schemas import BrokerError
 
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # an unreachable broker is said once, below
     settings = _settings(args)
     stop = _stop_on_signals() if args.watch else threading.Event()
+    stack = args.joined_stack
+    dashboard = stack.dashboard_url if stack is not None and not args.sample and args.since is None else None
     while True:
         try:
-            snap = collect(settings, window_s=args.window, stop_after_s=args.stop_after, since_s=args.since)
+            snap = from_dashboard(settings, dashboard) if dashboard else None
+            if snap is None:  # no stack's dashboard to ask: sample the groups here, a window apart
+                snap = collect(
+                    settings, window_s=args.window, stop_after_s=args.stop_after, since_s=args.since
+                )
         except BrokerError as exc:  # said, with what is kept here (the spools); --watch goes on
             snap = unreachable(settings, str(exc))
             if not args.watch:

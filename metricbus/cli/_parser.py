@@ -245,6 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a group whose oldest waiting record is older than this, with no progress, is STOP",
     )
     s.add_argument("--since", type=float, metavar="S", help="read runs from the last S seconds only")
+    s.add_argument(
+        "--sample",
+        action="store_true",
+        help="sample the groups here even when the running stack's dashboard can answer at once",
+    )
     s.set_defaults(func=cmd_status)
 
     s = command(

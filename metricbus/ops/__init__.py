@@ -7,7 +7,7 @@ Prometheus ``/metrics`` endpoint (``_metrics``). Ops consumes like a sink and ne
 it never imports the supervisor (``metricbus.stack``).
 """
 
-from ._status import collect, format_status, unreachable
+from ._status import collect, format_status, from_dashboard, unreachable
 from ._web import serve
 
-__all__ = ["collect", "format_status", "serve", "unreachable"]
+__all__ = ["collect", "format_status", "from_dashboard", "serve", "unreachable"]

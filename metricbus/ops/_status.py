@@ -163,6 +163,42 @@ def snapshot(
     }
 
 
+def from_dashboard(settings: Settings, url: str, timeout_s: float = 1.0) -> dict[str, Any] | None:
+    """The status as the running dashboard sees it now (its sampler keeps a window of lag samples).
+
+    Answers at once where :func:`collect` samples twice a window apart; None when the dashboard
+    does not answer, or has not sampled the groups yet (the caller then samples itself).
+    """
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/api/status", timeout=timeout_s) as response:  # noqa: S310 - the stack's own
+            seen = json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    pipeline = seen.get("pipeline") or {}
+    groups = pipeline.get("groups")
+    if not groups or pipeline.get("error"):
+        return None
+    worst = max((STATUSES.index(g["status"]) for g in groups if g["status"] in STATUSES), default=0)
+    return {
+        "at": seen.get("at", round(time.time(), 3)),
+        "kafka": settings.bootstrap_servers,
+        "topic_prefix": settings.topic_prefix,
+        "healthy": worst < STATUSES.index("STOP"),
+        "error": None,
+        "source": f"the dashboard at {url}",
+        "runs": [r for r in seen.get("runs", []) if not r.get("archived")],
+        "groups": groups,
+        "dead_letters": pipeline.get("dead_letters", {}),
+        "spools": spools(settings),
+        "catching_up": pipeline.get("catching_up", []),
+        "board": seen.get("board", {}),
+    }
+
+
 def kafka_down(groups: list[dict[str, Any]]) -> str | None:
     """Why Kafka could not be asked, from :meth:`StatusWatch.sample`'s statuses; None if it answered.
 
@@ -234,7 +270,8 @@ def format_status(snap: dict[str, Any]) -> str:
     """The snapshot for a terminal: runs, groups, dead letters, spools."""
     lines = [
         f"metricbus status  kafka {snap['kafka']}  prefix {snap['topic_prefix']}  "
-        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(snap['at']))}",
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(snap['at']))}"
+        + (f"  (as {snap['source']} sees it)" if snap.get("source") else ""),
         "",
         "RUNS",
     ]

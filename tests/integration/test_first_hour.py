@@ -97,8 +97,11 @@ def test_a_plain_script_and_every_command_find_the_stack_up_started_and_a_dead_o
         assert (data / "archive").is_dir() and not (Path.home() / ".metricbus" / "spool" / run_id).exists()
         table = metricbus("runs", env=env)
         assert "my-first-run" in table.stdout and "using the stack of `metricbus up`" in table.stderr
-        status = metricbus("status", "--json", "--window", "0.5", env=env)
+        status = metricbus("status", "--json", env=env)  # answered by the stack's own dashboard
         assert run_id in status.stdout, status.stdout + status.stderr
+        assert json.loads(status.stdout)["source"] == f"the dashboard at http://127.0.0.1:{web}/"
+        sampled = metricbus("status", "--json", "--sample", "--window", "0.5", env=env)
+        assert run_id in sampled.stdout and "source" not in json.loads(sampled.stdout)
         health = metricbus("health", "my-first-run", env=env)  # by its name
         assert health.returncode == 0 and f"run {run_id}: health" in health.stdout, health.stderr
 
