@@ -38,7 +38,20 @@ class _ClosedSocketRead(logging.Filter):
         return not (closed and record.exc_info and isinstance(record.exc_info[1], AttributeError))
 
 
+class _ClosedSocketWait(logging.Filter):
+    """The same race, seen from the IO thread's scheduler: a task waiting to read a socket that
+    ``close()`` already took away fails to register it ("Unhandled exception in task", a
+    ValueError for file descriptor -1). Only that exception of that line is dropped.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        closed = isinstance(exc, ValueError) and str(exc) == "Invalid file descriptor: -1"
+        return not (closed and str(record.msg).startswith("Unhandled exception in task"))
+
+
 logging.getLogger("kafka.net.transport").addFilter(_ClosedSocketRead())
+logging.getLogger("kafka.net.selector").addFilter(_ClosedSocketWait())
 
 
 def _security(settings: Settings) -> dict[str, Any]:

@@ -36,3 +36,21 @@ def test_a_read_error_on_an_open_socket_is_still_logged(caplog):
     assert err is not None
     logged = [r.getMessage() for r in caplog.records if r.exc_info]
     assert len(logged) == 1 and logged[0].endswith("Error receiving network data closing socket")
+
+
+def test_a_task_waiting_on_a_socket_close_took_away_logs_no_traceback_and_other_task_errors_do(caplog):
+    import selectors
+
+    log = logging.getLogger("kafka.net.selector")  # where kafka-python's scheduler says it
+    sock = socket.socket()
+    sock.close()  # what close() leaves: fd -1
+    with caplog.at_level(logging.DEBUG, logger="kafka"):
+        try:  # the exception kafka-python's scheduler meets when it registers that socket
+            selectors.DefaultSelector().register(sock, selectors.EVENT_READ)
+        except ValueError:
+            log.exception("Unhandled exception in task %s:", "task-1")
+        try:
+            raise ValueError("something else went wrong")
+        except ValueError:
+            log.exception("Unhandled exception in task %s:", "task-2")
+    assert [r.getMessage() for r in caplog.records] == ["Unhandled exception in task task-2:"]
