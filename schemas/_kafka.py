@@ -39,9 +39,11 @@ class _ClosedSocketRead(logging.Filter):
 
 
 class _ClosedSocketWait(logging.Filter):
-    """The same race, seen from the IO thread's scheduler: a task waiting to read a socket that
-    ``close()`` already took away fails to register it ("Unhandled exception in task", a
-    ValueError for file descriptor -1). Only that exception of that line is dropped.
+    """The same race, seen from the IO thread's scheduler.
+
+    A task waiting to read a socket that ``close()`` already took away fails to register it
+    ("Unhandled exception in task", a ValueError for file descriptor -1). Only that exception
+    of that line is dropped.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
