@@ -192,6 +192,17 @@ def build_app(
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=_NO_CACHE)
 
+    report_lock = threading.Lock()  # one report at a time: each reads a whole run
+
+    def report(request: Request) -> Response:
+        """The run's report (``metricbus report``), built from the archive when asked for."""
+        run_id = request.path_params["run_id"]
+        if not _valid(run_id) or not archive.holds(run_id):
+            return HTMLResponse(_not_found(f"No run {run_id!r} in the archive to report on"), 404)
+        with report_lock:
+            page = _report(settings, run_id)
+        return HTMLResponse(page)
+
     health_cache: dict[str, tuple[float, float, dict[str, Any]]] = {}  # at, took, health
     health_lock = threading.Lock()  # one at a time: each holds a whole run's events
 
@@ -243,6 +254,7 @@ def build_app(
         Route("/alerts", page),
         Route("/pipeline", page),
         Route("/runs/{run_id:str}", page),
+        Route("/runs/{run_id:str}/report", report),
         Route("/api/status", api_status),
         Route("/api/stream", stream),
         Route("/api/runs/{run_id:str}", api_run),
@@ -334,6 +346,18 @@ async def _archived_stream(request: Any, page: dict[str, Any]) -> Any:
     while not await request.is_disconnected():
         await asyncio.sleep(KEEPALIVE_S)
         yield ": keep-alive\n\n"
+
+
+def _report(settings: Settings, run_id: str) -> str:
+    """``metricbus report`` of an archived run, as a page (the default alert rules on its events)."""
+    from metricbus._replay import archived, raising
+    from metricbus.diagnostics import build, read_run
+    from metricbus.stream_jobs import DEFAULT_RULES
+
+    alerts: list[dict[str, Any]] = []
+    events = archived(settings, run_id, derived=True)
+    run = read_run(events, lambda logged: raising(logged, alerts, DEFAULT_RULES))
+    return str(build(run_id, run, {}, alerts))
 
 
 def _overview(

@@ -373,6 +373,8 @@ def test_runs_of_an_earlier_stack_are_listed_and_drawn_from_the_archive(settings
     assert detail["series"]["Train/Loss_ema"][0][:2] == [0, 0.5] and detail["config"] == {"lr": 0.1}
     code, page = get(f"{dashboard}/runs/not-a-run-anywhere")
     assert code == 404 and b"not in the archive" in page and b'href="/static/app.css"' in page
+    code, report = get(f"{dashboard}/runs/20261101-000000-earlier1/report", timeout=60)
+    assert code == 200 and b"20261101-000000-earlier1" in report and b"uPlot" in report  # metricbus report's page
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
@@ -382,6 +384,7 @@ def test_runs_of_an_earlier_stack_are_listed_and_drawn_from_the_archive(settings
         page.goto(f"{dashboard}/runs/20261101-000000-earlier1")
         expect(page.locator('.chart[data-series="Train/Loss"]')).to_have_attribute("data-points", "40", timeout=30_000)
         expect(page.locator("#archived-note")).to_be_visible()
+        expect(page.locator("#links a")).to_have_attribute("href", "/runs/20261101-000000-earlier1/report")
         expect(page).to_have_title("from-last-week · metricbus")
         page.screenshot(path=str(tmp_path / "archived-run.png"), full_page=False)
         page.goto(f"{dashboard}/runs/not-a-run-anywhere")

@@ -217,6 +217,9 @@ function extend(points, more, max) {
 function runView(runId) {
   const head = el("h2", {}, `Run ${runId}`);
   const facts = el("p", { class: "muted", id: "facts" });
+  const links = el("p", { class: "muted", id: "links" },
+    el("a", { href: `/runs/${encodeURIComponent(runId)}/report`, target: "_blank" }, "report"),
+    " (every chart, health and the alert timeline, from the archive; `metricbus report ", runId, "` writes it to a file)");
   const filter = el("input", { class: "filter", placeholder: "filter series (e.g. Train/, Epoch/)" });
   const axis = el("select", { id: "xaxis" }, ...Object.entries(AXES).map(([v, label]) => el("option", { value: v }, label)));
   axis.value = xMode;
@@ -234,7 +237,7 @@ function runView(runId) {
   const alerts = el("div", { id: "run-alerts" });
   const config = el("pre", { id: "config" });
   const health = el("div", { id: "health" });
-  main.replaceChildren(head, facts, el("h3", {}, "Health"), health, el("h3", {}, "Alerts"), alerts, el("h3", {}, "Series"), el("p", {}, filter, " x axis ", axis), grid, el("h3", {}, "Epochs"), epochs, el("h3", {}, "Config"), config);
+  main.replaceChildren(head, facts, links, el("h3", {}, "Health"), health, el("h3", {}, "Alerts"), alerts, el("h3", {}, "Series"), el("p", {}, filter, " x axis ", axis), grid, el("h3", {}, "Epochs"), epochs, el("h3", {}, "Config"), config);
   showHealth(runId, health);
   setInterval(() => showHealth(runId, health), 15000);
   filter.addEventListener("input", () => {
