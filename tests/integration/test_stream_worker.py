@@ -125,11 +125,12 @@ def test_worker_state_survives_kill_9_twice_aggregates_equal_an_uninterrupted_ru
     w2, w3 = ((tmp_path / f"{name}.log").read_text() for name in ("w2", "w3"))
     rebuilt = r"partition \d: state rebuilt from the checkpoint at offset \d+ and (\d+) records after it"
     assert [int(n) for n in re.findall(rebuilt, w2)] == [0], w2[-2000:]  # the run's partition only
-    # the third may be given the partition twice: once when it joins, and again when the killed
-    # second's session expires after that (a second rebalance; seen under a loaded machine):
-    # each time it rebuilds from w2's checkpoint and the records after it, never from the start
+    # the third may be given the partition more than once: when it joins, again when the killed
+    # second's session expires after that (a second rebalance), and it rebuilds once more when
+    # it sees records past its state (another member had the partition meanwhile); all seen on
+    # a loaded machine. Each time from w2's checkpoint and the records after it, never the start.
     replayed = re.findall(rebuilt, w3)
-    assert replayed and all(int(n) >= 3 for n in replayed) and len(set(replayed)) == 1, w3[-2000:]
+    assert replayed and all(int(n) >= 3 for n in replayed), w3[-2000:]
 
 
 def test_derived_series_reach_tensorboard_as_their_own_tags(settings, worker, tmp_path):
