@@ -134,11 +134,6 @@ def make_admin(settings: Settings, client_id: str, timeout_s: float = 10.0, **ov
     return KafkaAdminClient(**opts)
 
 
-def _admin_client(settings: Settings, timeout_s: float) -> Any:
-    """An admin client for metricbus's own topic chores (the caller closes it)."""
-    return make_admin(settings, "metricbus-admin", timeout_s)
-
-
 def mark_broker_restarting(settings: Settings, timeout_s: float = 10.0) -> None:
     """Create the ``restarting`` marker topic (see ``Topics.restarting``). Raises BrokerError."""
     _create_topics(settings, {settings.topics.restarting: 1}, timeout_s)
@@ -154,7 +149,7 @@ def mark_carried_over(settings: Settings, timeout_s: float = 10.0) -> str:
     from ._errors import BrokerError
 
     try:
-        admin = _admin_client(settings, timeout_s)
+        admin = make_admin(settings, "metricbus-admin", timeout_s)
         try:
             (found,) = admin.describe_topics([settings.topics.events])
             if found["error_code"] or not found.get("topic_id"):
@@ -178,7 +173,7 @@ def unmark_broker_restarting(settings: Settings, timeout_s: float = 10.0) -> Non
     from ._errors import BrokerError
 
     try:
-        admin = _admin_client(settings, timeout_s)
+        admin = make_admin(settings, "metricbus-admin", timeout_s)
         try:
             admin.delete_topics([settings.topics.restarting], timeout_ms=int(timeout_s * 1000))
         except UnknownTopicOrPartitionError:
@@ -203,7 +198,7 @@ def _create_topics(
     own = admin is None
     try:
         if own:
-            admin = _admin_client(settings, timeout_s)
+            admin = make_admin(settings, "metricbus-admin", timeout_s)
     except KafkaError as exc:
         raise BrokerError(
             f"cannot reach Kafka at {settings.bootstrap_servers} to create topics: {exc}. "
