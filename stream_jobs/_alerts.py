@@ -40,6 +40,11 @@ class AlertEngine:
         self.rules = rules
         self._value_rules = [r for r in rules if r.kind != "absent"]
         self._absent_rules = [r for r in rules if r.kind == "absent"]
+        #: "@reward"/"@loss" -> the rules that watch the run's series of that role
+        self._role_rules: dict[str, list[Rule]] = {}
+        for r in self._value_rules:
+            if r.role is not None:
+                self._role_rules.setdefault(r.role, []).append(r)
         self._state: dict[tuple[str, str, str], _State] = {}
         #: run -> its keys in ``_state`` (for :meth:`forget`; rebuilt from it, not checkpointed)
         self._keys_of: dict[str, list[tuple[str, str, str]]] = {}
@@ -52,10 +57,10 @@ class AlertEngine:
         }
 
     def observe(
-        self, run_id: str, series: str, value: float, step: int | None, ts_ms: int
+        self, run_id: str, series: str, value: float, step: int | None, ts_ms: int, role: str | None = None
     ) -> list[dict[str, Any]]:
-        """Evaluate every rule that watches ``series`` on one value."""
-        return self.observe_many(run_id, series, (value,), (step,), (ts_ms,))
+        """Evaluate every rule that watches ``series`` (or its ``role`` in the run) on one value."""
+        return self.observe_many(run_id, series, (value,), (step,), (ts_ms,), role)
 
     def observe_many(
         self,
@@ -64,22 +69,29 @@ class AlertEngine:
         values: Sequence[float],
         steps: Sequence[int | None],
         stamps: Sequence[int],
+        role: str | None = None,
     ) -> list[dict[str, Any]]:
         """Evaluate every rule that watches ``series`` on its values in order (one input record's).
+
+        ``role`` ("@reward", "@loss") is the part the series plays in this run, if any: the rules
+        that watch that role watch it too, and the rules scoped to the role see its range widen.
 
         Same alerts as value by value, at C speed for long columns: the usual case (not firing,
         no value trips the rule) is decided with ``sum``/``min``/``max``; otherwise the
         conditions of the whole column are computed with numpy and only the stretches where
         the condition changes are walked in Python.
         """
-        ranges = self._ranges.get(series)
-        if ranges is not None:
-            _widen(ranges, run_id, values)
+        for scoped in (series, role):
+            ranges = self._ranges.get(scoped) if scoped is not None else None
+            if ranges is not None:
+                _widen(ranges, run_id, values)
         rules = self._matches.get(series)
         if rules is None:
             if len(self._matches) >= MATCHES_KEPT:  # a cache: names come from users and topics
                 self._matches.clear()
             rules = self._matches[series] = [r for r in self._value_rules if r.matches(series)]
+        if role is not None and role in self._role_rules:
+            rules = rules + self._role_rules[role]
         if not rules:
             return _NONE
         out = []
@@ -109,16 +121,6 @@ class AlertEngine:
                 if alert is not None:
                     out.append(alert)
         return out
-
-    def widen_scope(self, run_id: str, role: str, values: Sequence[float]) -> None:
-        """Widen the run's range of the series that plays ``role`` ("@reward", the alias catalog).
-
-        For the rules scoped ``only_if: {metric: "@reward", ...}``; call it before observing the
-        same values.
-        """
-        ranges = self._ranges.get(role)
-        if ranges is not None:
-            _widen(ranges, run_id, values)
 
     def _new_state(self, key: tuple[str, str, str]) -> _State:
         state = self._state[key] = _State()

@@ -156,9 +156,7 @@ class StreamProcessor:
         """Rules over what a run's events logged and derived; ``out`` gets it all, numbered."""
         roles = deriver.role_of
         for c in columns:
-            if c.name in roles:
-                self.alerts.widen_scope(run, roles[c.name], c.values)
-            fired = self.alerts.observe_many(run, c.name, c.values, c.steps, c.ts_ms)
+            fired = self.alerts.observe_many(run, c.name, c.values, c.steps, c.ts_ms, roles.get(c.name))
             if fired:
                 out.alerts.extend(fired)
         self._emit(out, run, points, roles)
@@ -294,10 +292,8 @@ class StreamProcessor:
         """Add derived points to the output; rules watch derived series like logged ones."""
         if not points:
             return
-        for p in points:
-            if p.name in roles:  # e.g. the mean of per-sample rewards: the run's reward
-                self.alerts.widen_scope(run, roles[p.name], (p.value,))
-            fired = self.alerts.observe(run, p.name, p.value, p.step, p.ts_ms)
+        for p in points:  # a role: e.g. the mean of per-sample rewards is the run's reward
+            fired = self.alerts.observe(run, p.name, p.value, p.step, p.ts_ms, roles.get(p.name))
             if fired:
                 out.alerts.extend(fired)
         out.points.setdefault(run, []).extend(points)

@@ -21,6 +21,9 @@ OPS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt,
     "<=": operator.le,
 }
+#: the roles a rule's ``metric`` (or ``only_if``) may name instead of a series: the run's reward
+#: or loss, whatever its framework called it (the stream config's alias catalog)
+ROLES = ("@reward", "@loss")
 KINDS = ("threshold", "nonfinite", "absent", "zscore", "rate")
 _FIELDS = {
     "name",
@@ -86,9 +89,14 @@ class Rule:
     only_if: Scope | None = None  #: the runs this rule applies to (all when None)
     line: int = 0  #: where the rule starts in its file
 
+    @property
+    def role(self) -> str | None:
+        """``@reward`` or ``@loss`` when the rule watches the run's series of that role, else None."""
+        return self.metric if self.metric in ROLES else None
+
     def matches(self, series: str) -> bool:
-        """Whether this rule watches ``series``."""
-        return fnmatch.fnmatchcase(series, self.metric)
+        """Whether this rule watches ``series`` by name (a role rule watches a role, no name)."""
+        return self.role is None and fnmatch.fnmatchcase(series, self.metric)
 
 
 class _LineLoader(yaml.SafeLoader):
@@ -162,6 +170,9 @@ def _rule(raw: Any, source: str) -> Rule:
         raise ConfigError(
             f"{where}: rate rule {name!r} needs 'max_change' (largest allowed change per value)"
         )
+    metric = raw.get("metric", "*")
+    if isinstance(metric, str) and metric.startswith("@") and metric not in ROLES:
+        raise ConfigError(f"{where}: rule {name!r} watches {metric!r}; a role is one of {', '.join(ROLES)}")
     if "only_if" in raw:
         fields["only_if"] = _scope(raw["only_if"], f"{where}: rule {name!r}")
     if kind == "zscore" and fields.get("direction", "both") not in ("both", "above", "below"):

@@ -162,3 +162,27 @@ def aggregates(settings, count, timeout=60.0):
             return out
         time.sleep(0.5)
     return out
+
+
+def alerts_of_closed_run(settings: Settings, run_id: str, timeout: float = 60.0) -> list[dict]:
+    """Every alert the worker raised on a run, read once the worker has closed the run.
+
+    The worker closes a run (an aggregates record that ``closes_run``) in the same output as
+    the run's last alerts (``ended`` ones included), which it sends to their topic just after:
+    the alerts are read until two reads a second apart agree.
+    """
+    from metricbus.demo._demo import derived_total
+
+    assert derived_total(settings, run_id, timeout=timeout) is not None, f"the worker never closed {run_id}"
+    codec = default_codec()
+    previous = -1
+    while True:
+        got = [
+            codec.decode(r.value)[1]
+            for r in _read_topic(settings, settings.topics.alerts, timeout_s=5)
+            if r.key == run_id.encode()
+        ]
+        if len(got) == previous:  # counted: an alert's value may be NaN, never equal to itself
+            return got
+        previous = len(got)
+        time.sleep(1.0)

@@ -12,7 +12,7 @@ import pytest
 from metricbus.schemas import run_config
 from metricbus.sinks import read_events, read_table
 
-from .conftest import aggregates
+from .conftest import aggregates, alerts_of_closed_run
 
 pytestmark = pytest.mark.integration
 
@@ -167,6 +167,7 @@ def test_sb3_callback_gets_every_key_sb3_writes_and_every_episode(settings, sink
     assert len(reward) == 2048 // 256
     loss = {p["epoch"]: p["value"] for p in derived["Epoch/AvgLoss"]}
     assert loss == pytest.approx(want_loss) and set(loss) == set(range(2, 9))
+    assert alerts_of_closed_run(settings, run.run_id) == []  # the default rules: a healthy run
 
 
 def test_hf_trainer_callback_gets_every_log_hf_records(settings, sink, worker, tmp_path):
@@ -224,6 +225,7 @@ def test_hf_trainer_callback_gets_every_log_hf_records(settings, sink, worker, t
         derived = aggregates(settings, 1, timeout=5)
     loss = {p["epoch"]: (p["value"], p["source"]) for p in derived["Epoch/AvgLoss"]}
     assert loss == {e: (pytest.approx(sum(v) / len(v)), "loss") for e, v in want.items()}
+    assert alerts_of_closed_run(settings, run.run_id) == []  # the default rules: a healthy run
 
 
 def test_hf_report_to_metricbus_is_registered(settings, sink, tmp_path, monkeypatch):
@@ -345,3 +347,4 @@ def test_trl_grpo_gets_seed_002_names_and_every_samples_score(settings, sink, wo
     assert derived["final/a_reward_nonfinite_samples"][-1]["value"] == 3
     totals = {p["step"]: p["value"] for p in derived["rewards/total_mean"]}  # seed 002: sum of the means
     assert totals == pytest.approx({s: means[s] + a_means[s] for s in means}, rel=1e-9)
+    assert alerts_of_closed_run(settings, run.run_id) == []  # the default rules: a healthy run

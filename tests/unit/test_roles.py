@@ -136,11 +136,10 @@ def test_the_default_reward_rules_follow_the_runs_reward_whatever_its_name(rewar
     unit = (0.3 + 0.3 * rng.random(40)).tolist()  # seed 004's scale, low and spread
     fired = _default_rules_on(unit, reward, as_samples)
     assert {"epoch_reward_below_target", "epoch_reward_unstable"} <= fired
-    assert "epoch_reward_unstable_relative" not in fired
-    erratic = (100 + 120 * rng.random(40)).tolist()  # CartPole's scale: only the scale-free rule
-    fired = _default_rules_on(erratic, reward, as_samples)
-    assert "epoch_reward_unstable_relative" in fired
-    assert not fired & {"epoch_reward_below_target", "epoch_reward_unstable"}
+    erratic = (100 + 120 * rng.random(40)).tolist()  # CartPole's scale: no seed target applies
+    assert not _default_rules_on(erratic, reward, as_samples)
+    collapse = [0.8 + 0.01 * (i % 3) for i in range(30)] + [0.05] * 10  # seed 004's scale, then 0.05
+    assert "reward_collapse" in _default_rules_on(collapse, reward, as_samples)
 
 
 @pytest.mark.parametrize("loss", ["Train/Loss", "loss", "train/loss", "train_loss", "losses/value_loss"])
