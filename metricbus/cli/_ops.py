@@ -47,7 +47,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from metricbus.ops import serve
+    from metricbus.ops import RuleFiles, serve
 
     settings = _settings(args)
     token = args.token or os.environ.get("METRICBUS_DASHBOARD_TOKEN") or None
@@ -58,5 +58,6 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         )
     url = f"http://{args.host}:{args.web_port}/"
     print(f"metricbus dashboard on {url} (Kafka {settings.bootstrap_servers})", flush=True)
-    serve(settings, host=args.host, port=args.web_port, token=token, since_s=args.since)
+    rules = RuleFiles.of(args.rules, args.config)
+    serve(settings, host=args.host, port=args.web_port, token=token, since_s=args.since, rules=rules)
     return 0

@@ -261,6 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", dest="web_port", type=int, default=8765)
     s.add_argument("--token", help="required on every request (default: $METRICBUS_DASHBOARD_TOKEN)")
     s.add_argument("--since", type=float, metavar="S", help="read runs from the last S seconds only")
+    s.add_argument(
+        "--rules", help="alert rules run over archived runs' pages and reports (default: the seed rule pack)"
+    )
+    s.add_argument("--config", help="stream config those rules' derived series follow (YAML)")
     s.set_defaults(func=cmd_dashboard)
 
     s = command(

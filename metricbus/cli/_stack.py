@@ -74,11 +74,11 @@ def up_consumers(args: argparse.Namespace) -> dict[str, list[str]]:
         consumers.pop("dashboard", None)
     elif "dashboard" in consumers and args.dashboard_port:
         consumers["dashboard"] = [*consumers["dashboard"], "--port", str(args.dashboard_port)]
-    if "stream-worker" in consumers:
+    for name in ("stream-worker", "dashboard"):  # the dashboard runs them over archived runs
         for flag in ("rules", "config"):
-            if getattr(args, flag):  # resolved: a restarted child must find it wherever it runs
+            if name in consumers and getattr(args, flag):  # resolved: a restarted child finds it
                 path = str(Path(getattr(args, flag)).resolve())
-                consumers["stream-worker"] = [*consumers["stream-worker"], f"--{flag}", path]
+                consumers[name] = [*consumers[name], f"--{flag}", path]
     for count, names in (
         (args.workers, ["stream-worker"]),
         (args.sink_instances, [n for n in consumers if n.startswith("sink-")]),

@@ -3,11 +3,13 @@
 This room owns ``metricbus status`` (``_status``), consumer lag and its Burrow-style verdict
 (``_lag``), the run board that folds events and alerts into one summary per run (``_board``),
 the live dashboard with its health checks (``_web`` and the ``web/`` assets), and the
-Prometheus ``/metrics`` endpoint (``_metrics``). Ops consumes like a sink and never slows one;
+Prometheus ``/metrics`` endpoint (``_metrics``), and the runs the topics no longer hold, drawn
+from the archive (``_archived``). Ops consumes like a sink and never slows one;
 it never imports the supervisor (``metricbus.stack``).
 """
 
+from ._archived import RuleFiles
 from ._status import collect, format_status, from_dashboard, unreachable
 from ._web import serve
 
-__all__ = ["collect", "format_status", "from_dashboard", "serve", "unreachable"]
+__all__ = ["RuleFiles", "collect", "format_status", "from_dashboard", "serve", "unreachable"]

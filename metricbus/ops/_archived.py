@@ -3,19 +3,25 @@
 The embedded broker is memory-only: after ``metricbus up`` restarts, the topics hold only new
 runs, so the dashboard lists every archived run beside the live ones and draws an archived
 run's page from its archived events, folded exactly as the live board folds the topics (the
-same bounded points per series). Memory stays bounded: the runs table keeps one summary row a
-run (no points), and only the last few run pages asked for are kept.
+same bounded points per series), with the alerts that the stack's rules raise on them (the
+alerts topic is no more durable than the events topic; the rules over the archive give the
+alerts the live worker raised, as `metricbus backtest` shows). Memory stays bounded: the runs
+table keeps one summary row a run (no points), and only the last few run pages asked for are
+kept.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from metricbus.schemas import MetricbusError, Settings, check_run_id
+from metricbus.schemas import DERIVED_PRODUCER, MetricbusError, Settings, check_run_id
 
 from ._board import MAX_POINTS, RunBoard
 
@@ -27,11 +33,36 @@ REFRESH_S = 30.0
 PAGES_KEPT = 4
 
 
+@dataclasses.dataclass(frozen=True)
+class RuleFiles:
+    """The alert rules (and the stream config their series follow) run over archived runs.
+
+    The ones the stack's worker runs live.
+    """
+
+    rules: Path
+    config: Path | None = None
+
+    @classmethod
+    def of(cls, rules: str | None = None, config: str | None = None) -> RuleFiles:
+        """The files given, else the seed rule pack; checked now (a bad file is a clear error)."""
+        from metricbus.stream_jobs import DEFAULT_RULES, load_config, load_rules
+
+        files = cls(Path(rules) if rules else DEFAULT_RULES, Path(config) if config else None)
+        load_rules(files.rules)
+        if files.config is not None:
+            load_config(files.config)
+        return files
+
+
 class ArchivedRuns:
     """The archive's runs as the dashboard shows them. Thread-safe; :meth:`start` refreshes rows."""
 
-    def __init__(self, settings: Settings, refresh_s: float = REFRESH_S) -> None:
+    def __init__(
+        self, settings: Settings, refresh_s: float = REFRESH_S, rules: RuleFiles | None = None
+    ) -> None:
         self.settings = settings
+        self.rules = rules or RuleFiles.of()
         self.refresh_s = refresh_s
         self._rows: dict[str, dict[str, Any]] = {}
         self._pages: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
@@ -93,7 +124,7 @@ class ArchivedRuns:
                 return page
         if not self.holds(run_id):
             return None
-        page = fold(self.settings, run_id)
+        page = fold(self.settings, run_id, self.rules)
         if page is None:
             return None
         with self._lock:
@@ -103,21 +134,34 @@ class ArchivedRuns:
         return page
 
 
-def fold(settings: Settings, run_id: str) -> dict[str, Any] | None:
-    """The run's page: its archived events folded one chunk at a time into a board's bounded view."""
+def fold(settings: Settings, run_id: str, rules: RuleFiles) -> dict[str, Any] | None:
+    """The run's page: its archived events folded a chunk at a time into a board's bounded view.
+
+    With the alerts ``rules`` raise on its logged events (one read of the archive for both).
+    """
+    from metricbus._replay import raising
     from metricbus.sinks import iter_events
 
     board = RunBoard(settings)
     found = False
-    try:
+
+    def logged() -> Iterator[Any]:
+        nonlocal found
         for chunk in iter_events(settings.archive_dir, run_id, derived=True):
             found = found or bool(chunk)
             board.fold(chunk)
+            yield from (e for e in chunk if e.producer_id != DERIVED_PRODUCER)
+
+    alerts: list[dict[str, Any]] = []
+    try:
+        for _ in raising(logged(), alerts, rules.rules, rules.config):
+            pass
     except (OSError, ValueError) as exc:
         log.warning("archived run %s: cannot read it (%s)", run_id, exc)
         return None
     if not found:
         return None
+    board.fold((), alerts)
     detail = board.run(run_id)
     if detail is not None:
         detail["archived"] = True  # the page says it is drawn from the archive

@@ -205,12 +205,17 @@ class RunBoard:
                 )
             self._bump()
 
-    def fold(self, events: Any) -> None:
-        """Fold decoded events (an archived run's, logged and derived: told apart by producer)."""
+    def fold(self, events: Any, alerts: Any = ()) -> None:
+        """Fold decoded events and alert records (an archived run's, and the rules run over it).
+
+        Logged and derived events are told apart by their producer.
+        """
         with self.changed:
             for e in events:
                 derived = e.producer_id == DERIVED_PRODUCER
                 self._event(e.run_id, e.producer_id, e.ts_ms, e.kind, e.body, derived)
+            for alert in alerts:
+                self._alert(alert)
             self._bump()
 
     def _bump(self) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from metricbus.ops._archived import ArchivedRuns
+from metricbus.ops._archived import ArchivedRuns, RuleFiles
 from metricbus.ops._board import RunBoard
 from metricbus.ops._status import StatusWatch, catching_up, dead_letters, kafka_down, spools
 from metricbus.schemas import MetricbusError, Settings, check_run_id
@@ -200,7 +200,7 @@ def build_app(
         if not _valid(run_id) or not archive.holds(run_id):
             return HTMLResponse(_not_found(f"No run {run_id!r} in the archive to report on"), 404)
         with report_lock:
-            page = _report(settings, run_id)
+            page = _report(settings, run_id, archive.rules)
         return HTMLResponse(page)
 
     health_cache: dict[str, tuple[float, float, dict[str, Any]]] = {}  # at, took, health
@@ -348,15 +348,14 @@ async def _archived_stream(request: Any, page: dict[str, Any]) -> Any:
         yield ": keep-alive\n\n"
 
 
-def _report(settings: Settings, run_id: str) -> str:
-    """``metricbus report`` of an archived run, as a page (the default alert rules on its events)."""
+def _report(settings: Settings, run_id: str, rules: RuleFiles) -> str:
+    """``metricbus report`` of an archived run, as a page (the stack's alert rules on its events)."""
     from metricbus._replay import archived, raising
     from metricbus.diagnostics import build, read_run
-    from metricbus.stream_jobs import DEFAULT_RULES
 
     alerts: list[dict[str, Any]] = []
     events = archived(settings, run_id, derived=True)
-    run = read_run(events, lambda logged: raising(logged, alerts, DEFAULT_RULES))
+    run = read_run(events, lambda logged: raising(logged, alerts, rules.rules, rules.config))
     return str(build(run_id, run, {}, alerts))
 
 
@@ -398,8 +397,12 @@ def serve(
     port: int = 8765,
     token: str | None = None,
     since_s: float | None = None,
+    rules: RuleFiles | None = None,
 ) -> None:
-    """Run the dashboard until SIGINT/SIGTERM; then stop cleanly and return (exit code 0)."""
+    """Run the dashboard until SIGINT/SIGTERM; then stop cleanly and return (exit code 0).
+
+    ``rules``: what archived runs' pages and reports show as their alerts (the seed pack).
+    """
     import contextlib
     import signal
 
@@ -414,7 +417,7 @@ def serve(
 
     board = RunBoard(settings, since_s=since_s).start()
     pipeline = Pipeline(settings).start()
-    archived = ArchivedRuns(settings).start()
+    archived = ArchivedRuns(settings, rules=rules).start()
     try:
         app = build_app(settings, board, pipeline, token=token, archived=archived)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)

@@ -319,8 +319,9 @@ def test_with_kafka_down_the_pipeline_page_says_so_at_once_and_shows_the_waiting
     assert text.count("run board:") == 1, text
 
 
-def archive_earlier_run(archive, run_id: str, name: str, steps: int = 40) -> None:
-    """A run an earlier stack archived: logged and derived rows, none of it on today's topics."""
+def archive_earlier_run(archive, run_id: str, name: str, steps: int = 40, nan_at: int | None = None) -> None:
+    """A run an earlier stack archived: logged and derived rows, none of it on today's topics;
+    its loss NaN at step ``nan_at``."""
     from metricbus.schemas import (
         DERIVED_PRODUCER,
         METRICS,
@@ -338,7 +339,7 @@ def archive_earlier_run(archive, run_id: str, name: str, steps: int = 40) -> Non
     body = {"epoch": None, "rank": 0, "samples": {}}
     events = [Event(run_id, "p", 0, 1_700_000_000_000, RUN_STARTED, run_started("earlier", name, {"lr": 0.1}), fp)]
     events += [
-        Event(run_id, "p", i + 1, 1_700_000_001_000 + i, METRICS, {**body, "step": i, "scalars": {"Train/Loss": 1 / (i + 1)}}, fp)
+        Event(run_id, "p", i + 1, 1_700_000_001_000 + i, METRICS, {**body, "step": i, "scalars": {"Train/Loss": float("nan") if i == nan_at else 1 / (i + 1)}}, fp)
         for i in range(steps)
     ]
     events.append(Event(run_id, "p", steps + 1, 1_700_000_009_000, RUN_FINISHED, {"status": "finished", "summary": {}}, fp))
@@ -356,7 +357,7 @@ def test_runs_of_an_earlier_stack_are_listed_and_drawn_from_the_archive(settings
     """The embedded broker forgets at a restart; the archive does not, and neither does the board."""
     from playwright.sync_api import expect, sync_playwright
 
-    archive_earlier_run(settings.archive_dir, "20261101-000000-earlier1", "from-last-week")
+    archive_earlier_run(settings.archive_dir, "20261101-000000-earlier1", "from-last-week", nan_at=30)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # listed within a refresh of the archive's runs
         runs = json.loads(get(f"{dashboard}/api/status")[1])["runs"]
@@ -371,6 +372,8 @@ def test_runs_of_an_earlier_stack_are_listed_and_drawn_from_the_archive(settings
     detail = json.loads(body)
     assert code == 200 and detail["archived"] and len(detail["series"]["Train/Loss"]) == 40
     assert detail["series"]["Train/Loss_ema"][0][:2] == [0, 0.5] and detail["config"] == {"lr": 0.1}
+    # the alerts topic forgot it too: the stack's rules over the archived events give its alerts
+    assert [(a["rule"], a["state"], a["step"]) for a in detail["alerts"]] == [("nan_loss", "ended", 39)]
     code, page = get(f"{dashboard}/runs/not-a-run-anywhere")
     assert code == 404 and b"not in the archive" in page and b'href="/static/app.css"' in page
     code, report = get(f"{dashboard}/runs/20261101-000000-earlier1/report", timeout=60)
@@ -384,6 +387,7 @@ def test_runs_of_an_earlier_stack_are_listed_and_drawn_from_the_archive(settings
         page.goto(f"{dashboard}/runs/20261101-000000-earlier1")
         expect(page.locator('.chart[data-series="Train/Loss"]')).to_have_attribute("data-points", "40", timeout=30_000)
         expect(page.locator("#archived-note")).to_be_visible()
+        expect(page.locator("#run-alerts")).to_contain_text("nan_loss")
         expect(page.locator("#links a")).to_have_attribute("href", "/runs/20261101-000000-earlier1/report")
         expect(page).to_have_title("from-last-week · metricbus")
         page.screenshot(path=str(tmp_path / "archived-run.png"), full_page=False)

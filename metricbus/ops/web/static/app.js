@@ -279,9 +279,10 @@ function runView(runId) {
     }
     for (const c of touched) c.plot.setData(plotData(c));
     alerts.replaceChildren(
-      run.archived
-        ? el("p", { class: "muted", id: "archived-note" }, `Drawn from the archive: the topics no longer hold this run, and alerts are not archived (\`metricbus backtest ${run.run_id}\` shows what the rules fire on it).`)
-        : run.alerts.length ? alertsTable(run.alerts, false) : el("p", { class: "muted" }, "no alerts"),
+      ...(run.archived
+        ? [el("p", { class: "muted", id: "archived-note" }, `Drawn from the archive: the topics no longer hold this run. Its alerts are the stack's rules run over its archived events (\`metricbus backtest ${run.run_id}\`).`)]
+        : []),
+      run.alerts.length ? alertsTable(run.alerts, false) : el("p", { class: "muted" }, "no alerts"),
     );
     const cols = [...new Set(run.epochs.flatMap((e) => Object.keys(e).filter((k) => k !== "epoch")))].sort();
     const fmt = (v) => (v == null ? "-" : Number.isInteger(v) && Math.abs(v) < 1e15 ? String(v) : Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(3) : v.toFixed(4));
