@@ -182,19 +182,8 @@ class TensorBoardSink(Sink):
         return _free(self.root / path_segment(project) / label, run_id)
 
     def run_dirs(self, run_id: str) -> list[Path]:
-        """The run's directories (of earlier attempts or processes), by their owner file.
-
-        One written before owner files is the run's by its name: the id, or ending ``-<id>``.
-        """
-        check_run_id(run_id)
-        found = []
-        for directory in sorted(self.root.glob(f"*/*{run_id}/")):  # directories only
-            owner = _owner(directory)
-            if owner == run_id or (
-                owner is None and (directory.name == run_id or directory.name.endswith(f"-{run_id}"))
-            ):
-                found.append(directory)
-        return sorted(found, key=lambda d: d.parent.name in (UNKNOWN_PROJECT, FALLBACK_PROJECT))  # own first
+        """The run's directories (of earlier attempts or processes), by their owner file."""
+        return run_dirs(self.root, run_id)
 
     def recover(self, run_id: str) -> Mapping[str, Sequence[Interval]]:
         """Identities already written for the run (from the ledger of each of its directories)."""
@@ -404,6 +393,22 @@ class TensorBoardSink(Sink):
             text += f", git {body['git']}"
         text += "\n\n```json\n" + json.dumps(config, indent=2, sort_keys=True) + "\n```"
         writer.write(_text_event(wall, 0, "run/config", text))
+
+
+def run_dirs(root: Path, run_id: str) -> list[Path]:
+    """The directories of a run under the TensorBoard sink's ``root``, by their owner file.
+
+    One written before owner files is the run's by its name: the id, or ending ``-<id>``.
+    """
+    check_run_id(run_id)
+    found = []
+    for directory in sorted(Path(root).glob(f"*/*{run_id}/")):  # directories only
+        owner = _owner(directory)
+        if owner == run_id or (
+            owner is None and (directory.name == run_id or directory.name.endswith(f"-{run_id}"))
+        ):
+            found.append(directory)
+    return sorted(found, key=lambda d: d.parent.name in (UNKNOWN_PROJECT, FALLBACK_PROJECT))  # own first
 
 
 def _free(directory: Path, run_id: str) -> Path:

@@ -49,6 +49,7 @@ STALL_AFTER_S = 60.0
 #: Points kept per series, runs kept, series kept per run (the oldest go first).
 MAX_POINTS = 2000
 MAX_RUNS = 500
+MAX_SUMMARY = 64  #: numbers of a run's own summary kept
 MAX_SERIES = 400
 MAX_CONFIG_BYTES = 64 * 1024
 MAX_RANKS = 4096  #: ranks listed per run (a hostile stream may name 2**31)
@@ -81,6 +82,8 @@ class RunView:
     #: rule/metric -> the latest alert of that key
     alerts: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     finished_by: set[str] = dataclasses.field(default_factory=set)
+    #: the run's own summary (``finish(summary=...)``): its numbers, bounded
+    final: dict[str, float | None] = dataclasses.field(default_factory=dict)
 
     def state(self, now_ms: int) -> str:
         if self.finished is not None:
@@ -138,6 +141,7 @@ class RunView:
             },
             "epochs": [{"epoch": e, **vals} for e, vals in sorted(self.epochs.items())],
             "alerts": sorted(self.alerts.values(), key=lambda a: a["ts_ms"]),
+            "summary": self.final,
         }
 
 
@@ -271,8 +275,20 @@ class RunBoard:
             if len(view.finished_by) >= max(1, view.world_size):
                 view.finished = str(body.get("status") or "finished")[:40]
                 view.finished_ms = ts_ms
+            self._final(view, body.get("summary"))
         elif kind == HEARTBEAT:
             pass  # counted above: a heartbeat says the run is alive
+
+    @staticmethod
+    def _final(view: RunView, summary: Any) -> None:
+        """Fold a RunFinished's summary: its numbers (a bounded count, names cut; JSON has no NaN)."""
+        if not isinstance(summary, dict):
+            return
+        for key, value in summary.items():
+            if len(view.final) >= MAX_SUMMARY:
+                return
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                view.final[str(key)[:200]] = float(value) if math.isfinite(value) else None
 
     @staticmethod
     def _config(view: RunView, body: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ WEB = Path(__file__).parent / "web"
 SAMPLE_EVERY_S = 5.0
 #: How often a stream looks for changes, and the longest silence before a keep-alive.
 STREAM_TICK_S = 0.5
+TB_LOOK_S = 5.0  #: how often a run's page looks for its TensorBoard directory until it exists
 KEEPALIVE_S = 15.0
 #: A run's health is computed from the archive at most this often (per run).
 HEALTH_EVERY_S = 10.0
@@ -148,7 +149,7 @@ def build_app(
         detail = (board.run(run_id) or archive.page(run_id)) if _valid(run_id) else None
         if detail is None:
             return JSONResponse({"error": f"no run {run_id[:200]!r}"}, status_code=404)
-        return JSONResponse(detail)
+        return JSONResponse({**detail, "tensorboard": _tensorboard_dirs(settings, run_id)})
 
     async def stream(request: Request) -> Response:
         async def events() -> Any:
@@ -168,17 +169,23 @@ def build_app(
             page = await asyncio.to_thread(archive.page, run_id) if _valid(run_id) else None
             if page is None:
                 return JSONResponse({"error": f"no run {run_id[:200]!r}"}, status_code=404)
-            stream = _archived_stream(request, page)
+            stream = _archived_stream(request, {**page, "tensorboard": _tensorboard_dirs(settings, run_id)})
             return StreamingResponse(stream, media_type="text/event-stream", headers=_NO_CACHE)
 
         async def events() -> Any:
             version, sent = -1, 0.0
             since: dict[str, int] = {}
+            tensorboard: list[str] = []
+            looked = -TB_LOOK_S
             while not await request.is_disconnected():
                 if board.version != version:
                     version = board.version
                     detail = board.run(run_id, since)
+                    if not tensorboard and time.monotonic() - looked > TB_LOOK_S:  # until the sink made it
+                        looked = time.monotonic()
+                        tensorboard = _tensorboard_dirs(settings, run_id)
                     if detail is not None:
+                        detail["tensorboard"] = tensorboard
                         for name, points in detail["series"].items():
                             if points:
                                 since[name] = points[-1][0]
@@ -346,6 +353,16 @@ async def _archived_stream(request: Any, page: dict[str, Any]) -> Any:
     while not await request.is_disconnected():
         await asyncio.sleep(KEEPALIVE_S)
         yield ": keep-alive\n\n"
+
+
+def _tensorboard_dirs(settings: Settings, run_id: str) -> list[str]:
+    """Where the stack's TensorBoard sink wrote the run (none yet, or no TensorBoard sink)."""
+    from metricbus.sinks.tensorboard import run_dirs
+
+    try:
+        return [str(d) for d in run_dirs(settings.data_dir / "tensorboard", run_id)]
+    except (MetricbusError, OSError):
+        return []
 
 
 def _report(settings: Settings, run_id: str, rules: RuleFiles) -> str:

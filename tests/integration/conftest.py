@@ -86,19 +86,20 @@ def cli(settings: Settings, *args: str) -> list[str]:
 
 
 class SinkProcess:
-    """`metricbus sink parquet` as a real child process."""
+    """`metricbus sink <kind>` (parquet unless told) as a real child process."""
 
-    def __init__(self, settings: Settings, flush_interval: float = 0.3) -> None:
+    def __init__(self, settings: Settings, flush_interval: float = 0.3, kind: str = "parquet") -> None:
         self.settings = settings
         self.flush_interval = flush_interval
-        self.log = Path(settings.data_dir) / "sink.log"
+        self.kind = kind
+        self.log = Path(settings.data_dir) / ("sink.log" if kind == "parquet" else f"sink-{kind}.log")
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> SinkProcess:
         env = {**os.environ, **self.settings.to_env()}
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                cli(self.settings, "sink", "parquet", "--flush-interval", str(self.flush_interval)),
+                cli(self.settings, "sink", self.kind, "--flush-interval", str(self.flush_interval)),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,

@@ -337,14 +337,35 @@ def archive_earlier_run(archive, run_id: str, name: str, steps: int = 40, nan_at
     sink = ParquetArchive(archive)
     sink.open()
     body = {"epoch": None, "rank": 0, "samples": {}}
-    events = [Event(run_id, "p", 0, 1_700_000_000_000, RUN_STARTED, run_started("earlier", name, {"lr": 0.1}), fp)]
+    events = [
+        Event(run_id, "p", 0, 1_700_000_000_000, RUN_STARTED, run_started("earlier", name, {"lr": 0.1}), fp)
+    ]
     events += [
-        Event(run_id, "p", i + 1, 1_700_000_001_000 + i, METRICS, {**body, "step": i, "scalars": {"Train/Loss": float("nan") if i == nan_at else 1 / (i + 1)}}, fp)
+        Event(
+            run_id,
+            "p",
+            i + 1,
+            1_700_000_001_000 + i,
+            METRICS,
+            {**body, "step": i, "scalars": {"Train/Loss": float("nan") if i == nan_at else 1 / (i + 1)}},
+            fp,
+        )
         for i in range(steps)
     ]
-    events.append(Event(run_id, "p", steps + 1, 1_700_000_009_000, RUN_FINISHED, {"status": "finished", "summary": {}}, fp))
+    final = {**body, "step": steps - 1, "scalars": {"final/score": 7.0}}  # one value: the summary table
+    events.append(Event(run_id, "p", steps + 1, 1_700_000_008_000, METRICS, final, fp))
+    finished = {"status": "finished", "summary": {"best_loss": 0.025}}
+    events.append(Event(run_id, "p", steps + 2, 1_700_000_009_000, RUN_FINISHED, finished, fp))
     events += [
-        Event(run_id, DERIVED_PRODUCER, i, 1_700_000_001_000 + i, METRICS, {**body, "step": i, "scalars": {"Train/Loss_ema": 0.5}}, fp)
+        Event(
+            run_id,
+            DERIVED_PRODUCER,
+            i,
+            1_700_000_001_000 + i,
+            METRICS,
+            {**body, "step": i, "scalars": {"Train/Loss_ema": 0.5}},
+            fp,
+        )
         for i in range(steps)
     ]
     sink.write(events)
@@ -377,7 +398,9 @@ def test_runs_of_an_earlier_stack_are_listed_and_drawn_from_the_archive(settings
     code, page = get(f"{dashboard}/runs/not-a-run-anywhere")
     assert code == 404 and b"not in the archive" in page and b'href="/static/app.css"' in page
     code, report = get(f"{dashboard}/runs/20261101-000000-earlier1/report", timeout=60)
-    assert code == 200 and b"20261101-000000-earlier1" in report and b"uPlot" in report  # metricbus report's page
+    assert (
+        code == 200 and b"20261101-000000-earlier1" in report and b"uPlot" in report
+    )  # metricbus report's page
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
@@ -385,12 +408,111 @@ def test_runs_of_an_earlier_stack_are_listed_and_drawn_from_the_archive(settings
         page.goto(f"{dashboard}/")
         expect(page.locator("#runs")).to_contain_text("from-last-week", timeout=30_000)
         page.goto(f"{dashboard}/runs/20261101-000000-earlier1")
-        expect(page.locator('.chart[data-series="Train/Loss"]')).to_have_attribute("data-points", "40", timeout=30_000)
+        expect(page.locator('.chart[data-series="Train/Loss"]')).to_have_attribute(
+            "data-points", "40", timeout=30_000
+        )
         expect(page.locator("#archived-note")).to_be_visible()
         expect(page.locator("#run-alerts")).to_contain_text("nan_loss")
+        expect(page.locator("#summary-table")).to_contain_text("final/score")
+        expect(page.locator("#summary-table")).to_contain_text("best_loss")
+        assert "7" in page.locator("#summary-table tr", has_text="final/score").inner_text().split()
+        expect(page.locator('.chart[data-series="final/score"]')).to_have_count(0)  # no chart of a dot
         expect(page.locator("#links a")).to_have_attribute("href", "/runs/20261101-000000-earlier1/report")
         expect(page).to_have_title("from-last-week · metricbus")
         page.screenshot(path=str(tmp_path / "archived-run.png"), full_page=False)
         page.goto(f"{dashboard}/runs/not-a-run-anywhere")
         expect(page.get_by_role("link", name="All runs")).to_be_visible()
         browser.close()
+
+
+def _sb3_tags(directory: Path) -> dict[str, dict[int, float]]:
+    """tag -> {step: value} of every scalar in a directory's TensorBoard event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {t: {e.step: e.value for e in acc.Scalars(t)} for t in acc.Tags()["scalars"]}
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: `make test` installs it")
+def test_an_sb3_run_page_shows_reward_and_loss_first_smoothed_and_never_scrolls_sideways(
+    settings, worker, dashboard, sink, tmp_path
+):
+    """A real SB3 PPO run: what a person sees first, and TensorBoard equal to SB3's own writer."""
+    pytest.importorskip("stable_baselines3", reason="SB3 is an optional extra; `make test` installs it")
+    from playwright.sync_api import expect, sync_playwright
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.logger import configure
+
+    from metricbus.sb3 import MetricbusCallback
+
+    sink(kind="tensorboard")
+    sink()  # the archive, for the run's health
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=256, batch_size=64, n_epochs=2, seed=0, device="cpu")
+    model.set_logger(configure(str(tmp_path / "sb3"), ["tensorboard"]))  # SB3's own TensorBoard files
+    callback = MetricbusCallback(project="sb3-page", settings=settings, system_metrics=False)
+    model.learn(total_timesteps=2048, callback=callback)
+    run = callback.run
+    assert run is not None and run.status == "finished"
+
+    # every tag SB3's own writer wrote is in the sink's run directory with the same steps and values
+    theirs = _sb3_tags(tmp_path / "sb3")
+    deadline = time.monotonic() + 60
+    ours: dict = {}
+    while time.monotonic() < deadline:
+        dirs = list((settings.data_dir / "tensorboard").glob(f"*/*{run.run_id}"))
+        ours = _sb3_tags(dirs[0]) if dirs else {}
+        if all(len(ours.get(t, {})) >= len(v) for t, v in theirs.items()):
+            break
+        time.sleep(1.0)
+    assert len(theirs) >= 10
+    for tag, points in theirs.items():
+        assert ours[tag] == pytest.approx(points, rel=1e-6), tag
+    # no smoothing of SB3's counters and schedules (SB3 itself keeps time/* and n_updates out of
+    # TensorBoard; the sink writes them as logged)
+    counters = ("time/iterations", "time/time_elapsed", "time/total_timesteps", "train/n_updates")
+    schedules = ("train/learning_rate", "train/clip_range")
+    assert not [
+        t for t in ours if t.startswith(counters + schedules) and t.endswith(("_ema", "_recent_mean"))
+    ]
+    (tmp_path / "tags.json").write_text(json.dumps(sorted(ours)))
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(f"{dashboard}/runs/{run.run_id}")
+            first = page.locator("#charts > details").first
+            expect(first).to_have_attribute("data-section", "Reward and loss", timeout=30_000)
+            for name in ("rollout/ep_rew_mean", "train/loss"):
+                chart = page.locator(f'.chart[data-series="{name}"]')
+                expect(chart).to_have_attribute(
+                    "data-overlays", f"{name}_ema {name}_recent_mean", timeout=30_000
+                )
+                box = chart.bounding_box()
+                assert box is not None and box["y"] + box["height"] <= 900, (name, box)  # the first screen
+            expect(page.locator("#tensorboard-cmd")).to_contain_text("tensorboard --logdir", timeout=30_000)
+            expect(page.locator("#health-score")).to_have_text(re.compile(r"^\d+/100$"), timeout=60_000)
+            expect(page.locator("#firing")).to_contain_text("none")
+            width = page.evaluate(
+                "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+            )
+            assert width[0] <= width[1], width  # no sideways scroll at 1280 px
+            page.screenshot(path=str(tmp_path / "sb3-run.png"), full_page=False)
+            # sections collapse and open again
+            section = page.locator('#charts > details[data-section="train"]')
+            chart = section.locator('.chart[data-series="train/entropy_loss"]')
+            expect(chart).to_be_visible()
+            section.locator("summary").click()
+            expect(chart).to_be_hidden()
+            section.locator("summary").click()
+            expect(chart).to_be_visible()
+        finally:
+            browser.close()
+    if os.environ.get("METRICBUS_SCREENSHOTS"):
+        shutil.copy(
+            tmp_path / "sb3-run.png", Path(os.environ["METRICBUS_SCREENSHOTS"]) / "dashboard-sb3-run.png"
+        )
+        shutil.copy(
+            tmp_path / "tags.json", Path(os.environ["METRICBUS_SCREENSHOTS"]) / "sb3-tensorboard-tags.json"
+        )

@@ -27,13 +27,15 @@ function when(ms) {
   return ms == null ? "-" : new Date(ms).toLocaleTimeString();
 }
 
-function table(headers, rows, id) {
+// an empty table says so (``empty``) instead of showing bare headers
+function table(headers, rows, id, empty) {
+  if (!rows.length && empty) return el("p", { class: "muted", ...(id ? { id } : {}) }, empty);
   const t = el("table", id ? { id } : {});
   t.append(el("thead", {}, el("tr", {}, ...headers.map((h) => el("th", {}, h)))));
   const body = el("tbody");
   for (const r of rows) body.append(el("tr", {}, ...r.map((c) => (c instanceof Node && c.tagName === "TD" ? c : el("td", {}, c)))));
   t.append(body);
-  return t;
+  return el("div", { class: "tablebox" }, t); // a wide table scrolls in its box, never the page
 }
 
 function badge(text) {
@@ -76,11 +78,11 @@ function runsView(status) {
   ]);
   return [
     el("h2", {}, `Runs (${status.runs.length})`),
-    table(["run", "project", "name", "state", "ranks", "host", "last step", "events/s", "last event", "firing alerts"], rows, "runs"),
+    table(["run", "project", "name", "state", "ranks", "host", "last step", "events/s", "last event", "firing alerts"], rows, "runs", "No runs yet: log one (the README's quick start) and it appears here."),
   ];
 }
 
-function alertsTable(alerts, withRun) {
+function alertsTable(alerts, withRun, id = "alerts") {
   const rows = alerts.map((a) => [
     ...(withRun ? [el("td", {}, el("a", { href: `/runs/${encodeURIComponent(a.run_id)}` }, a.run_id))] : []),
     el("td", {}, badge(a.state)),
@@ -90,10 +92,10 @@ function alertsTable(alerts, withRun) {
     el("td", { class: "num" }, a.step == null ? "-" : a.step),
     when(a.fired_ms),
     when(a.resolved_ms),
-    a.message,
+    el("td", { class: "wrap" }, a.message),
   ]);
   const heads = ["state", "severity", "rule", "metric", "step", "fired", "resolved", "message"];
-  return table(withRun ? ["run", ...heads] : heads, rows, "alerts");
+  return table(withRun ? ["run", ...heads] : heads, rows, id);
 }
 
 function pipelineView(status) {
@@ -114,13 +116,13 @@ function pipelineView(status) {
     el("h2", {}, "Pipeline"),
     el("p", { class: "muted" }, `Kafka ${status.kafka}; sampled ${when(p.at ? p.at * 1000 : null)}${p.error ? "; " + p.error : ""}`),
     el("h3", {}, "Consumer groups"),
-    table(["group", "status", "lag (records)", "lag (age)", "committed/s", "why"], groups, "groups"),
+    table(["group", "status", "lag (records)", "lag (age)", "committed/s", "why"], groups, "groups", "no consumer group has committed yet"),
     el("h3", {}, `Dead letters: ${dl.count == null ? "unknown" : dl.count}`),
-    table(["count", "reason"], reasons, "deadletters"),
+    table(["count", "reason"], reasons, "deadletters", "none"),
     el("h3", {}, "Local spools with unsent records"),
-    table(["run", "unsent bytes", "published by"], spools, "spools"),
+    table(["run", "unsent bytes", "published by"], spools, "spools", "none: every run's events reached Kafka"),
     el("h3", {}, "Sinks catching up from the archive (left behind by a planned broker restart)"),
-    table(["group", "runs left", "runs"], catchup, "catchup"),
+    table(["group", "runs left", "runs"], catchup, "catchup", "none"),
     el("p", { class: "muted" }, `Runs read: ${status.board.records} records (${status.board.skipped} unreadable)`),
   ];
 }
@@ -156,7 +158,7 @@ function makePlot(c) {
     width: Math.max(300, c.box.clientWidth - 14),
     height: 180,
     scales: { x: { time: xMode === "wall" } },
-    legend: { show: names.length > 1 },
+    legend: { show: names.length > 1, live: false }, // the names only: values on hover took a third of the chart
     series: [
       { label: AXES[xMode] },
       ...names.map((n, i) => ({ label: n, stroke: COLORS[i % COLORS.length], width: i ? 2 : 1.5, spanGaps: i > 0, points: { show: (i ? c.overlays[n] : c.points).length < 60 } })),
@@ -172,6 +174,7 @@ function plotData(c) {
   const lines = [c.points, ...Object.values(c.overlays)].map((pts) => new Map(pts.map((p) => [x(p), p[1]])));
   const xs = [...new Set(lines.flatMap((m) => [...m.keys()]))].sort((a, b) => a - b);
   c.box.dataset.points = String(c.points.length);
+  c.box.dataset.overlays = Object.keys(c.overlays).sort().join(" ");
   c.box.dataset.xmin = xs.length ? String(xs[0]) : "";
   c.box.dataset.xmax = xs.length ? String(xs[xs.length - 1]) : "";
   return [xs, ...lines.map((m) => xs.map((v) => (m.has(v) ? m.get(v) : null)))];
@@ -214,12 +217,18 @@ function extend(points, more, max) {
   if (points.length > max) points.splice(0, points.length - max);
 }
 
+// series that hold one value of the run, not a curve: a summary table, not a chart
+const SINGLE = [/^final\//, /_(total|nonfinite)_samples$/];
+const isSingle = (name) => SINGLE.some((re) => re.test(name));
+const fmt = (v) => (v == null ? "-" : Number.isInteger(v) && Math.abs(v) < 1e15 ? String(v) : Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(3) : v.toFixed(4));
+
 function runView(runId) {
   const head = el("h2", {}, `Run ${runId}`);
   const facts = el("p", { class: "muted", id: "facts" });
+  const tensorboard = el("span", { id: "tensorboard" });
   const links = el("p", { class: "muted", id: "links" },
     el("a", { href: `/runs/${encodeURIComponent(runId)}/report`, target: "_blank" }, "report"),
-    " (every chart, health and the alert timeline, from the archive; `metricbus report ", runId, "` writes it to a file)");
+    " (every chart, health and the alert timeline, from the archive; `metricbus report ", runId, "` writes it to a file) · ", tensorboard);
   const filter = el("input", { class: "filter", placeholder: "filter series (e.g. Train/, Epoch/)" });
   const axis = el("select", { id: "xaxis" }, ...Object.entries(AXES).map(([v, label]) => el("option", { value: v }, label)));
   axis.value = xMode;
@@ -233,26 +242,38 @@ function runView(runId) {
   const grid = el("div", { id: "charts" });
   const sections = new Map();
   sections.container = grid;
-  const epochs = el("div", { id: "epochs" });
-  const alerts = el("div", { id: "run-alerts" });
-  const config = el("pre", { id: "config" });
+  const epochs = el("div", { id: "epochs" }, el("p", { class: "muted" }, "loading…"));
+  const alerts = el("div", { id: "run-alerts" }, el("p", { class: "muted" }, "loading…"));
+  const firing = el("div", { id: "firing" }, el("p", { class: "muted" }, "loading…"));
+  const summary = el("div", { id: "summary" }, el("p", { class: "muted" }, "loading…"));
+  const config = el("pre", { id: "config" }, "loading…");
   const health = el("div", { id: "health" });
-  main.replaceChildren(head, facts, links, el("h3", {}, "Health"), health, el("h3", {}, "Alerts"), alerts, el("h3", {}, "Series"), el("p", {}, filter, " x axis ", axis), grid, el("h3", {}, "Epochs"), epochs, el("h3", {}, "Config"), config);
+  // on top: health and what fires now; then the reward and loss charts (the first section)
+  const top = el("div", { class: "top" }, el("div", {}, el("h3", {}, "Health"), health), el("div", {}, el("h3", {}, "Firing alerts"), firing));
+  main.replaceChildren(head, facts, links, top, el("h3", {}, "Series"), el("p", {}, filter, " x axis ", axis), grid, el("h3", {}, "Summary"), summary, el("h3", {}, "All alerts"), alerts, el("h3", {}, "Epochs"), epochs, el("h3", {}, "Config"), config);
   showHealth(runId, health);
   setInterval(() => showHealth(runId, health), 15000);
+  const shown = (c) => !c.single && !(filterText && !c.name.toLowerCase().includes(filterText));
   filter.addEventListener("input", () => {
     filterText = filter.value.toLowerCase();
-    for (const [name, c] of Object.entries(charts)) c.box.hidden = filterText && !name.toLowerCase().includes(filterText);
+    for (const c of Object.values(charts)) c.box.hidden = !shown(c);
   });
   window.addEventListener("resize", () => {
     for (const c of Object.values(charts)) c.plot.setSize({ width: Math.max(300, c.box.clientWidth - 14), height: 180 });
   });
+  const singles = {}; // name -> its last point, for the summary table
   follow(`/api/runs/${encodeURIComponent(runId)}/stream`, "run", (run) => {
     document.title = `${run.name} · metricbus`;
+    const nFiring = run.alerts.filter((a) => a.state === "firing").length;
     facts.replaceChildren(
       badge(run.state),
-      ` project ${run.project} · name ${run.name}${run.host ? ` · host ${run.host}` : ""} · ranks ${run.ranks.length}/${run.world_size} · last step ${run.last_step ?? "-"} · ${run.events_per_s.toFixed(1)} events/s · last event ${age(run.since_last_event_s)} ago`,
+      ` project ${run.project} · name ${run.name}${run.host ? ` · host ${run.host}` : ""} · ranks ${run.ranks.length}/${run.world_size} · last step ${run.last_step ?? "-"} · ${run.events_per_s.toFixed(1)} events/s · last event ${age(run.since_last_event_s)} ago · `,
+      nFiring ? badge(`${nFiring} firing`) : "no alert firing",
     );
+    if (run.tensorboard && run.tensorboard.length) {
+      const dir = run.tensorboard[0];
+      tensorboard.replaceChildren("TensorBoard: ", el("code", { id: "tensorboard-cmd" }, `tensorboard --logdir ${dir.slice(0, dir.lastIndexOf("/"))}`), ` (this run: ${dir.slice(dir.lastIndexOf("/") + 1)})`);
+    } else if (!tensorboard.firstChild) tensorboard.replaceChildren("TensorBoard: not written yet (no TensorBoard sink, or it has not reached this run)");
     const first = Math.min(...Object.values(run.series).flatMap((ps) => (ps.length ? [ps[0][2]] : [])));
     const start = run.started_ms ?? Math.min(runStartMs ?? Infinity, first);
     if (Number.isFinite(start) && start !== runStartMs) {
@@ -263,6 +284,10 @@ function runView(runId) {
     const names = new Set([...Object.keys(run.series), ...Object.keys(charts)]);
     const touched = new Set();
     for (const [name, points] of Object.entries(run.series)) {
+      if (isSingle(name)) {
+        if (points.length) singles[name] = points[points.length - 1];
+        continue;
+      }
       const suffix = SMOOTHINGS.find((x) => name.endsWith(x) && names.has(name.slice(0, -x.length)));
       if (suffix) {
         const c = chartFor(sections, name.slice(0, -suffix.length), roles);
@@ -278,6 +303,20 @@ function runView(runId) {
       }
     }
     for (const c of touched) c.plot.setData(plotData(c));
+    // a finished run's series of one point is one value: in the summary, not a chart of a dot
+    for (const c of Object.values(charts)) {
+      c.single = Boolean(run.finished) && c.points.length === 1 && !Object.keys(c.overlays).length;
+      if (c.single) singles[c.name] = c.points[0];
+      c.box.hidden = !shown(c);
+    }
+    for (const s of sections.values()) s.box.hidden = ![...s.grid.children].some((b) => !charts[b.dataset.series].single);
+    const rows = [
+      ...Object.entries(run.summary || {}).map(([k, v]) => [k, el("td", { class: "num" }, fmt(v)), "run summary"]),
+      ...Object.entries(singles).sort(([a], [b]) => a.localeCompare(b)).map(([k, p]) => [k, el("td", { class: "num" }, fmt(p[1])), `step ${p[0]}`]),
+    ];
+    summary.replaceChildren(rows.length ? table(["name", "value", "at"], rows, "summary-table") : el("p", { class: "muted" }, "no single values yet (final/* series, the run's finish(summary=...))"));
+    const now = run.alerts.filter((a) => a.state === "firing");
+    firing.replaceChildren(now.length ? alertsTable(now, false, "firing-alerts") : el("p", { class: "muted" }, run.finished ? "none: the run is finished" : "none"));
     alerts.replaceChildren(
       ...(run.archived
         ? [el("p", { class: "muted", id: "archived-note" }, `Drawn from the archive: the topics no longer hold this run. Its alerts are the stack's rules run over its archived events (\`metricbus backtest ${run.run_id}\`).`)]
@@ -285,7 +324,6 @@ function runView(runId) {
       run.alerts.length ? alertsTable(run.alerts, false) : el("p", { class: "muted" }, "no alerts"),
     );
     const cols = [...new Set(run.epochs.flatMap((e) => Object.keys(e).filter((k) => k !== "epoch")))].sort();
-    const fmt = (v) => (v == null ? "-" : Number.isInteger(v) && Math.abs(v) < 1e15 ? String(v) : Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(3) : v.toFixed(4));
     epochs.replaceChildren(run.epochs.length ? table(["epoch", ...cols], run.epochs.map((e) => [e.epoch, ...cols.map((k) => el("td", { class: "num" }, fmt(e[k])))]), "epochs-table") : el("p", { class: "muted" }, "no epochs yet"));
     config.textContent = JSON.stringify(run.config, null, 2);
   });
@@ -302,16 +340,19 @@ async function showHealth(runId, box) {
   } catch (e) {
     return;
   }
-  const parts = h.parts.map((p) => [p.name, el("td", { class: "num" }, `-${p.deducted.toFixed(1)} of ${p.weight}`), p.evidence.join("; ") || "-"]);
+  const parts = h.parts.map((p) => [p.name, el("td", { class: "num" }, `-${p.deducted.toFixed(1)} of ${p.weight}`), el("td", { class: "wrap" }, p.evidence.join("; ") || "-")]);
   const labels = (h.labels || []).map((r) => [r.label, el("td", { class: "num" }, r.events), Object.entries(r).filter(([k]) => k !== "label" && k !== "events").map(([k, v]) => `${k} ${v.toPrecision(4)}`).join(", ")]);
+  const worst = h.parts.filter((p) => p.deducted > 0).sort((a, b) => b.deducted - a.deducted)[0];
   box.replaceChildren(
     el("p", { class: "score", id: "health-score" }, `${Math.round(h.score)}/100`),
-    table(["part", "deducted", "evidence"], parts, "health-parts"),
-    ...(labels.length ? [table(["label", "events", "final-window means"], labels, "health-labels")] : []),
+    el("p", { class: "muted" }, worst ? `most deducted: ${worst.name} (${worst.evidence[0] || "-"})` : "nothing deducted"),
+    el("details", { id: "health-details" }, el("summary", {}, "every part and its evidence"),
+      table(["part", "deducted", "evidence"], parts, "health-parts"),
+      ...(labels.length ? [table(["label", "events", "final-window means"], labels, "health-labels")] : [])),
   );
 }
 
 if (path.startsWith("/runs/")) runView(decodeURIComponent(path.slice("/runs/".length)));
-else if (path === "/alerts") overview((s) => [el("h2", {}, "Alerts"), alertsTable(s.alerts, true)]);
+else if (path === "/alerts") overview((s) => [el("h2", {}, "Alerts"), s.alerts.length ? alertsTable(s.alerts, true) : el("p", { class: "muted", id: "alerts" }, "No alerts raised on the runs the topics hold.")]);
 else if (path === "/pipeline") overview(pipelineView);
 else overview(runsView);
