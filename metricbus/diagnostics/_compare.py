@@ -189,7 +189,7 @@ def compare_runs(
     metrics left out). KeyError when a run never logged the ``axis`` metric.
     """
     configs = {run: run_config(events) for run, events in runs.items()}
-    series = {run: scalars(events) for run, events in runs.items()}
+    series = {run: scalars(events, samples=True) for run, events in runs.items()}
     return compare_series(configs, series, baseline, metrics, window, axis, alpha)
 
 

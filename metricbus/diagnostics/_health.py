@@ -105,7 +105,7 @@ class Seen:
     def read(cls, events: Iterable[Event]) -> Seen:
         """Read ``events`` once, keeping only what the score judges (not the events)."""
         seen = cls()
-        seen.series = scalars(seen._track(events))
+        seen.series = scalars(seen._track(events), samples=True)
         return seen
 
     def _track(self, events: Iterable[Event]) -> Iterator[Event]:

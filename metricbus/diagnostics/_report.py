@@ -315,7 +315,8 @@ def build(
         f"<h1>{html.escape(title)}</h1>",
         f"<p class='muted'>project {html.escape(str(started.get('project', '?')))} · "
         f"{html.escape(finished[-1] if finished else 'not finished')} · "
-        f"{sum(len(v) for v in logged.values())} logged values</p>",
+        f"{len(logged)} logged series, {sum(len(v) for v in logged.values())} points "
+        "(a per-sample array: its per-step mean)</p>",
         "<h2>Health</h2>",
         f"<p id='score' class='score'>{health.score:.0f}/100</p>",
         _table(

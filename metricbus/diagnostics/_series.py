@@ -80,13 +80,24 @@ def split(name: str) -> tuple[str, str | None]:
     return name, None
 
 
-def scalars(events: Iterable[Event], labels: bool = True) -> Series:
-    """Every logged scalar series of a run; with ``labels``, the per-label series too."""
+def scalars(events: Iterable[Event], labels: bool = True, samples: bool = False) -> Series:
+    """Every logged scalar series of a run; with ``labels``, the per-label series too.
+
+    With ``samples``, a per-sample array (``run.log({"Train/Reward": [...]})``) is a series of
+    its per-step means of finite samples under its own name, as the worker reads it for a run's
+    reward (the alias catalog names ``Train/Reward`` and SB3's ``rollout/episode_return``):
+    health and compare judge a reward logged as samples like one logged as a scalar.
+    """
     out: Series = {}
     for e in events:
         if e.kind != METRICS:
             continue
         step, tags = e.body["step"], e.body.get("labels") if labels else None
+        for name, values in (e.body.get("samples") or {}).items() if samples else ():
+            finite = [v for v in values if math.isfinite(v)]
+            if finite:
+                mean = sum(finite) / len(finite)  # inf past float's range, as a scalar would be
+                (out.get(name) or out.setdefault(name, Points())).append((step, mean, e.ts_ms))
         for name, value in e.body["scalars"].items():
             point = (step, value, e.ts_ms)
             (out.get(name) or out.setdefault(name, Points())).append(point)

@@ -81,7 +81,8 @@ def test_the_report_reads_a_run_once_and_any_chunking_makes_the_same_page(tmp_pa
     assert "name-run-a (run-a)" in page and "finished" in page
     assert page.count("<tr><td>") >= 3 + 3 + 3  # epochs, gradient phases, rewards per epoch
     assert '"Train/Loss_recent_mean"' in page and '"Train/Loss (run-b)"' in page
-    assert "900 logged values" in page  # three scalars a step, the stream's not counted
+    # three scalars a step and the per-step mean of its sample array; the stream's not counted
+    assert "4 logged series, 1200 points" in page
 
 
 def test_the_report_goes_into_the_data_directory_unless_told_where(tmp_path, capsys):
