@@ -101,7 +101,7 @@ def faust_worker(settings, tmp: str) -> float:
 
 def latency(settings, tmp: str) -> tuple[list[float], list[float]]:
     from metricbus.producers import Run
-    from metricbus.schemas import default_codec, read_topic
+    from metricbus.schemas import aggregate_points, default_codec, read_topic
 
     env = {**os.environ, **settings.to_env()}
     log = open(Path(tmp) / "worker-latency.log", "wb")
@@ -124,7 +124,7 @@ def latency(settings, tmp: str) -> tuple[list[float], list[float]]:
         agg = [
             r.timestamp - p["ts_ms"]
             for r in read_topic(settings, settings.topics.aggregates)
-            for p in codec.decode(r.value)[1]["points"]
+            for p in aggregate_points(codec.decode(r.value)[1])
             if r.key == run.run_id.encode()
         ]
         alerts = [

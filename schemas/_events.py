@@ -477,23 +477,97 @@ def derived_event_count(
 def encode_aggregates(
     codec: Codec,
     run_id: str,
-    points: Sequence[Mapping[str, Any]],
+    points: Sequence[Sequence[Any]] | Sequence[Mapping[str, Any]],
     histograms: Sequence[Mapping[str, Any]] = (),
     tables: Sequence[Mapping[str, Any]] = (),
     *,
     first_seq: int,
     closes_run: bool = False,
 ) -> bytes:
-    """One AggregateBatch record; its events are numbered from ``first_seq`` (see the schema)."""
+    """One AggregateBatch record; its events are numbered from ``first_seq`` (see the schema).
+
+    ``points``: ``(name, source, kind, step, epoch, value, ts_ms)`` tuples (the stream job's
+    ``Point``), or mappings with those keys; they go as packed columns (v4).
+    """
+    if points and isinstance(points[0], Mapping):
+        points = [tuple(p[k] for k in _POINT_FIELDS) for p in points]  # type: ignore[call-overload,index]
     record = {
         "run_id": run_id,
-        "points": list(points),
+        "points": [],
+        "point_columns": _point_columns(points) if points else None,  # type: ignore[arg-type]
         "histograms": list(histograms),
         "tables": list(tables),
         "first_seq": first_seq,
         "closes_run": closes_run,
     }
     return codec.encode("AggregateBatch", record)
+
+
+#: an Aggregate record's fields, in the order of the stream job's Point
+_POINT_FIELDS = ("name", "source", "kind", "step", "epoch", "value", "ts_ms")
+
+
+def _point_columns(points: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """The AggregateColumns record of these points (each distinct string once)."""
+    names: dict[str, int] = {}
+    sources: dict[str, int] = {}
+    kinds: dict[str, int] = {}
+    try:
+        name, source, kind, step, epoch, value, ts = zip(*points, strict=True)  # columns, in C
+        if None in epoch:
+            epoch = tuple(NO_EPOCH if e is None else e for e in epoch)
+        return {
+            "name_index": _packed("i", [names.setdefault(x, len(names)) for x in name]),
+            "source_index": _packed("i", [sources.setdefault(x, len(sources)) for x in source]),
+            "kind_index": _packed("i", [kinds.setdefault(x, len(kinds)) for x in kind]),
+            "step": _packed("q", step),
+            "epoch": _packed("q", epoch),
+            "value": _packed("d", value),
+            "ts_ms": _packed("q", ts),
+            "names": list(names),
+            "sources": list(sources),
+            "kinds": list(kinds),
+        }
+    except (TypeError, ValueError) as exc:
+        raise EncodeError(f"cannot encode an AggregateBatch's points: {exc}") from exc
+
+
+def aggregate_points(batch: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A decoded AggregateBatch's points as Aggregate records (dicts), whichever layout it has.
+
+    SchemaError when its columns disagree (lengths, an index past its table).
+    """
+    columns = batch.get("point_columns")
+    if isinstance(columns, tuple):  # the codec names the records of a union: (name, record)
+        columns = columns[1]
+    if not columns:
+        return list(batch["points"])
+    fields = [
+        _unpacked(code, columns[f], f)
+        for code, f in (("i", "name_index"), ("i", "source_index"), ("i", "kind_index"), ("q", "step"))
+    ]
+    fields += [_unpacked("q", columns["epoch"], "epoch"), _unpacked("d", columns["value"], "value")]
+    fields.append(_unpacked("q", columns["ts_ms"], "ts_ms"))
+    n = len(fields[0])
+    if any(len(f) != n for f in fields):
+        raise SchemaError("point_columns: its fields hold different numbers of points")
+    tables = (columns["names"], columns["sources"], columns["kinds"])
+    for index, table, what in zip(fields[:3], tables, ("name", "source", "kind"), strict=True):
+        if index and not 0 <= min(index) <= max(index) < len(table):
+            raise SchemaError(f"point_columns: a {what}_index past its {len(table)} {what}s")
+    names, sources, kinds = tables
+    return [
+        {
+            "name": names[a],
+            "source": sources[b],
+            "kind": kinds[c],
+            "step": step,
+            "epoch": None if epoch == NO_EPOCH else epoch,
+            "value": value,
+            "ts_ms": ts,
+        }
+        for a, b, c, step, epoch, value, ts in zip(*fields, strict=True)
+    ]
 
 
 class DerivedRecord(NamedTuple):
@@ -536,7 +610,7 @@ def decode_aggregates(codec: Codec, value: bytes) -> DerivedRecord:
     fingerprint = bytes(value[2:10])
     by_step: dict[tuple[int, int | None], dict[str, Any]] = {}
     stamps: dict[tuple[int, int | None], int] = {}
-    for p in batch["points"]:
+    for p in aggregate_points(batch):
         key = (p["step"], p["epoch"])
         body = by_step.get(key)
         if body is None:

@@ -56,6 +56,24 @@ class AlertEngine:
             r.only_if.metric: {} for r in rules if r.only_if is not None
         }
 
+    def watches(self, series: str, role: str | None = None) -> bool:
+        """Whether :meth:`observe` of ``series`` (playing ``role``) could do anything.
+
+        A rule watches it or its role, or a rule's scope reads it (cheap: cached per name).
+        """
+        if role is not None and (role in self._role_rules or role in self._ranges):
+            return True
+        return series in self._ranges or bool(self._rules_for(series))
+
+    def _rules_for(self, series: str) -> list[Rule]:
+        """The rules that watch ``series`` by name (cached; names come from users and topics)."""
+        rules = self._matches.get(series)
+        if rules is None:
+            if len(self._matches) >= MATCHES_KEPT:
+                self._matches.clear()
+            rules = self._matches[series] = [r for r in self._value_rules if r.matches(series)]
+        return rules
+
     def observe(
         self, run_id: str, series: str, value: float, step: int | None, ts_ms: int, role: str | None = None
     ) -> list[dict[str, Any]]:
@@ -85,11 +103,7 @@ class AlertEngine:
             ranges = self._ranges.get(scoped) if scoped is not None else None
             if ranges is not None:
                 _widen(ranges, run_id, values)
-        rules = self._matches.get(series)
-        if rules is None:
-            if len(self._matches) >= MATCHES_KEPT:  # a cache: names come from users and topics
-                self._matches.clear()
-            rules = self._matches[series] = [r for r in self._value_rules if r.matches(series)]
+        rules = self._rules_for(series)
         if role is not None and role in self._role_rules:
             rules = rules + self._role_rules[role]
         if not rules:

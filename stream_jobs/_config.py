@@ -98,13 +98,17 @@ class StreamConfig:
     summary_prefix: str = "criteria/"
     summary_table: str = "rubric_criteria_summary"
     #: What every logged scalar M gets as ``M_<stat>`` (beside M in TensorBoard's and W&B's
-    #: sections, seed 002's suffix pattern), once per input record: any of
+    #: sections, seed 002's suffix pattern), at every ``smooth_every``-th value of M: any of
     #: recent_mean, ema, std, min, max, median, p99 (over the last ``window`` values), count
     #: (finite values so far), nonfinite (NaN and inf values so far), slope and trend
     #: (+1 improving, 0 stable, -1 declining, with the metric's direction; over the last
-    #: ``trend_window`` values). Each one is another point
-    #: per metric per record; () for none.
+    #: ``trend_window`` values). () for none.
     metric_stats: tuple[str, ...] = ("recent_mean", "ema")
+    #: A point of each ``metric_stats`` series at every this-many-th value of its metric (the
+    #: 10th, 20th, ... value logged), at that value's step, and at the run's end for the last
+    #: one: the resolution follows the steps, whatever the speed of the loop or the batching of
+    #: the records. 1: a point at every step (each is another point per metric per step).
+    smooth_every: int = 10
     #: Counters and schedules (globs over names: SB3's ``time/iterations`` and ``train/n_updates``,
     #: a learning-rate schedule, HF's ``epoch``): they get no ``metric_stats``, since a rolling
     #: mean or an EMA of a step count says nothing. The catalog's list (``schemas/_catalog.py``)
@@ -146,6 +150,7 @@ class StreamConfig:
             "hist_window",
             "hist_bins",
             "label_window",
+            "smooth_every",
             "max_series",
             "max_partition_series",
         ):

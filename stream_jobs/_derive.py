@@ -29,7 +29,7 @@ from ._labels import LabelSeries
 from ._ranks import RankMerger
 from ._roles import RoleBinding
 from ._statistics import STATISTICS, Series
-from ._stats import Welford, Window, fsum, trend_class
+from ._stats import Blocks, Welford, Window, fsum, trend_class
 
 log = logging.getLogger("metricbus.stream")
 
@@ -78,9 +78,9 @@ class _Epoch:
     def __init__(self) -> None:
         # Epoch/AvgReward and RewardVariance are over the epoch's per-step average rewards,
         # however the user logs them: the logged average, or the mean of the step's samples
-        self.reward = Welford()  # the logged per-step average
+        self.reward = Blocks()  # the logged per-step average
         self.reward_samples = Welford()  # the means of per-sample rewards, preferred when logged
-        self.loss = Welford()
+        self.loss = Blocks()
         self.samples = 0  # the sizes of the logged per-sample arrays
         self.counted: float | None = None  # the explicit sample counts logged (cfg.sample_count_metric)
         self.steps = 0
@@ -95,8 +95,9 @@ class RunDeriver:
         self.run_id = run_id
         self.cfg = cfg or StreamConfig()
         self._series: dict[str, Series] = {}
-        #: name -> whether it gets metric_stats (cfg.smoothed, cached; names are bounded by max_series)
-        self._smoothed: dict[str, bool] = {}
+        #: name -> whether it gets metric_stats (cfg.smoothed), and whether higher is better
+        #: (cached: computed per point they cost more than the statistics; names are bounded)
+        self._smoothed: dict[str, tuple[bool, bool]] = {}
         self._sample_windows: dict[str, Window] = {}
         self._sample_totals: dict[str, Welford] = {}
         self._throughput: dict[str, tuple[Welford, Window]] = {}
@@ -104,7 +105,6 @@ class RunDeriver:
         self._epoch_no: int | None = None
         self._previous: dict[str, float] = {}
         self._last_step = 0
-        self._touched: dict[str, tuple[int, int | None, int]] = {}
         self._ranks: RankMerger | None = None
         self._producer_rank: dict[str, int] = {}  # from each producer's RunStarted
         self._rank_producer: dict[int, str] = {}  # the producer each rank's events come from
@@ -162,7 +162,7 @@ class RunDeriver:
             if body["samples"]:
                 self._samples(body, ts_ms, out)
             if body.get("labels"):
-                self.labels.feed(
+                labelled = self.labels.feed(
                     body["labels"],
                     body["scalars"],
                     body["step"],
@@ -170,6 +170,7 @@ class RunDeriver:
                     ts_ms,
                     self.cfg.max_series - self.series(),
                 )
+                out.extend(Point(*p) for p in labelled)
             if self._ranks is not None:
                 self._rank_producer[body["rank"]] = producer
                 merged = (
@@ -212,7 +213,9 @@ class RunDeriver:
 
     def _finish(self, ts_ms: int) -> list[Point]:
         self.finished = True
-        out = self._close_epoch(ts_ms)
+        out = self._last_stat_points()
+        out.extend(Point(*p) for p in self.labels.flush())
+        out.extend(self._close_epoch(ts_ms))
         if self._ranks is not None:
             out.extend(self._rank_points(self._ranks.flush(), self._epoch_no, ts_ms))
         out.extend(self._final(ts_ms))
@@ -377,37 +380,131 @@ class RunDeriver:
                 if self._over(name):
                     continue
                 series = self._series[name] = Series(cfg.window, cfg.ema_weight, cfg.trend_window)
-            if math.isfinite(sum(values)):
-                series.count += len(values)
-            else:
-                finite = sum(map(math.isfinite, values))
-                series.count += finite
-                series.nonfinite += len(values) - finite
-            series.recent.extend(values)
-            series.trend.extend(values)
-            series.ema.extend(values)
             if where is None or len(where) == whole:
                 col_steps, col_stamps = steps, stamps
             else:
                 col_steps, col_stamps = [steps[i] for i in where], [stamps[i] for i in where]
-            self._touched[name] = (col_steps[-1], epoch, col_stamps[-1])
+            self._fold(name, series, values, col_steps, epoch, col_stamps, out)
             if name.endswith(cfg.throughput_suffix) or name in throughput:
                 for value, step, ts in zip(values, col_steps, col_stamps, strict=True):
                     self._throughput_points(name, value, step, epoch, ts, out)
             if ep is not None:
-                if name == self._reward.name:
+                if name == self._reward.name:  # in fixed blocks: not by the batching of records
                     ep.reward.extend(values)
                 elif name == self._loss.name:
                     ep.loss.extend(values)
                 elif name == cfg.sample_count_metric:
-                    ep.counted = (ep.counted or 0.0) + fsum([v for v in values if math.isfinite(v)])
+                    ep.counted = _running_sum(ep.counted or 0.0, values)
                 for suffix in cfg.epoch_sums:
                     if name.endswith(suffix):
-                        ep.sums[suffix] = ep.sums.get(suffix, 0.0) + fsum(
-                            [v for v in values if math.isfinite(v)]
-                        )
+                        ep.sums[suffix] = _running_sum(ep.sums.get(suffix, 0.0), values)
             if columns is not None:
                 columns.append(Column(name, values, col_steps, col_stamps))
+
+    def _fold(
+        self,
+        name: str,
+        series: Series,
+        values: list[float],
+        steps: list[int],
+        epoch: int | None,
+        stamps: list[int],
+        out: list[Point],
+    ) -> None:
+        """Fold a metric's values into its series; a ``metric_stats`` point every ``smooth_every``.
+
+        Counted over the run, so where the points fall depends on the values alone, not on how
+        they were batched into records.
+        """
+        stats = self.cfg.metric_stats
+        known = self._smoothed.get(name)
+        if known is None:
+            known = self._smoothed[name] = (self.cfg.smoothed(name), self.cfg.higher_is_better(name))
+        keep, up = known
+        if not (stats and keep):
+            series.extend(values)
+        elif _COLUMN_STATS.issuperset(stats) and math.isfinite(sum(values)):
+            self._fold_finite(name, series, values, steps, epoch, stamps, out)
+        else:
+            every = self.cfg.smooth_every
+            start = 0
+            for i in range(every - 1 - series.seen % every, len(values), every):
+                series.extend(values[start : i + 1])
+                start = i + 1
+                self._stat_points(name, series, up, steps[i], epoch, stamps[i], out)
+            if start < len(values):
+                series.extend(values[start:])
+        series.last = (steps[-1], epoch, stamps[-1])
+
+    def _fold_finite(
+        self,
+        name: str,
+        series: Series,
+        values: list[float],
+        steps: list[int],
+        epoch: int | None,
+        stamps: list[int],
+        out: list[Point],
+    ) -> None:
+        """:meth:`_fold` of finite values for ``recent_mean`` and ``ema``, a column at a time.
+
+        The same bits: each point's window is read from the column, no state updated per point.
+        """
+        every, stats = self.cfg.smooth_every, self.cfg.metric_stats
+        recent, ema = series.recent, series.ema
+        tail = list(recent.values)
+        joined, off, size = tail + values, len(tail), recent.size
+        w, c = ema.weight, 1 - ema.weight
+        last, n = ema._last, ema._n
+        start = 0
+        at = range(every - 1 - series.seen % every, len(values), every)
+        smoothed = []
+        for i in at:
+            for x in values[start : i + 1]:  # as EMA.add, value by value
+                last = last * w + c * x
+            n += i + 1 - start
+            start = i + 1
+            smoothed.append(last / (1 - w**n))  # EMA.value
+        for stat in stats:  # a statistic's points together: the rules take them as a column
+            derived, kind = f"{name}_{stat}", STATISTICS[stat].kind
+            if stat == "ema":
+                found: Iterable[float] = smoothed
+            else:  # Window.mean of the last ``size`` values up to each point's
+                found = (
+                    sum(x) / len(x) for x in (joined[max(0, off + i + 1 - size) : off + i + 1] for i in at)
+                )
+            pairs = zip(at, found, strict=True)
+            out.extend(Point(derived, name, kind, steps[i], epoch, value, stamps[i]) for i, value in pairs)
+        for x in values[start:]:
+            last = last * w + c * x
+        ema._last, ema._n = last, n + len(values) - start
+        series.count += len(values)
+        recent.values.extend(values)
+        series.trend.values.extend(values)
+
+    def _stat_points(
+        self, name: str, series: Series, up: bool, step: int, epoch: int | None, ts: int, out: list[Point]
+    ) -> None:
+        for stat in self.cfg.metric_stats:
+            statistic = STATISTICS[stat]
+            value = statistic.value(series, up)
+            out.append(Point(f"{name}_{stat}", name, statistic.kind, step, epoch, value, ts))
+
+    def _last_stat_points(self) -> list[Point]:
+        """At the run's end: a ``metric_stats`` point at the last value of each metric.
+
+        For the metrics whose last values fell after their last point (fewer than
+        ``smooth_every`` since).
+        """
+        out: list[Point] = []
+        if not self.cfg.metric_stats:
+            return out
+        every = self.cfg.smooth_every
+        for name, series in self._series.items():
+            keep, up = self._smoothed.get(name, (False, True))
+            if series.seen % every and series.last is not None and keep:
+                self._stat_points(name, series, up, *series.last, out)
+        return out
 
     def _samples(self, body: dict[str, Any], ts: int, out: list[Point]) -> None:
         """Per-sample arrays of one Metrics event: batch statistics, recent means, totals."""
@@ -487,35 +584,6 @@ class RunDeriver:
         self._histograms, self._tables = [], []
         return out
 
-    def rolling_points(self) -> list[Point]:
-        """``<metric>_<stat>`` (``metric_stats``) and per-label series updated since the last call.
-
-        The stream job calls this once per input record (what one producer logged in ~20 ms),
-        so each metric gets one point per statistic per record, at the last step it was logged
-        in that record: a point per logged value would multiply the output (measured: most of
-        the worker's cost was encoding and sending them). The per-label series are
-        ``stream_jobs/_labels.py``'s.
-        """
-        stats = self.cfg.metric_stats
-        out = []
-        if stats:
-            smoothed = self._smoothed
-            for name, (step, epoch, ts) in self._touched.items():
-                keep = smoothed.get(name)
-                if keep is None:
-                    keep = smoothed[name] = self.cfg.smoothed(name)
-                if not keep:
-                    continue
-                series = self._series[name]
-                up = self.cfg.higher_is_better(name)
-                for stat in stats:
-                    statistic = STATISTICS[stat]
-                    value = statistic.value(series, up)
-                    out.append(Point(f"{name}_{stat}", name, statistic.kind, step, epoch, value, ts))
-        self._touched.clear()
-        out.extend(Point(*p) for p in self.labels.points())
-        return out
-
     def _throughput_points(
         self, name: str, value: float, step: int, epoch: int | None, ts: int, out: list[Point]
     ) -> None:
@@ -545,7 +613,7 @@ class RunDeriver:
 
         cfg = self.cfg
         samples = ep.reward_samples.count > 0
-        reward = ep.reward_samples if samples else ep.reward
+        reward = ep.reward_samples if samples else ep.reward.total()
         if reward.count:
             avg = reward.mean
             source = (self._reward_samples.name if samples else self._reward.name) or "?"
@@ -556,8 +624,8 @@ class RunDeriver:
             if "reward" in self._previous:
                 point("Epoch/RewardTrend", source, "epoch_trend", avg - self._previous["reward"])
             self._previous["reward"] = avg
-        if ep.loss.count:
-            loss = ep.loss.mean
+        if (losses := ep.loss.total()).count:
+            loss = losses.mean
             source = self._loss.name or "?"
             point("Epoch/AvgLoss", source, "epoch_mean", loss)
             if "loss" in self._previous:
@@ -626,13 +694,24 @@ class RunDeriver:
         return out
 
 
+#: the metric_stats :meth:`RunDeriver._fold_finite` computes a column at a time
+_COLUMN_STATS = frozenset({"recent_mean", "ema"})
+
+
+def _running_sum(total: float, values: list[float]) -> float:
+    """``total`` plus the finite ``values``, added one by one (the same bits in any batching)."""
+    for v in values:
+        if math.isfinite(v):
+            total += v
+    return total
+
+
 def derive_all(
     events: Iterable[tuple[str, dict[str, Any], int]], run_id: str = "run", cfg: StreamConfig | None = None
 ) -> list[Point]:
     """Every point one run's events derive (for back-tests and tests)."""
     deriver = RunDeriver(run_id, cfg)
     out = []
-    for kind, body, ts in events:  # each event as its own record: rolling stats at every step
+    for kind, body, ts in events:
         out.extend(deriver.feed(kind, body, ts))
-        out.extend(deriver.rolling_points())
     return out

@@ -44,8 +44,9 @@ class LabelSeries:
         self._recent: dict[str, collections.deque[str]] = {}
         #: key -> its values seen, in first-seen order (at most label_values)
         self._values: dict[str, dict[str, None]] = {}
-        self._touched: dict[tuple[str, str, str], tuple[int, int | None, int]] = {}
-        self._touched_keys: dict[str, tuple[int, int | None, int]] = {}
+        #: name -> the series' point at the step being fed (flushed when the step changes)
+        self._pending: dict[str, tuple[str, str, str, int, int | None, float, int]] = {}
+        self._pending_step: int | None = None
         self.refused = 0
         self._said = False
 
@@ -57,13 +58,19 @@ class LabelSeries:
         epoch: int | None,
         ts: int,
         room: int,
-    ) -> None:
-        """Fold in one labelled event; its series get points at the next :meth:`points`.
+    ) -> list[tuple[str, str, str, int, int | None, float, int]]:
+        """Fold in one labelled event; the points of the step before, once this one has another.
+
+        ``(name, source, kind, step, epoch, value, ts)``: each series fed at a step gets one point
+        there, its value after the step's last event (several episodes often end at one step);
+        the events alone decide it, not how they were batched. :meth:`flush` gives the last step's.
 
         ``room``: how many new series the run may still derive (its ``max_series``, which label
         series count toward: one event of 10,000 scalars under 8 labels made 80,000 of them).
         """
-        where = (step, epoch, ts)
+        out = self.flush() if step != self._pending_step else []
+        self._pending_step = step
+        pending = self._pending
         for raw_key, raw_value in labels.items():
             key, value = segment(str(raw_key)), segment(str(raw_value))
             values = self._values.get(key)
@@ -89,35 +96,26 @@ class LabelSeries:
                     room -= 1
                     window = self._windows[(key, value, metric)] = Window(self.cfg.label_window)
                 window.add(x)
-                self._touched[(key, value, metric)] = where
-            self._recent[key].append(value)
-            self._touched_keys[key] = where
+                if len(window):
+                    name = f"by_{key}/{value}/{metric}_recent_mean"
+                    pending[name] = (name, metric, "label_mean", step, epoch, window.mean(), ts)
+            recent = self._recent[key]
+            recent.append(value)
+            counts = collections.Counter(recent)
+            for v in values:
+                name = f"by_{key}/{v}/share"
+                pending[name] = (name, key, "label_share", step, epoch, counts[v] / len(recent), ts)
+        return out
+
+    def flush(self) -> list[tuple[str, str, str, int, int | None, float, int]]:
+        """The points of the step being fed (at the run's end, or when the next step begins)."""
+        out = list(self._pending.values())
+        self._pending.clear()
+        return out
 
     def series(self) -> int:
         """How many series this run derives from labels (each ~1.1 kB of the worker's state)."""
         return len(self._windows)
-
-    def points(self) -> list[tuple[str, str, str, int, int | None, float, int]]:
-        """``(name, source, kind, step, epoch, value, ts)`` of every series fed since the last call.
-
-        Once each, at the last step it was fed: like the rolling statistics, once per input record.
-        """
-        out = []
-        for (key, value, metric), (step, epoch, ts) in self._touched.items():
-            window = self._windows[(key, value, metric)]
-            if len(window):
-                name = f"by_{key}/{value}/{metric}_recent_mean"
-                out.append((name, metric, "label_mean", step, epoch, window.mean(), ts))
-        for key, (step, epoch, ts) in self._touched_keys.items():
-            recent = self._recent[key]
-            counts = collections.Counter(recent)
-            for v in self._values[key]:
-                out.append(
-                    (f"by_{key}/{v}/share", key, "label_share", step, epoch, counts[v] / len(recent), ts)
-                )
-        self._touched.clear()
-        self._touched_keys.clear()
-        return out
 
     def _refuse(self, why: str) -> None:
         self.refused += 1

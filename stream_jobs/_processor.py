@@ -52,7 +52,7 @@ class Output:
         return [
             {
                 "run_id": run,
-                "points": [p.as_record() for p in self.points.get(run, ())],
+                "points": self.points.get(run, []),
                 "histograms": self.histograms.get(run, []),
                 "tables": self.tables.get(run, []),
                 "first_seq": self.first_seq.get(run, 0),
@@ -160,7 +160,6 @@ class StreamProcessor:
             if fired:
                 out.alerts.extend(fired)
         self._emit(out, run, points, roles)
-        self._emit(out, run, deriver.rolling_points(), roles)
         histograms, tables = deriver.take_objects()
         if histograms:
             out.histograms.setdefault(run, []).extend(histograms)
@@ -292,10 +291,25 @@ class StreamProcessor:
         """Add derived points to the output; rules watch derived series like logged ones."""
         if not points:
             return
-        for p in points:  # a role: e.g. the mean of per-sample rewards is the run's reward
-            fired = self.alerts.observe(run, p.name, p.value, p.step, p.ts_ms, roles.get(p.name))
-            if fired:
-                out.alerts.extend(fired)
+        alerts = self.alerts
+        i, n = 0, len(points)
+        while i < n:  # in order; a stretch of one series' points at once (a statistic's column)
+            name = points[i].name
+            j = i + 1
+            while j < n and points[j].name == name:
+                j += 1
+            role = roles.get(name)  # e.g. the mean of per-sample rewards is the run's reward
+            if alerts.watches(name, role):
+                stretch = points[i:j]
+                values, steps, stamps = (
+                    [p.value for p in stretch],
+                    [p.step for p in stretch],
+                    [p.ts_ms for p in stretch],
+                )
+                fired = alerts.observe_many(run, name, values, steps, stamps, role)
+                if fired:
+                    out.alerts.extend(fired)
+            i = j
         out.points.setdefault(run, []).extend(points)
 
     def state(self) -> dict[str, Any]:

@@ -17,15 +17,34 @@ from ._stats import EMA, Convergence, Window, trend_class
 class Series:
     """The state one logged scalar keeps for its statistics (windows, EMA, counts)."""
 
-    __slots__ = ("recent", "ema", "trend", "convergence", "count", "nonfinite")
+    __slots__ = ("recent", "ema", "trend", "convergence", "count", "nonfinite", "last")
 
     def __init__(self, window: int, ema_weight: float, trend_window: int) -> None:
         self.count = 0  # finite values, like every other statistic
         self.nonfinite = 0
+        #: (step, epoch, ts_ms) of the last value folded in: where the run's end puts its last point
+        self.last: tuple[int, int | None, int] | None = None
         self.recent = Window(window)
         self.ema = EMA(ema_weight)
         self.trend = Window(trend_window)
         self.convergence = Convergence()
+
+    @property
+    def seen(self) -> int:
+        """Values folded in so far, finite or not."""
+        return self.count + self.nonfinite
+
+    def extend(self, values: list[float]) -> None:
+        """Fold in values, in order (each statistic the same as value by value, bit for bit)."""
+        if math.isfinite(sum(values)):
+            self.count += len(values)
+        else:
+            finite = sum(map(math.isfinite, values))
+            self.count += finite
+            self.nonfinite += len(values) - finite
+        self.recent.extend(values)
+        self.trend.extend(values)
+        self.ema.extend(values)
 
 
 @dataclasses.dataclass(frozen=True)

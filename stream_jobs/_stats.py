@@ -8,6 +8,7 @@ step must not poison a window; the NaN rule in the alerts sees it instead.
 from __future__ import annotations
 
 import collections
+import copy
 import math
 from collections.abc import Iterable, Sequence
 
@@ -122,6 +123,41 @@ class Welford:
     def std(self) -> float:
         """Population standard deviation."""
         return math.sqrt(self.variance) if self.count else math.nan
+
+
+class Blocks:
+    """A :class:`Welford` fed in fixed blocks of ``BLOCK`` values, counted from the first.
+
+    The same bits however a stream of values is batched (``Welford.extend`` merges each batch
+    as a block, which rounds by the batch), at numpy's speed: the values of an unfinished block
+    wait in ``pending`` (at most ``BLOCK - 1``), and a statistic read merges them into a copy.
+    For an epoch's reward and loss, which a derived series must not make depend on batching.
+    """
+
+    __slots__ = ("done", "pending")
+
+    BLOCK = 256
+
+    def __init__(self) -> None:
+        self.done = Welford()
+        self.pending: list[float] = []
+
+    def extend(self, xs: Sequence[float]) -> None:
+        pending = self.pending
+        pending.extend(xs)
+        if len(pending) >= self.BLOCK:
+            whole = len(pending) - len(pending) % self.BLOCK
+            for i in range(0, whole, self.BLOCK):
+                self.done.extend(pending[i : i + self.BLOCK])
+            del pending[:whole]
+
+    def total(self) -> Welford:
+        """Every value so far, as one Welford (the pending block merged in a copy)."""
+        if not self.pending:
+            return self.done
+        total = copy.copy(self.done)
+        total.extend(self.pending)
+        return total
 
 
 class Window:
@@ -322,16 +358,14 @@ class EMA:
         return self.value
 
     def extend(self, xs: Sequence[float]) -> None:
-        """Fold in many values, in order."""
+        """Fold in many values, in order: bit for bit what :meth:`add` one by one gives.
+
+        No closed form over a block (``w**k`` and a dot product round differently): a derived
+        series must not depend on how its values were batched.
+        """
         w, c = self.weight, 1 - self.weight
         last, n = self._last, self._n
         finite = math.isfinite(sum(xs))
-        k = len(xs)
-        if finite and k >= 32 and w > 0:  # closed form: last * w^k + c * sum(w^(k-1-i) * x_i)
-            powers = _powers(w, k)
-            self._last = last * float(powers[0]) * w + c * float(np.dot(powers, np.asarray(xs, dtype=float)))
-            self._n = n + k
-            return
         for x in xs:
             if finite or math.isfinite(x):
                 last = last * w + c * x
@@ -347,14 +381,6 @@ class EMA:
 
 
 _POWERS: dict[float, np.ndarray] = {}
-
-
-def _powers(w: float, k: int) -> np.ndarray:
-    """``[w^(k-1), ..., w, 1]``, from a cached table per weight."""
-    table = _POWERS.get(w)
-    if table is None or table.size < k:
-        table = _POWERS[w] = w ** np.arange(max(k, 1024) - 1, -1, -1, dtype=float)
-    return table[table.size - k :]
 
 
 IMPROVING, STABLE, DECLINING = 1, 0, -1

@@ -59,13 +59,13 @@ def derived_total(settings: Settings, run_id: str, timeout: float = 30.0) -> int
 
 def _print_stream_results(settings: Settings, run_id: str) -> None:
     """What the stream worker derived, read back from its topic, and what the console consumer printed."""
-    from metricbus.schemas import default_codec, read_topic
+    from metricbus.schemas import aggregate_points, default_codec, read_topic
 
     codec = default_codec()
     points: list[dict[str, Any]] = [
         p
         for r in read_topic(settings, settings.topics.aggregates)
-        for p in codec.decode(r.value)[1]["points"]
+        for p in aggregate_points(codec.decode(r.value)[1])
         if r.key == run_id.encode()
     ]
     epochs: dict[int, dict[str, float]] = {}

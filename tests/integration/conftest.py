@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from metricbus.schemas import Settings, decode_events, default_codec, ensure_topics
+from metricbus.schemas import Settings, aggregate_points, decode_events, default_codec, ensure_topics
 from metricbus.schemas import read_topic as _read_topic
 from metricbus.stack._broker import EmbeddedBroker
 
@@ -157,7 +157,7 @@ def aggregates(settings, count, timeout=60.0):
         out = {}
         for record in read_topic(settings, settings.topics.aggregates, 1, timeout=5):
             _, batch = codec.decode(record.value)
-            for p in batch["points"]:
+            for p in aggregate_points(batch):
                 out.setdefault(p["name"], []).append(p)
         if sum(len(v) for v in out.values()) >= count:
             return out

@@ -15,7 +15,7 @@ import pytest
 from kafka.partitioner.default import murmur2
 
 from metricbus.producers import Run
-from metricbus.schemas import METRICS, RUN_FINISHED, Event, default_codec, ensure_topics
+from metricbus.schemas import METRICS, RUN_FINISHED, Event, aggregate_points, default_codec, ensure_topics
 from metricbus.sinks import read_events
 from metricbus.stream_jobs import StreamProcessor, derive_all, load_rules
 from metricbus.stream_jobs._rules import DEFAULT_RULES
@@ -158,7 +158,7 @@ def _epochs_by_run(settings) -> dict:
     out: dict = {}
     for record in read_topic(settings, settings.topics.aggregates, 1, timeout=5):
         _, batch = codec.decode(record.value)
-        for p in batch["points"]:
+        for p in aggregate_points(batch):
             if p["name"].startswith("Epoch/"):
                 by_epoch = out.setdefault(batch["run_id"], {}).setdefault(p["name"], {})
                 assert by_epoch.setdefault(p["epoch"], p["value"]) == pytest.approx(p["value"], nan_ok=True)

@@ -208,6 +208,40 @@ def test_aggregate_batches_decode_into_events_sinks_take_old_and_new():
     assert kinds[TABLE].body["rows"] == [["essay/clarity", 0.75, 12]] and kinds[TABLE].body["step"] == 11
 
 
+def test_aggregate_points_go_as_columns_and_a_v3_record_decodes_the_same():
+    from metricbus.schemas import SchemaError, aggregate_points, decode_aggregates, encode_aggregates
+
+    codec = default_codec()
+    points = [
+        ("Train/Loss_recent_mean", "Train/Loss", "rolling_mean", 9, 0, 0.25, 100),
+        ("Train/Loss_ema", "Train/Loss", "ema", 9, 0, 0.5, 100),
+        ("Epoch/AvgLoss", "Train/Loss", "epoch_mean", 9, None, float("nan"), 101),
+        ("Train/Loss_recent_mean", "Train/Loss", "rolling_mean", 19, 1, -1e300, 200),
+    ]
+    v4 = encode_aggregates(codec, "r", points, first_seq=5)
+    name, batch = codec.decode(v4)
+    assert batch["points"] == [] and len(v4) < 300
+    got = aggregate_points(batch)
+    fields = ("name", "source", "kind", "step", "epoch", "value", "ts_ms")
+    assert [tuple(p[f] for f in fields) for p in got][:2] == points[:2] and math.isnan(got[2]["value"])
+    assert got[2]["epoch"] is None and got[3]["value"] == -1e300
+    records = [dict(zip(fields, p, strict=True)) for p in points]
+    v3 = codec.encode("AggregateBatch", {"run_id": "r", "points": records, "first_seq": 5}, version=3)
+    old, new = decode_aggregates(codec, v3), decode_aggregates(codec, v4)
+    assert [(e.seq, e.ts_ms, e.body["step"]) for e in old.events] == [
+        (e.seq, e.ts_ms, e.body["step"]) for e in new.events
+    ]
+    assert [sorted(e.body["scalars"]) for e in old.events] == [sorted(e.body["scalars"]) for e in new.events]
+    columns = batch["point_columns"][1]
+    broken = {**columns, "name_index": columns["name_index"][:-4]}  # a point short
+    bad = codec.encode("AggregateBatch", {**batch, "point_columns": broken})
+    with pytest.raises(SchemaError, match="different numbers of points"):
+        decode_aggregates(codec, bad)
+    past = {**columns, "kind_index": b"\x09\x00\x00\x00" * 4}
+    with pytest.raises(SchemaError, match="kind_index past"):
+        decode_aggregates(codec, codec.encode("AggregateBatch", {**batch, "point_columns": past}))
+
+
 def test_an_aggregate_batch_numbered_past_the_longest_seq_is_refused():
     """Its seqs would not fit the archive's int64 column: the Parquet sink's flush failed for ever."""
     from metricbus.schemas import SchemaError, decode_aggregates, encode_aggregates

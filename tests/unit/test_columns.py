@@ -131,14 +131,14 @@ def test_deriving_a_record_at_a_time_equals_event_by_event():
             columns.setdefault(c.name, []).extend(zip(c.steps, c.values))
     exp, have = keyed(expected), keyed(got)
     assert have.keys() == exp.keys()
-    for key, value in exp.items():
-        assert have[key] == pytest.approx(value, rel=1e-9, nan_ok=True), key
+    for key, value in exp.items():  # bit for bit: a derived series is a function of the events
+        assert have[key] == value or (math.isnan(have[key]) and math.isnan(value)), key
     assert {p.name for p in expected} >= {"Epoch/AvgLoss", "Epoch/APITokens", "final/Train/Reward_mean"}
+    assert {"Train/Loss_ema", "Train/Loss_recent_mean"} <= {p.name for p in expected}
     # the columns carry every logged scalar, in order, for the alert rules
     for name in ("Train/Loss", "Performance/Generation_TokensPerSec"):
         logged = [(e.body["step"], e.body["scalars"][name]) for e in events[:-1] if name in e.body["scalars"]]
         assert np.array_equal(np.array(columns[name]), np.array(logged), equal_nan=True)
-    assert keyed(many.rolling_points()) == pytest.approx(keyed(one.rolling_points()), rel=1e-12)
 
 
 def test_a_redelivered_record_is_dropped_even_when_it_overlaps_new_events():

@@ -152,12 +152,13 @@ def test_final_total_samples_counts_nan_scored_samples():
 
 
 def test_stats_count_is_finite_values_and_nonfinite_is_separate():
-    cfg = StreamConfig(metric_stats=("count", "nonfinite", "std"))
+    cfg = StreamConfig(metric_stats=("count", "nonfinite", "std"), smooth_every=1)
     deriver = RunDeriver("r", cfg)
     values = [1.0, math.nan, 2.0, math.inf, 3.0]
+    points = []
     for i, v in enumerate(values):
-        deriver.feed(METRICS, metrics(i, {"m": v})[1], i)
-    pts = by_name(deriver.rolling_points())
+        points += deriver.feed(METRICS, metrics(i, {"m": v})[1], i)
+    pts = by_name(points)
     assert pts["m_count"][-1].value == 3.0
     assert pts["m_nonfinite"][-1].value == 2.0
 
@@ -284,7 +285,7 @@ def test_runs_killed_without_their_run_finished_are_forgotten_once_enough_others
 
 def test_a_run_logging_a_new_name_every_step_derives_its_first_max_series_names_only(caplog):
     """~2 kB of state a name: f"loss_{step}" grew the worker until it ran out of memory."""
-    proc = StreamProcessor(StreamConfig(max_series=50))
+    proc = StreamProcessor(StreamConfig(max_series=50, smooth_every=1))
 
     def log(seq, scalars, samples=None):
         body = metrics(seq, scalars, samples)[1]
@@ -309,20 +310,20 @@ def test_label_series_count_toward_a_runs_max_series():
     proc = StreamProcessor(StreamConfig(max_series=50))
     labels = {f"k{k}": "v" for k in range(8)}
     body = {**metrics(0, {f"m{i}": 1.0 for i in range(20)})[1], "labels": labels}
-    out = proc.process([Event("r", "p", 0, 1_000, METRICS, body, b"")])
+    proc.process([Event("r", "p", 0, 1_000, METRICS, body, b"")])
     deriver = proc._runs["r"]
     assert len(deriver._series) == 20 and deriver.labels.series() == 30 and deriver.series() == 50
-    by_label = {p.name for p in out.points["r"] if p.name.startswith("by_")}
-    assert len(by_label) == 30 + 8  # 30 series' means, and each key's share
     assert deriver.labels.refused == 8 * 20 - 30
     body = metrics(1, {"later": 1.0})[1]
-    proc.process([Event("r", "p", 1, 1_001, METRICS, body, b"")])
+    out = proc.process([Event("r", "p", 1, 1_001, METRICS, {**body, "labels": {"k0": "v"}}, b"")])
+    by_label = {p.name for p in out.points["r"] if p.name.startswith("by_") and p.step == 0}
+    assert len(by_label) == 30 + 8  # step 0's points once step 1 began: 30 series' means, each key's share
     assert "later" not in deriver._series and deriver.refused == 1  # the run's bound is reached
 
 
 def test_the_worker_forgets_the_least_recently_active_runs_past_max_partition_series(caplog):
     """1,024 runs of 10,000 names each were ~20 GB of worker state; now max_partition_series bounds it."""
-    proc = StreamProcessor(StreamConfig(max_partition_series=100))
+    proc = StreamProcessor(StreamConfig(max_partition_series=100, smooth_every=1))
 
     def log(run_id, seq, names):
         body = metrics(seq, {f"m{i}": float(seq) for i in range(names)})[1]
@@ -345,7 +346,7 @@ def test_the_worker_forgets_the_least_recently_active_runs_past_max_partition_se
     )
     out = log("r1", 1, 6)  # a forgotten run logs again: derived afresh, numbered after what went before
     assert {p.name for p in out.points["r1"]} >= {"m0_recent_mean"} and list(proc._runs) == ["r1"]
-    restored = StreamProcessor(StreamConfig(max_partition_series=100))
+    restored = StreamProcessor(StreamConfig(max_partition_series=100, smooth_every=1))
     restored.load_state(proc.state())  # a checkpoint: counted again
     assert restored._series_total == proc._series_total == 6
 
@@ -434,8 +435,8 @@ def test_counters_and_schedules_get_no_smoothing_and_everything_else_does():
         metrics(i, scalars={"train/loss": 1.0 / (i + 1), "train/n_updates": float(i * 10), "time/total_timesteps": float(i * 2048), "train/learning_rate": 3e-4, "time/fps": 900.0})
         for i in range(5)
     ]
-    names = {p.name for p in derive_all(events)}
+    names = {p.name for p in derive_all(events, cfg=StreamConfig(smooth_every=1))}
     assert {"train/loss_ema", "train/loss_recent_mean", "time/fps_ema"} <= names
     assert not {n for n in names if n.startswith(("train/n_updates_", "time/total_timesteps_", "train/learning_rate_"))}
-    everything = {p.name for p in derive_all(events, cfg=StreamConfig(unsmoothed=()))}
+    everything = {p.name for p in derive_all(events, cfg=StreamConfig(unsmoothed=(), smooth_every=1))}
     assert "train/n_updates_ema" in everything  # the list is configuration

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from metricbus.producers import Run
-from metricbus.schemas import METRICS, Event, Settings, decode_events, default_codec
+from metricbus.schemas import METRICS, RUN_FINISHED, Event, Settings, decode_events, default_codec
 from metricbus.sinks import ParquetArchive, read_events
 from metricbus.sinks._archive import SCHEMA
 from metricbus.stream_jobs import StreamConfig, StreamProcessor
@@ -86,7 +86,8 @@ def test_the_stream_derives_per_label_means_success_rates_and_shares(tmp_path):
     deriver = RunDeriver("r", cfg)
     points = []
     for i in range(0, len(events), 7):  # input records of 7 events, as the worker takes them
-        points += deriver.feed_many(events[i : i + 7])[0] + deriver.rolling_points()
+        points += deriver.feed_many(events[i : i + 7])[0]
+    points += deriver.feed_many([Event("r", "p", len(events), 9999, RUN_FINISHED, {"status": "finished"}, FP)])[0]
     last = {p.name: p.value for p in points}
     for task in TASKS:
         mine = [e for e in episodes() if e[1] == task][-50:]
@@ -104,20 +105,18 @@ def test_the_stream_derives_per_label_means_success_rates_and_shares(tmp_path):
     for reason in set(reasons):
         assert last[f"by_termination/{reason}/share"] == pytest.approx(reasons.count(reason) / 50)
     assert last["by_task/logo_b/share"] == pytest.approx(1 / 3, abs=0.02)
-    # once per record, at the last step a series was fed in it: never two points of one name
-    # at one step (an aggregate record holds one value per name and step)
+    # once per step a series was fed at (its value after the step's last event): never two
+    # points of one name at one step (an aggregate record holds one value per name and step)
     seen = Counter((p.name, p.step) for p in points)
     assert max(seen.values()) == 1
-    record_ends = {min(i + 6, len(events) - 1) for i in range(0, len(events), 7)}
-    assert {p.step for p in points if p.name == "by_task/logo_a/share"} == record_ends
-    # fed one record per event, the last values are the same
+    fed = {e.body["step"] for e in events if e.body.get("labels", {}).get("task") == "logo_a"}
+    assert {p.step for p in points if p.name == "by_task/logo_a/episode/reward_recent_mean"} == fed
+    # fed one record per event, the same points, bit for bit
     one = RunDeriver("r", cfg)
-    single = {}
-    for e in events:
-        one.feed(e.kind, e.body, e.ts_ms)
-        single |= {p.name: p.value for p in one.rolling_points()}
-    assert single == pytest.approx({k: v for k, v in last.items() if k in single})
-    assert {k for k in last if k.startswith("by_")} <= set(single)
+    single = [p for e in events for p in one.feed(e.kind, e.body, e.ts_ms)]
+    single += one.feed(RUN_FINISHED, {"status": "finished"}, 9999)
+    labelled = sorted(p for p in points if p.name.startswith("by_"))
+    assert sorted(p for p in single if p.name.startswith("by_")) == labelled and labelled
 
 
 def test_a_rule_watches_a_labels_success_rate(tmp_path):
@@ -158,8 +157,8 @@ def test_hostile_labels_become_safe_names_and_their_number_is_bounded(caplog):
                 "samples": {},
                 "labels": {"../../etc": f"v {i}/..", "b": "1", "c": "2"},
             }
-            deriver.feed(METRICS, body, i)
-            names |= {p.name for p in deriver.rolling_points()}
+            names |= {p.name for p in deriver.feed(METRICS, body, i)}
+        names |= {p.name for p in deriver.feed(RUN_FINISHED, {"status": "finished"}, 10)}
     assert "by_.._.._etc/v_0_../x_recent_mean" in names
     assert not any(n.startswith("by_c/") for n in names)  # a third key: over label_keys
     assert len({n.split("/")[1] for n in names if n.startswith("by_.._.._etc/")}) == 4

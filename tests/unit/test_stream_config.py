@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from metricbus.schemas import ConfigError
+from metricbus.schemas import RUN_FINISHED, ConfigError
 from metricbus.stream_jobs import StreamConfig, load_config, parse_config
 from metricbus.stream_jobs._derive import RunDeriver
 
@@ -56,27 +56,32 @@ def test_the_worker_refuses_a_bad_config_before_it_connects(tmp_path):
 
 
 def test_slope_and_trend_of_every_metric_with_its_direction():
-    cfg = StreamConfig(metric_stats=("slope", "trend"))
+    cfg = StreamConfig(metric_stats=("slope", "trend"), smooth_every=1)
     deriver = RunDeriver("run", cfg)
+    points = {}
     for step in range(30):
-        deriver.feed(*metrics(step, scalars={"Train/Loss": 10.0 - 0.5 * step, "Accuracy": 0.5 + 0.01 * step}))
-    points = {p.name: p.value for p in deriver.rolling_points()}
+        fed = deriver.feed(*metrics(step, scalars={"Train/Loss": 10.0 - 0.5 * step, "Accuracy": 0.5 + 0.01 * step}))
+        points |= {p.name: p.value for p in fed}
     assert points["Train/Loss_slope"] == pytest.approx(-0.5)
     assert points["Accuracy_slope"] == pytest.approx(0.01)
     assert points["Train/Loss_trend"] == 1.0  # loss falling: improving
     assert points["Accuracy_trend"] == 1.0
-    deriver.feed(*metrics(30, scalars={"Train/Loss": 50.0}))
-    assert {p.name: p.value for p in deriver.rolling_points()}["Train/Loss_trend"] == -1.0
+    assert {p.name: p.value for p in deriver.feed(*metrics(30, scalars={"Train/Loss": 50.0}))}[
+        "Train/Loss_trend"
+    ] == -1.0
 
 
-def test_metric_stats_over_the_recent_window_once_per_record():
+def test_metric_stats_over_the_recent_window_every_smooth_every_values_and_at_the_end():
     cfg = StreamConfig(metric_stats=("std", "min", "max", "median", "p99", "count", "nonfinite"))
     deriver = RunDeriver("run", cfg)
     values = [float(v) for v in np.random.default_rng(3).normal(5, 2, 37)]
     values[20] = float("nan")  # counted, never in a window statistic
+    fed = []
     for step, v in enumerate(values):
-        deriver.feed(*metrics(step, scalars={"Train/Loss": v}))
-    points = {p.name: p for p in deriver.rolling_points()}
+        fed += deriver.feed(*metrics(step, scalars={"Train/Loss": v}))
+    assert {p.step for p in fed} == {9, 19, 29}  # the 10th, 20th and 30th value's steps
+    end = deriver.feed(RUN_FINISHED, {"status": "finished"}, 99)
+    points = {p.name: p for p in end if p.name.startswith("Train/Loss_")}  # and the last value's
     assert set(points) == {f"Train/Loss_{s}" for s in cfg.metric_stats}
     recent = np.array([v for v in values if v == v][-10:])
     assert points["Train/Loss_std"].value == pytest.approx(recent.std())
@@ -86,4 +91,3 @@ def test_metric_stats_over_the_recent_window_once_per_record():
     assert points["Train/Loss_p99"].value == pytest.approx(np.quantile(recent, 0.99))
     assert points["Train/Loss_count"].value == 36 and points["Train/Loss_count"].step == 36
     assert points["Train/Loss_nonfinite"].value == 1  # the NaN: counted apart, like everywhere
-    assert deriver.rolling_points() == []  # nothing new since
