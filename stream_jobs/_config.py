@@ -114,6 +114,10 @@ class StreamConfig:
     #: mean or an EMA of a step count says nothing. The catalog's list (``schemas/_catalog.py``)
     #: by default; () smooths every scalar.
     unsmoothed: tuple[str, ...] = UNSMOOTHED
+    #: Counters found by their values get none either: a series whose values so far are all
+    #: whole numbers, none below the one before (a step or sample count, a constant), until a
+    #: value is not (then it is smoothed from there on). False: only ``unsmoothed`` names.
+    detect_counters: bool = True
     #: Per-label series (``run.log(..., labels={"task": "logo_a"})``, ``run.log_episode``):
     #: every labelled scalar M gets ``by_<key>/<value>/M_recent_mean`` over the last
     #: ``label_window`` values with that label (of a 0/1 success flag: the success rate), and

@@ -421,6 +421,15 @@ class RunDeriver:
         if known is None:
             known = self._smoothed[name] = (self.cfg.smoothed(name), self.cfg.higher_is_better(name))
         keep, up = known
+        if keep and stats and series.counter and self.cfg.detect_counters:  # whole numbers, never falling
+            counting = _counting(series.recent.values[-1] if series.recent.values else None, values)
+            if counting:
+                series.extend(values[:counting])
+            if counting < len(values):  # the first value that is not: a metric, smoothed from here
+                series.counter = False
+                self._fold(name, series, values[counting:], steps[counting:], epoch, stamps[counting:], out)
+            series.last = (steps[-1], epoch, stamps[-1])
+            return
         if not (stats and keep):
             series.extend(values)
         elif _COLUMN_STATS.issuperset(stats) and math.isfinite(sum(values)):
@@ -502,7 +511,8 @@ class RunDeriver:
         every = self.cfg.smooth_every
         for name, series in self._series.items():
             keep, up = self._smoothed.get(name, (False, True))
-            if series.seen % every and series.last is not None and keep:
+            counting = series.counter and self.cfg.detect_counters
+            if series.seen % every and series.last is not None and keep and not counting:
                 self._stat_points(name, series, up, *series.last, out)
         return out
 
@@ -692,6 +702,15 @@ class RunDeriver:
                     Point(f"final/{short}_{stat}", name, "final", self._last_step, self._epoch_no, value, ts)
                 )
         return out
+
+
+def _counting(last: float | None, values: list[float]) -> int:
+    """How many of ``values`` keep a counter counting: whole numbers, none below the one before."""
+    for k, x in enumerate(values):
+        if not (math.isfinite(x) and x.is_integer()) or (last is not None and x < last):
+            return k
+        last = x
+    return len(values)
 
 
 #: the metric_stats :meth:`RunDeriver._fold_finite` computes a column at a time

@@ -17,13 +17,16 @@ from ._stats import EMA, Convergence, Window, trend_class
 class Series:
     """The state one logged scalar keeps for its statistics (windows, EMA, counts)."""
 
-    __slots__ = ("recent", "ema", "trend", "convergence", "count", "nonfinite", "last")
+    __slots__ = ("recent", "ema", "trend", "convergence", "count", "nonfinite", "last", "counter")
 
     def __init__(self, window: int, ema_weight: float, trend_window: int) -> None:
         self.count = 0  # finite values, like every other statistic
         self.nonfinite = 0
         #: (step, epoch, ts_ms) of the last value folded in: where the run's end puts its last point
         self.last: tuple[int, int | None, int] | None = None
+        #: every value so far a whole number, none below the one before (a step count, samples
+        #: seen, a constant): no smoothing until a value is not (``RunDeriver._fold``)
+        self.counter = True
         self.recent = Window(window)
         self.ema = EMA(ema_weight)
         self.trend = Window(trend_window)

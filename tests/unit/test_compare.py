@@ -112,3 +112,20 @@ def test_labelled_series_are_compared_per_label():
         by["Train/AvgReward [task=hard]"].mean == 0.5 and by["Train/AvgReward [task=hard]"].baseline_mean == 0
     )
     assert by["Train/AvgReward [task=easy]"].mean == 1.0
+
+
+def test_two_sb3_runs_are_compared_on_their_rewards_logged_as_episode_returns():
+    """SB3's adapter logs each rollout's episode returns as samples beside rollout/ep_rew_mean."""
+    from metricbus.diagnostics._compare import compare_runs
+
+    runs = {}
+    for name, level in (("a", 200.0), ("b", 120.0)):
+        events = archived(name, {"lr": 3e-4 if name == "a" else 1e-1}, [0.0] * 60)
+        for e in events[1:]:
+            i = e.body["step"]
+            e.body["scalars"] = {"train/loss": 1.0}
+            e.body["samples"] = {"rollout/episode_return": [level + (i % 5), level - (i % 3)]}
+        runs[name] = events
+    result = compare_runs(runs, baseline="a")
+    (reward,) = [m for m in result.metrics if m.metric == "rollout/episode_return"]
+    assert reward.verdict == "worse" and reward.mean < reward.baseline_mean  # higher is better

@@ -249,7 +249,7 @@ def test_a_long_lived_worker_keeps_the_state_of_the_last_finished_runs_only_and_
 
     def attempt(run_id, first_seq, steps):
         bodies = [(RUN_STARTED, run_started("p", "n"))]
-        bodies += [metrics(s, {"Train/Loss": float(s)})[:2] for s in steps]
+        bodies += [metrics(s, {"Train/Loss": s + 0.5})[:2] for s in steps]
         bodies.append((RUN_FINISHED, {"status": "finished", "summary": {}}))
         producer = f"{run_id}-p"
         return proc.process(
@@ -264,7 +264,7 @@ def test_a_long_lived_worker_keeps_the_state_of_the_last_finished_runs_only_and_
     resumed = attempt("r0", 12, range(10, 15))  # a new attempt, its producer's seqs going on
     assert resumed.first_seq["r0"] == numbered  # numbered after what went before: no sink drops it
     recent = [p for p in resumed.points["r0"] if p.name == "Train/Loss_recent_mean"]
-    assert recent[-1].value == sum(range(10, 15)) / 5  # derived afresh: the attempt's 5 values
+    assert recent[-1].value == sum(range(10, 15)) / 5 + 0.5  # derived afresh: the attempt's 5 values
 
 
 def test_runs_killed_without_their_run_finished_are_forgotten_once_enough_others_logged_after_them():
@@ -293,7 +293,7 @@ def test_a_run_logging_a_new_name_every_step_derives_its_first_max_series_names_
 
     names = set()
     for step in range(100):  # two new scalar names a step, and a new samples name
-        out = log(step, {"Train/Loss": 1.0, f"u/{step}": 1.0}, {f"s/{step}": [1.0, 2.0]})
+        out = log(step, {"Train/Loss": 0.5, f"u/{step}": 0.5}, {f"s/{step}": [1.0, 2.0]})
         names |= {p.source for p in out.points.get("r", [])}
     deriver = proc._runs["r"]
     assert len(deriver._series) + len(deriver._sample_windows) == 50
@@ -326,7 +326,7 @@ def test_the_worker_forgets_the_least_recently_active_runs_past_max_partition_se
     proc = StreamProcessor(StreamConfig(max_partition_series=100, smooth_every=1))
 
     def log(run_id, seq, names):
-        body = metrics(seq, {f"m{i}": float(seq) for i in range(names)})[1]
+        body = metrics(seq, {f"m{i}": seq + 0.5 for i in range(names)})[1]
         return proc.process([Event(run_id, f"{run_id}-p", seq, 1_000 + seq, METRICS, body, b"")])
 
     for run_id in ("r0", "r1", "r2"):
@@ -432,11 +432,48 @@ def test_a_finished_run_forgotten_leaves_no_rule_state_and_a_stray_event_of_it_i
 def test_counters_and_schedules_get_no_smoothing_and_everything_else_does():
     """SB3 logs step counts and schedules beside its losses: an EMA of train/n_updates says nothing."""
     events = [
-        metrics(i, scalars={"train/loss": 1.0 / (i + 1), "train/n_updates": float(i * 10), "time/total_timesteps": float(i * 2048), "train/learning_rate": 3e-4, "time/fps": 900.0})
+        metrics(
+            i,
+            scalars={
+                "train/loss": 1.0 / (i + 1),
+                "train/n_updates": float(i * 10),
+                "time/total_timesteps": float(i * 2048),
+                "train/learning_rate": 3e-4,
+                "time/fps": 900.0 + 0.25 * i,
+            },
+        )
         for i in range(5)
     ]
     names = {p.name for p in derive_all(events, cfg=StreamConfig(smooth_every=1))}
     assert {"train/loss_ema", "train/loss_recent_mean", "time/fps_ema"} <= names
-    assert not {n for n in names if n.startswith(("train/n_updates_", "time/total_timesteps_", "train/learning_rate_"))}
-    everything = {p.name for p in derive_all(events, cfg=StreamConfig(unsmoothed=(), smooth_every=1))}
-    assert "train/n_updates_ema" in everything  # the list is configuration
+    assert not {
+        n
+        for n in names
+        if n.startswith(("train/n_updates_", "time/total_timesteps_", "train/learning_rate_"))
+    }
+    everything = {
+        p.name
+        for p in derive_all(events, cfg=StreamConfig(unsmoothed=(), detect_counters=False, smooth_every=1))
+    }
+    assert "train/n_updates_ema" in everything  # the list and the detection are configuration
+    found = {p.name for p in derive_all(events, cfg=StreamConfig(unsmoothed=(), smooth_every=1))}
+    assert "train/learning_rate_ema" in found and "train/n_updates_ema" not in found  # counts, by value
+
+
+def test_a_series_is_a_counter_until_a_value_says_otherwise_in_any_batching():
+    """Episode lengths rise by whole steps while a policy learns, then fall: smoothed from then."""
+    from metricbus.schemas import RUN_FINISHED
+
+    lengths = [10.0, 12.0, 12.0, 15.0, 20.0, 18.0, 25.0, 30.0, 22.0, 40.0, 41.0, 39.0]
+    events = [metrics(i, {"episode/length": v}) for i, v in enumerate(lengths)]
+    events.append((RUN_FINISHED, {"status": "finished", "summary": {}}, 99))
+    points = [
+        p for p in derive_all(events, cfg=StreamConfig(smooth_every=1)) if p.name == "episode/length_ema"
+    ]
+    assert [p.step for p in points] == list(range(5, 12))  # from the first fall (20 -> 18) on
+    deriver = RunDeriver("r", StreamConfig(smooth_every=1))
+    bodies = [b for _, b, _ in events[:-1]]
+    whole = deriver.feed_many([Event("r", "p", i, i, METRICS, b, b"") for i, b in enumerate(bodies)])[0]
+    assert [(p.step, p.value) for p in whole if p.name == "episode/length_ema"] == [
+        (p.step, p.value) for p in points
+    ]

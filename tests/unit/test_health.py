@@ -193,3 +193,23 @@ def test_with_no_broker_the_dead_letters_are_not_checked_and_no_client_is_left_o
     with pytest.raises(Exception):  # noqa: B017 - aiokafka's own connection error
         read_topic(settings, settings.topics.deadletter, timeout_s=1.0)
     assert len(made) == 1 and made[0]._closed  # stopped, its connections closed
+
+
+@pytest.mark.parametrize("reward", ["Train/Reward", "rollout/episode_return"])
+def test_a_reward_logged_as_samples_is_judged_like_one_logged_as_a_scalar(reward):
+    """The README's own example logs per-sample rewards; SB3's adapter logs episode returns so."""
+    events = []
+    for e in run():
+        if e.kind == METRICS:
+            s = e.body["step"]
+            samples = {reward: [s / 200 - 0.1, s / 200 + 0.1, math.nan]}  # a NaN-scored sample: left out
+            body = {**e.body, "scalars": {"Train/Loss": e.body["scalars"]["Train/Loss"]}, "samples": samples}
+            e = e._replace(body=body)
+        events.append(e)
+    health = assess("r", events)
+    assert f"reward {reward}: 0.0475 -> 0.9475" in evidence(health, "progress")  # medians of the tenths
+    falling = [
+        e._replace(body={**e.body, "samples": {reward: [1 - e.body["step"] / 200]}}) if e.kind == METRICS else e
+        for e in events
+    ]
+    assert f"reward {reward} did not improve" in evidence(assess("r", falling), "progress")
