@@ -42,7 +42,7 @@ def archived(settings, run_id: str, ready, timeout: float = 60.0) -> dict:
     return out
 
 
-def test_lightning_logger_gets_every_metric_the_csv_logger_gets(settings, sink, tmp_path):
+def test_lightning_logger_gets_every_metric_the_csv_logger_gets(settings, sink, worker, tmp_path):
     pytest.importorskip("lightning", reason="Lightning is an optional extra; `make test` installs it")
     import lightning.pytorch as pl
     import torch
@@ -105,6 +105,18 @@ def test_lightning_logger_gets_every_metric_the_csv_logger_gets(settings, sink, 
     assert sorted(
         {e for n, e in zip(*(epochs[c].to_pylist() for c in ("name", "epoch"))) if n == "train_loss"}
     ) == [0, 1, 2]
+    # Epoch/AvgLoss per Lightning epoch: the mean of the losses Lightning logged in that epoch
+    want: dict = {}
+    for row in rows:
+        if row.get("train_loss"):
+            want.setdefault(int(row["epoch"]), []).append(float(row["train_loss"]))
+    derived: dict = {}
+    deadline = time.monotonic() + 60
+    while len(derived.get("Epoch/AvgLoss", [])) < len(want) and time.monotonic() < deadline:
+        derived = aggregates(settings, 1, timeout=5)
+    loss = {p["epoch"]: (p["value"], p["source"]) for p in derived["Epoch/AvgLoss"]}
+    assert loss == {e: (pytest.approx(sum(v) / len(v)), "train_loss") for e, v in want.items()}
+    assert set(loss) == {0, 1, 2}  # no epoch Lightning never ran
 
 
 def test_sb3_callback_gets_every_key_sb3_writes_and_every_episode(settings, sink, worker, tmp_path):
@@ -347,4 +359,13 @@ def test_trl_grpo_gets_seed_002_names_and_every_samples_score(settings, sink, wo
     assert derived["final/a_reward_nonfinite_samples"][-1]["value"] == 3
     totals = {p["step"]: p["value"] for p in derived["rewards/total_mean"]}  # seed 002: sum of the means
     assert totals == pytest.approx({s: means[s] + a_means[s] for s in means}, rel=1e-9)
+    # the Trainer's epochs (3 steps of a 16-prompt epoch: all in its first): Epoch/AvgLoss of
+    # epoch 0 is the mean of the losses TRL logged, and no other epoch appears
+    closing: dict = {}
+    deadline = time.monotonic() + 60
+    while not closing.get("Epoch/AvgLoss") and time.monotonic() < deadline:
+        closing = aggregates(settings, 1, timeout=5)
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    assert [(p["epoch"], p["source"]) for p in closing["Epoch/AvgLoss"]] == [(0, "loss")]
+    assert closing["Epoch/AvgLoss"][0]["value"] == pytest.approx(sum(losses) / len(losses))
     assert alerts_of_closed_run(settings, run.run_id) == []  # the default rules: a healthy run
