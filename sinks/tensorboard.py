@@ -8,10 +8,13 @@ scalars layout built from the series the run logs (``_tb_layout``: seed 004's gr
 framework's names; rewritten when a chart gains a series, and kept across restarts). Values
 are float32 (``simple_value``), as TensorBoard itself stores them.
 
-Durability: records are appended to an event file of our own (TensorBoard's record format)
-and fsynced at ``flush``; the identities written (logged and derived) are then saved beside
-it in a ledger, so a restarted sink drops re-delivered events. A crash between the two can
-repeat the events of one flush interval (at-least-once).
+Durability: records are held in memory until ``flush`` appends them to an event file of our
+own (TensorBoard's record format) and fsyncs it; the identities written (logged and derived)
+are then saved beside it in a ledger, so a restarted sink drops re-delivered events. A crash
+between the two can repeat the events of one flush interval (at-least-once). A disk that
+refuses the write (full) fails the flush: the file is cut back to what the ledger records,
+nothing is committed, and the runtime retries the flush with backoff until it has room; no
+event is dead-lettered for it.
 
 A run whose first event here is not its RunStarted (a derived point can overtake it: they
 come from another topic) starts under ``_unknown/``; its RunStarted moves the directory to
@@ -26,6 +29,7 @@ names never merge, the tag gets ``~`` and 6 hex digits of the original name's ha
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -108,6 +112,10 @@ class _RunWriter:
         self._file: BinaryIO = open(directory / self.name, "ab")  # noqa: SIM115 - closed in close()
         self._records = RecordWriter(self._file)
         self._event = event_pb2.Event
+        #: serialized events not yet in the file: written, fsynced and recorded at flush, so a
+        #: disk that refuses (full) fails the flush, which the runtime retries with everything
+        #: still here, instead of failing writes whose events would be dead-lettered
+        self._unwritten: list[bytes] = []
         self.dirty = False
         if not goes_on:
             self.write(self._event(wall_time=time.time(), file_version="brain.Event:2"))
@@ -124,13 +132,25 @@ class _RunWriter:
                     path.unlink()
 
     def write(self, event: Any) -> None:
-        self._records.write(event.SerializeToString())
+        self._unwritten.append(event.SerializeToString())
         self.dirty = True
 
     def flush(self) -> None:
+        """Write, fsync and record what was written since.
+
+        On a refusal (a full disk) the file is cut back to what the ledger records and the
+        error raised: the next flush writes it all again.
+        """
         if self.dirty:
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            try:
+                for record in self._unwritten:
+                    self._records.write(record)
+                self._file.flush()
+                os.fsync(self._file.fileno())
+            except OSError:
+                self._reopen_at_recorded_size()
+                raise
+            self._unwritten.clear()
             self.ledger.files[self.name] = self._file.tell()
             self.ledger.dirty = True
             self.dirty = False
@@ -138,6 +158,18 @@ class _RunWriter:
         if self.layout_dirty:  # after the ledger: a name is kept once the layout event is kept
             atomic_write(self.directory / LAYOUT_FILE, json.dumps(self.layout.held()).encode())
             self.layout_dirty = False
+
+    def _reopen_at_recorded_size(self) -> None:
+        """Drop what a failed flush left in the file and in its buffer: back to the ledger's size."""
+        path = self.directory / self.name
+        with contextlib.suppress(OSError):  # its buffer may hold bytes the disk still refuses
+            self._file.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.truncate(path, self.ledger.files.get(self.name, 0))
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        self._file = open(path, "ab")  # noqa: SIM115 - closed in close()
+        self._records = RecordWriter(self._file)
 
     def close(self) -> None:
         self.flush()
@@ -194,7 +226,7 @@ class TensorBoardSink(Sink):
         return held
 
     def write(self, events: Sequence[Event]) -> list[tuple[Event, str]]:
-        """Turn events into TensorBoard records (buffered in the OS until flush).
+        """Turn events into TensorBoard records (held in memory until :meth:`flush` writes them).
 
         Returns the events TensorBoard's protobufs refused, with the reason.
         """

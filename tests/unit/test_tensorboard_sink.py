@@ -378,3 +378,36 @@ def test_a_sink_must_implement_the_contract_and_gets_the_optional_members_as_no_
     sink.release(), sink.derived_complete("r"), sink.close()  # no-ops
     with pytest.raises(NotImplementedError):
         sink.write_columns(None)  # type: ignore[arg-type]
+
+
+def test_a_full_disk_fails_the_flush_not_the_events_and_the_next_flush_writes_each_once(small_disk):
+    """A real tmpfs that fills: nothing is refused as a bad event, the file is cut back to what
+    the ledger records, and once there is room the retried flush writes every event once."""
+    import errno
+
+    from tests.conftest import fill
+
+    sink = TensorBoardSink(small_disk / "tb")
+    sink.open()
+    sink.write([started()])
+    sink.flush()
+    filler = fill(small_disk, leave=2048)
+    events = [
+        ev(
+            step + 1,
+            METRICS,
+            {"step": step, "epoch": None, "rank": 0, "scalars": {"Train/Loss": step / 7}, "samples": {}},
+        )
+        for step in range(2000)
+    ]
+    assert sink.write(events) == []  # nothing refused: a full disk is not a bad event
+    with pytest.raises(OSError) as refused:
+        sink.flush()
+    assert refused.value.errno == errno.ENOSPC
+    with pytest.raises(OSError):
+        sink.flush()  # still full: refused again, the file still cut back
+    filler.unlink()
+    sink.flush()
+    sink.close()
+    acc = accumulate(small_disk / "tb" / "grpo" / "gemma-run-1")
+    assert [s.step for s in acc.Scalars("Train/Loss")] == list(range(2000))

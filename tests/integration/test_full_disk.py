@@ -1,0 +1,109 @@
+"""A data disk that fills up under the sinks, mid-run, on the real stack: nothing is dead-lettered
+for it, nothing is committed past what is on disk, and once there is room again every sink holds
+every event once (issue: every tier honest about what it wrote)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import time
+
+import pytest
+
+from metricbus.producers import Run
+from metricbus.sinks import read_table
+
+from ..conftest import fill
+from .conftest import cli, read_topic
+
+pytestmark = pytest.mark.integration
+
+
+def start(settings, log_path, *args):
+    log = open(log_path, "wb")  # on the test's own disk: the sink's log is not what fills
+    env = {**os.environ, **settings.to_env()}
+    proc = subprocess.Popen(cli(settings, *args), stdout=log, stderr=subprocess.STDOUT, env=env)
+    return proc, log
+
+
+def tensorboard_steps(root, run_id) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    dirs = list(root.glob(f"*/*{run_id}"))
+    if not dirs:
+        return []
+    acc = EventAccumulator(str(dirs[0]), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [s.step for s in acc.Scalars("Train/Loss")] if "Train/Loss" in acc.Tags()["scalars"] else []
+
+
+def archived_steps(settings, run_id) -> list[int]:
+    try:
+        table = read_table(settings.archive_dir, run_id, columns=["name", "step"])
+    except (FileNotFoundError, ValueError, OSError):
+        return []
+    return sorted(
+        s
+        for n, s in zip(table["name"].to_pylist(), table["step"].to_pylist(), strict=True)
+        if n == "Train/Loss"
+    )
+
+
+def test_the_parquet_and_tensorboard_sinks_wait_out_a_full_disk_and_lose_nothing(
+    settings, small_disk, tmp_path
+):
+    on_disk = dataclasses.replace(settings, data_dir=small_disk)  # the archive and ledgers on the small disk
+    procs = [
+        start(on_disk, tmp_path / "parquet.log", "sink", "parquet", "--flush-interval", "0.3"),
+        start(
+            on_disk,
+            tmp_path / "tb.log",
+            "sink",
+            "tensorboard",
+            "--logdir",
+            str(small_disk / "tb"),
+            "--flush-interval",
+            "0.3",
+        ),
+    ]
+    try:
+        run = Run("full-disk", settings=settings, system_metrics=False)
+
+        def scalars(step: int) -> dict:
+            return {"Train/Loss": 1 / (step + 1), **{f"Train/m{j}": step * 0.5 + j for j in range(8)}}
+
+        for step in range(300):
+            run.log(scalars(step), step=step)
+        assert run.flush(timeout=30)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (
+            len(archived_steps(on_disk, run.run_id)) < 300
+            or len(tensorboard_steps(small_disk / "tb", run.run_id)) < 300
+        ):
+            time.sleep(0.5)
+        filler = fill(small_disk)  # the disk is full now
+        for step in range(300, 3000):
+            run.log(scalars(step), step=step)
+        assert run.finish(timeout=30)  # the broker has them: the sinks cannot write them yet
+        time.sleep(4)  # several flush intervals against a full disk
+        logs = {name: (tmp_path / f"{name}.log").read_text() for name in ("parquet", "tb")}
+        for name, text in logs.items():
+            assert "flush failed" in text and "No space left on device" in text, (name, text[-2000:])
+            assert "Traceback" not in text, (name, text[-3000:])
+        assert all(p.poll() is None for p, _ in procs)  # waiting, not dead
+        filler.unlink()  # room again
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and (
+            len(archived_steps(on_disk, run.run_id)) < 3000
+            or len(tensorboard_steps(small_disk / "tb", run.run_id)) < 3000
+        ):
+            time.sleep(0.5)
+        assert archived_steps(on_disk, run.run_id) == list(range(3000))  # every event once
+        assert tensorboard_steps(small_disk / "tb", run.run_id) == list(range(3000))
+        assert read_topic(settings, settings.topics.deadletter, 0, timeout=3) == []  # nothing dead-lettered
+    finally:
+        for proc, log in procs:
+            proc.terminate()
+            proc.wait(30)
+            log.close()
