@@ -23,6 +23,10 @@ class SeqSet:
         self._ends: list[int] = []
         self.merge(intervals)
 
+    def __contains__(self, seq: int) -> bool:
+        i = bisect.bisect_right(self._starts, seq) - 1
+        return i >= 0 and seq <= self._ends[i]
+
     def add(self, seq: int) -> bool:
         """Record ``seq``; return False if it was already there (a duplicate)."""
         ends = self._ends

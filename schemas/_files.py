@@ -115,6 +115,11 @@ class Ledger:
         for producer, intervals in held.items():
             self.seqs.setdefault(producer, SeqSet()).merge(intervals)
 
+    def has(self, producer_id: str, seq: int) -> bool:
+        """Whether the event is held (a seq below 0, no identity, never is)."""
+        seqs = self.seqs.get(producer_id)
+        return seq >= 0 and seqs is not None and seq in seqs
+
     def add(self, producer_id: str, seq: int) -> bool:
         """Record one event as held (durable only after the next ``save``); False if it was."""
         if seq < 0:

@@ -252,6 +252,14 @@ def _first_missing(intervals: Sequence[Interval]) -> int:
     return merged[0][1] + 1 if merged and merged[0][0] <= 0 else 0
 
 
+class Interrupted(Exception):  # noqa: N818 - an outcome, not a failure
+    """Raised by ``_process`` when the loop stops mid-slice: the slice is not taken.
+
+    Nothing of it is committed, so the next process reads it again (what was already done
+    is dropped by its identity).
+    """
+
+
 class ConsumerLoop:
     """One consumer group's loop: poll, process, flush, then commit; dead letters; clean stop.
 
@@ -366,7 +374,11 @@ class ConsumerLoop:
             while end < len(records) and (end == start or size < SLICE_BYTES):
                 size += len(records[end].value or b"")
                 end += 1
-            await self._process(records[start:end])
+            try:
+                await self._process(records[start:end])
+            except Interrupted as why:
+                log.info("%s: %s", self.name, why)
+                return
             for record in records[start:end]:
                 self._uncommitted[TopicPartition(record.topic, record.partition)] = record.offset + 1
             self._after_slice()

@@ -10,9 +10,13 @@ so nothing is silently lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import hashlib
 import logging
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
@@ -31,13 +35,15 @@ from metricbus.schemas import (
     strict_json,
 )
 
-from ._runtime import ConsumerLoop
+from ._runtime import ConsumerLoop, Interrupted
 from ._wandb_file import finish
 from ._wandb_run import init_run, raise_on_wandb, run_project, wandb_mode
 
 log = logging.getLogger("metricbus.alerts")
 
-Handler = Callable[[dict[str, Any]], Awaitable[bool]]
+#: delivers one alert: True when delivered, False when given up on (dead-lettered); may raise
+#: :class:`Superseded` or :class:`Interrupted` (see :class:`Delivery`)
+Handler = Callable[[dict[str, Any], "Delivery"], Awaitable[bool]]
 
 
 class ConsoleAlerts:
@@ -48,55 +54,129 @@ class ConsoleAlerts:
     def __init__(self, out: TextIO = sys.stdout) -> None:
         self.out = out
 
-    async def __call__(self, alert: dict[str, Any]) -> bool:
+    async def __call__(self, alert: dict[str, Any], delivery: Delivery) -> bool:
         """Print the alert's line; always succeeds."""
         print(format_alert(alert), file=self.out, flush=True)
         return True
 
 
-class WebhookAlerts:
-    """POST ``{"text": <the console line>, "alert": {...}}`` (Slack's incoming-webhook shape)."""
+class Superseded(Exception):  # noqa: N818 - an outcome, not a failure
+    """A delivery given up because a later alert of the same rule and series closes it."""
 
-    def __init__(self, url: str, retries: int = 5, backoff_s: float = 1.0, timeout_s: float = 10.0) -> None:
+
+@dataclasses.dataclass
+class Delivery:
+    """What a handler may ask while it tries to deliver one alert.
+
+    ``stopping``: the consumer is stopping (a handler that waits returns by raising
+    :class:`Interrupted`: the alert is not committed and the next consumer delivers it);
+    ``superseded``: a later alert of the consumer's slice resolves or ends this one.
+    """
+
+    stopping: asyncio.Event
+    superseded: bool = False
+
+
+class WebhookAlerts:
+    """POST ``{"text": <the console line>, "alert": {...}}`` (Slack's incoming-webhook shape).
+
+    Each alert is tried until the endpoint takes it (any 2xx), with a backoff doubling from
+    ``backoff_s`` to ``max_backoff_s``, for up to ``give_up_s`` (then dead-lettered, with the
+    reason), or until a later alert of the same rule and series resolves or ends it (Alertmanager's
+    rule: a notification is retried until it succeeds or the alert resolves). Every try carries the
+    same ``Idempotency-Key``, so a receiver drops a repeat: a request the client timed out on may
+    have arrived. An endpoint answering slower than ``timeout_s`` is tried again, with the same key.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        give_up_s: float = 3600.0,
+        timeout_s: float = 60.0,
+    ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"webhook URL must start with http:// or https:// (got {url!r})")
         self.url = url
         self.name = "webhook"
-        self.retries = retries
         self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.give_up_s = give_up_s
         self.timeout_s = timeout_s
-        self.failed = 0
+        self.failed = 0  #: alerts given up on (dead-lettered)
+        self.tries = 0  #: POSTs made
 
-    async def __call__(self, alert: dict[str, Any]) -> bool:
-        """POST the alert; retry with backoff; False (logged with the alert) after the last try."""
+    async def __call__(self, alert: dict[str, Any], delivery: Delivery) -> bool:
+        """POST the alert until it is taken: True; False past ``give_up_s``.
+
+        Raises :class:`Superseded` when a later alert closes it while the endpoint refuses, and
+        :class:`Interrupted` when the consumer stops first (an unanswered POST is left to its
+        thread: the next consumer sends it again, with the same key).
+        """
         body = strict_json({"text": format_alert(alert), "alert": alert}).encode()  # a NaN loss: null
         key = idempotency_key(alert)
-        delay = self.backoff_s
-        for attempt in range(1, self.retries + 1):
+        delay, started = self.backoff_s, time.monotonic()
+        while True:
+            self.tries += 1
+            post = self._posting(body, key)
+            stop: asyncio.Future[Any] = asyncio.ensure_future(delivery.stopping.wait())
+            await asyncio.wait([post, stop], return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            if not post.done():
+                raise Interrupted("the consumer is stopping; the alert is delivered by the next one")
             try:
-                await asyncio.to_thread(self._post, body, key)
+                post.result()
                 return True
             except (urllib.error.URLError, OSError) as exc:
-                if attempt == self.retries:
-                    break
-                log.warning(
-                    "webhook %s failed (%s); retry %d/%d in %.1fs",
-                    self.url,
-                    exc,
-                    attempt,
-                    self.retries - 1,
-                    delay,
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 60.0)
+                why = exc
+            waited = time.monotonic() - started
+            if delivery.superseded:
+                raise Superseded(f"webhook {self.url} refused it ({why}); a later alert closes it")
+            if waited + delay > self.give_up_s:
+                break
+            log.warning("webhook %s failed (%s); trying again in %.1fs", self.url, why, delay)
+            try:
+                await asyncio.wait_for(delivery.stopping.wait(), delay)
+                raise Interrupted("the consumer is stopping; the alert is delivered by the next one")
+            except TimeoutError:
+                pass
+            delay = min(delay * 2, self.max_backoff_s)
         self.failed += 1
         log.error(
-            "webhook %s: giving up on alert after %d attempts: %s",
+            "webhook %s: giving up on an alert after %.0fs (give_up_s): %s",
             self.url,
-            self.retries,
+            waited,
             format_alert(alert),
         )
         return False
+
+    def _posting(self, body: bytes, key: str) -> asyncio.Future[None]:
+        """One POST in a daemon thread of its own: a consumer that stops does not wait for it.
+
+        asyncio's own threads are joined at exit, which took as long as the endpoint hung.
+        """
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if not done.done():
+                if error is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(error)
+
+        def post() -> None:
+            error: BaseException | None = None
+            try:
+                self._post(body, key)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+                loop.call_soon_threadsafe(settle, error)
+
+        threading.Thread(target=post, name="metricbus-webhook-post", daemon=True).start()
+        return done
 
     def _post(self, body: bytes, key: str) -> None:
         headers = {"Content-Type": "application/json", "Idempotency-Key": key}
@@ -137,7 +217,7 @@ class WandbAlerts:
         self.mode = wandb_mode(mode)
         self._runs: dict[str, Any] = {}
 
-    async def __call__(self, alert: dict[str, Any]) -> bool:
+    async def __call__(self, alert: dict[str, Any], delivery: Delivery) -> bool:
         """Send the alert to W&B (in a thread: the W&B client blocks)."""
         return await asyncio.to_thread(self._send, alert)
 
@@ -210,23 +290,44 @@ class AlertRunner(ConsumerLoop):
         self.ledger.save()
 
     async def _process(self, records: list[Any]) -> None:
+        decoded: list[tuple[Any, dict[str, Any] | None, str]] = []
         for record in records:
-            self.stats.records += 1
             try:
-                alert = decode_alert(self.codec, record.value)
+                decoded.append((record, decode_alert(self.codec, record.value), ""))
             except SchemaError as exc:
-                await self._deadletter(record.value, record.key, f"{type(exc).__name__}: {exc}", record)
+                decoded.append((record, None, f"{type(exc).__name__}: {exc}"))
+        closing: dict[tuple[str, str, str], int] = {}  # (run, rule, series) -> its last closing alert
+        for i, (_, alert, _) in enumerate(decoded):
+            if alert is not None and alert["state"] in ("resolved", "ended"):
+                closing[(alert["run_id"], alert["rule"], alert["metric"])] = i
+        for i, (record, alert, bad) in enumerate(decoded):
+            self.stats.records += 1
+            if alert is None:
+                await self._deadletter(record.value, record.key, bad, record)
                 continue
             self.stats.events += 1
-            if not self.ledger.add(alert["run_id"], alert["seq"]):
-                self.stats.duplicates += 1
-                continue
-            try:
-                delivered = await self.handler(alert)
-                why = "" if delivered else f"{self.name}: delivery failed after its retries"
-            except Exception as exc:  # noqa: BLE001 - one alert must not stop the consumer
-                delivered, why = False, f"{self.name}: {type(exc).__name__}: {exc}"
-            if delivered:
-                self.stats.written += 1
+            if not self.ledger.has(alert["run_id"], alert["seq"]):
+                key = (alert["run_id"], alert["rule"], alert["metric"])
+                delivery = Delivery(self._stopping, superseded=closing.get(key, -1) > i)
+                await self._deliver(record, alert, delivery)  # Interrupted: the slice is not taken
             else:
-                await self._deadletter(record.value, record.key, why, record)
+                self.stats.duplicates += 1
+
+    async def _deliver(self, record: Any, alert: dict[str, Any], delivery: Delivery) -> None:
+        try:
+            delivered = await self.handler(alert, delivery)
+            why = "" if delivered else f"{self.name}: delivery failed until it gave up"
+        except (Interrupted, asyncio.CancelledError):
+            raise
+        except Superseded as exc:
+            log.warning("%s: %s", self.name, exc)
+            self.stats.duplicates += 1
+            self.ledger.add(alert["run_id"], alert["seq"])
+            return
+        except Exception as exc:  # noqa: BLE001 - one alert must not stop the consumer
+            delivered, why = False, f"{self.name}: {type(exc).__name__}: {exc}"
+        self.ledger.add(alert["run_id"], alert["seq"])
+        if delivered:
+            self.stats.written += 1
+        else:
+            await self._deadletter(record.value, record.key, why, record)

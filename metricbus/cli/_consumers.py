@@ -98,7 +98,7 @@ def cmd_alerts(args: argparse.Namespace) -> int:
         if not (args.webhook or args.wandb):
             handler: Any = ConsoleAlerts()
         elif args.webhook:
-            handler = WebhookAlerts(args.webhook)
+            handler = WebhookAlerts(args.webhook, give_up_s=args.give_up_s)
         else:
             handler = WandbAlerts(settings.data_dir / "wandb-alerts", runs=settings.data_dir / "wandb")
     except ValueError as exc:

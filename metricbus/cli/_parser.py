@@ -144,7 +144,17 @@ def build_parser() -> argparse.ArgumentParser:
     s = command("alerts", help="deliver alerts: one line each on the console, or POST to a webhook")
     s.add_argument("--console", action="store_true", help="print each alert as one line (the default)")
     s.add_argument(
-        "--webhook", metavar="URL", help="POST Slack-compatible JSON to URL (retries with backoff)"
+        "--webhook",
+        metavar="URL",
+        help="POST Slack-compatible JSON to URL, each alert until it is taken (backoff up to 30 s)",
+    )
+    s.add_argument(
+        "--give-up-s",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help="webhook: dead-letter an alert the endpoint refused this long (default 3600; it is "
+        "given up sooner when a later alert resolves or ends it)",
     )
     s.add_argument(
         "--wandb",

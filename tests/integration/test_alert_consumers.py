@@ -3,6 +3,7 @@ import http.server
 import io
 import json
 import threading
+import time
 
 import pytest
 from kafka import KafkaProducer
@@ -175,14 +176,15 @@ def test_webhook_posts_slack_compatible_json_and_retries_a_failing_endpoint(sett
     assert len(_Hook.keys) == 3 and len(set(_Hook.keys)) == 1 and len(_Hook.keys[0]) == 32
 
 
-def test_an_unreachable_webhook_gives_up_after_its_retries_and_dead_letters_the_alert(settings):
+def test_an_unreachable_webhook_gives_up_after_give_up_s_and_dead_letters_the_alert(settings):
     publish(settings, [ALERT])
-    hook = WebhookAlerts("http://127.0.0.1:9/nothing-listens", retries=3, backoff_s=0.05, timeout_s=1)
+    hook = WebhookAlerts("http://127.0.0.1:9/nothing-listens", backoff_s=0.05, give_up_s=0.5, timeout_s=1)
     stats = run_consumer(settings, hook, "dead", lambda st: st.deadlettered >= 1)
     assert stats.records == 1 and hook.failed == 1 and stats.written == 0
     (dead,) = read_topic(settings, settings.topics.deadletter, 1)
     assert default_codec().decode(dead.value)[1]["rule"] == "nan_loss"  # the alert itself, kept
-    assert "delivery failed after its retries" in dict(dead.headers)["metricbus.reason"].decode()
+    assert "delivery failed until it gave up" in dict(dead.headers)["metricbus.reason"].decode()
+    assert hook.tries >= 3  # tried again with backoff until give_up_s
 
 
 def test_the_wandb_sink_with_alerts_raises_each_alert_once_on_the_run_it_holds_open(settings, tmp_path):
@@ -234,3 +236,134 @@ def test_the_wandb_sink_with_alerts_raises_each_alert_once_on_the_run_it_holds_o
         ("nan_loss resolved", "[RESOLVED] critical nan_loss: run run-7 Train/Loss step 42: loss is NaN"),
     ]
     assert read_run(settings.data_dir / "wandb", "run-7", every_opening=True)["projects"] == {"grpo"}
+
+
+class _Endpoint:
+    """A webhook receiver whose behaviour is scripted: ``behave(nth request, seconds since the first)``
+    returns "ok", "fail" (a 503) or a number of seconds to hang before answering 200. It keeps
+    every request's Idempotency-Key and, like a careful receiver, takes each key's alert once."""
+
+    def __init__(self, behave):
+        self.behave, self.requests, self.taken = behave, [], {}
+        self.started: float | None = None
+        endpoint = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                key = self.headers.get("Idempotency-Key")
+                if endpoint.started is None:
+                    endpoint.started = time.monotonic()
+                how = endpoint.behave(len(endpoint.requests), time.monotonic() - endpoint.started)
+                endpoint.requests.append((key, how))
+                if how == "fail":
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                if how != "ok":
+                    time.sleep(how)
+                endpoint.taken.setdefault(key, body["alert"])  # a repeat of a key is dropped
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+def _alerts(n, run="run-7"):
+    return [{**ALERT, "run_id": run, "seq": i, "step": 40 + i, "rule": f"rule_{i}"} for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("scenario", "behave", "timeout_s"),
+    [
+        ("down for 6 s", lambda n, t: "fail" if t < 6 else "ok", 60.0),
+        ("hangs past the client's timeout, then answers", lambda n, t: 3.0 if t < 5 else "ok", 1.0),
+        ("slow: 2 s a request, within the timeout", lambda n, t: 2.0, 60.0),
+        ("flapping", lambda n, t: "fail" if n % 2 == 0 else "ok", 60.0),
+    ],
+)
+def test_every_alert_reaches_a_webhook_that_fails_hangs_or_flaps_and_repeats_share_a_key(
+    settings, scenario, behave, timeout_s
+):
+    endpoint = _Endpoint(behave)
+    sent = _alerts(3)
+    try:
+        publish(settings, sent)
+        hook = WebhookAlerts(endpoint.url, backoff_s=0.2, max_backoff_s=1.0, timeout_s=timeout_s)
+        stats = run_consumer(
+            settings, hook, f"w-{scenario[:4]}", lambda st: st.written + st.deadlettered >= 3
+        )
+    finally:
+        endpoint.close()
+    assert stats.deadlettered == 0 and stats.written == 3 and hook.failed == 0, scenario
+    assert sorted(a["seq"] for a in endpoint.taken.values()) == [0, 1, 2]  # each alert, taken once
+    keys = [k for k, _ in endpoint.requests]
+    assert len(set(keys)) == 3  # every repeat of an alert carried its first try's key
+    if scenario != "slow: 2 s a request, within the timeout":
+        assert len(keys) > 3  # it was tried again
+    else:
+        assert len(keys) == 3  # a slow answer is an answer: no repeat
+
+
+def test_an_alert_resolved_while_the_endpoint_is_down_is_not_retried_past_its_resolution(settings):
+    """Alertmanager's rule: a notification is retried until it succeeds or the alert resolves."""
+    endpoint = _Endpoint(lambda n, t: "fail" if n < 3 else "ok")  # down for the first tries
+    firing = {**ALERT, "seq": 0}
+    resolved = {**ALERT, "seq": 1, "state": "resolved", "message": "back within limits"}
+    try:
+        publish(settings, [firing, resolved])
+        hook = WebhookAlerts(endpoint.url, backoff_s=0.2, max_backoff_s=0.5)
+        stats = run_consumer(settings, hook, "w-sup", lambda st: st.written >= 1)
+    finally:
+        endpoint.close()
+    assert [a["state"] for a in endpoint.taken.values()] == ["resolved"]
+    assert stats.deadlettered == 0 and stats.duplicates == 1  # the firing one: superseded, said
+
+
+def test_sigterm_ends_the_webhook_consumer_within_10_s_mid_outage_and_the_next_one_delivers(
+    settings, tmp_path
+):
+    """A hanging endpoint: the consumer stops without waiting for it and commits nothing it did
+    not deliver; the next consumer delivers the alert, with the same key."""
+    import os
+    import signal
+    import subprocess
+
+    from .conftest import cli
+
+    hang = {"on": True}
+    endpoint = _Endpoint(lambda n, t: 30.0 if hang["on"] else "ok")
+    env = {**os.environ, **settings.to_env()}
+    log = open(tmp_path / "alerts.log", "wb")
+    try:
+        publish(settings, [ALERT])
+        proc = subprocess.Popen(
+            cli(settings, "alerts", "--webhook", endpoint.url), stdout=log, stderr=subprocess.STDOUT, env=env
+        )
+        deadline = time.monotonic() + 60
+        while not endpoint.requests and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert endpoint.requests, (tmp_path / "alerts.log").read_text()
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        assert time.monotonic() - t0 < 10
+        hang["on"] = False
+        hook = WebhookAlerts(endpoint.url, backoff_s=0.2)
+        group = settings.groups.alerts("webhook")  # the stopped consumer's group
+        stats = run_consumer(settings, hook, group, lambda st: st.written >= 1)
+    finally:
+        log.close()
+        endpoint.close()
+    assert stats.written == 1
+    keys = {k for k, _ in endpoint.requests}
+    assert len(keys) == 1  # the hung try and the delivery: one key, taken once by the receiver
+    assert [a["seq"] for a in endpoint.taken.values()] == [0]

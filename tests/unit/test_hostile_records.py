@@ -247,7 +247,7 @@ def test_alert_consumers_deliver_each_usable_alert_once_and_dead_letter_the_rest
     threading.Thread(target=server.serve_forever, daemon=True).start()
     _Webhook.bodies = []
     out = io.StringIO()
-    webhook = WebhookAlerts(f"http://127.0.0.1:{server.server_port}/hook", retries=1)
+    webhook = WebhookAlerts(f"http://127.0.0.1:{server.server_port}/hook", give_up_s=0)
     handlers = [ConsoleAlerts(out), webhook, WandbAlerts(tmp_path / "wandb-alerts")]
     try:
         for handler in handlers:

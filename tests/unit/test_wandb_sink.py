@@ -119,7 +119,9 @@ def test_wandb_alert_consumer_raises_an_alert_on_the_run(tmp_path, offline):
         "message": "loss is NaN",
         "ts_ms": 0,
     }
-    assert asyncio.run(handler(alert))
+    from metricbus.sinks.alerts import Delivery
+
+    assert asyncio.run(handler(alert, Delivery(asyncio.Event())))
     handler.close()
     (got,) = [
         r.alert
