@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable
+from itertools import repeat
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -474,16 +475,21 @@ class RunDeriver:
             n += i + 1 - start
             start = i + 1
             smoothed.append(last / (1 - w**n))  # EMA.value
+        k = len(at)
+        if not k:
+            stats = ()
+        at_steps, at_stamps, same = [steps[i] for i in at], [stamps[i] for i in at], repeat(epoch, k)
         for stat in stats:  # a statistic's points together: the rules take them as a column
-            derived, kind = f"{name}_{stat}", STATISTICS[stat].kind
             if stat == "ema":
-                found: Iterable[float] = smoothed
+                found = smoothed
             else:  # Window.mean of the last ``size`` values up to each point's
-                found = (
-                    sum(x) / len(x) for x in (joined[max(0, off + i + 1 - size) : off + i + 1] for i in at)
-                )
-            pairs = zip(at, found, strict=True)
-            out.extend(Point(derived, name, kind, steps[i], epoch, value, stamps[i]) for i, value in pairs)
+                windows = (joined[max(0, off + i + 1 - size) : off + i + 1] for i in at)
+                found = [sum(x) / len(x) for x in windows]
+            derived, kind = repeat(f"{name}_{stat}", k), repeat(STATISTICS[stat].kind, k)
+            # Point._make: tuple.__new__ in C, a third of the cost of Point(...) a point
+            columns = zip(derived, repeat(name, k), kind, at_steps, same, found, at_stamps, strict=True)
+            out.extend(map(Point._make, columns))
+            same = repeat(epoch, k)
         for x in values[start:]:
             last = last * w + c * x
         ema._last, ema._n = last, n + len(values) - start
