@@ -318,10 +318,12 @@ class Publisher:
             while not self._stopping:
                 self._wake.wait(self.linger_s)
                 self._wake.clear()
-                with self._lock:
-                    self._spool_queue_locked()
-                self._send_wake.set()
-                self._sync_if_behind()
+                more = True
+                while more and not self._stopping:  # a batch per hold of the lock: under overload
+                    with self._lock:  # the queue never empties, and the sender needs the lock too
+                        more = self._spool_queue_locked(batches=1)
+                    self._send_wake.set()
+                    self._sync_if_behind()
         except Exception:  # noqa: BLE001 - the thread must never die silently
             log.exception("metricbus spooler thread failed; queued events go to the spool at finish()")
 
@@ -340,9 +342,14 @@ class Publisher:
                     if not self._thread.is_alive():
                         self._close_locked()
 
-    def _spool_queue_locked(self) -> None:
+    def _spool_queue_locked(self, batches: int | None = None) -> bool:
+        """Spool what is queued (at most ``batches`` records' worth); True if some is left."""
         queue = self._queue
         while len(queue) >= PER_EVENT:
+            if batches is not None:
+                if batches == 0:
+                    return True
+                batches -= 1
             n = min(len(queue) // PER_EVENT, self.max_batch_events)
             items = list(starmap(queue.popleft, repeat((), n * PER_EVENT)))
             prepared = self.prepare(items, self._next_seq)
@@ -353,6 +360,7 @@ class Publisher:
             self._spool_records(records, taken)
         if self._held and not queue:
             self._spool_records([], 0)  # the disk may have room again
+        return False
 
     def _spool_records(self, records: list[bytes], events: int) -> None:
         """Append to the spool after what it refused before, in order; hold them while it refuses."""

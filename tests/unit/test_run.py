@@ -469,3 +469,25 @@ def test_log_after_finish_is_ignored_with_a_warning_and_a_strict_run_raises_in_t
             strict.log({7: 1.0}, step=0)  # plain numbers, a name no str: checked here, not later
     finally:
         strict.finish(timeout=10)
+
+
+def test_under_overload_the_broker_keeps_receiving_while_the_loop_sheds(settings):
+    """A loop logging millions of times a second sheds what the encoder cannot take; the sender
+    must still publish meanwhile (the spooler held the lock it needs for as long as the queue
+    was refilled: nothing reached the broker until the loop stopped)."""
+    fake = FakeTransport()
+    run = Run("p", settings=settings, transport=fake, system_metrics=False, max_queue=20_000)
+    sent_during: list[int] = []
+    deadline = time.monotonic() + 2.0
+    step = 0
+    while time.monotonic() < deadline:
+        for _ in range(1000):
+            run.log({"x": 1.0, "y": 2.0}, step=step)
+            step += 1
+        if step % 200_000 == 0:
+            sent_during.append(len(fake.records))
+    stats = run.stats()
+    assert stats["dropped_events"] > 0, stats  # it was overloaded
+    assert len(fake.records) > 0 and sent_during[-1] > sent_during[0], sent_during  # and kept sending
+    assert run.finish(timeout=30)
+    assert stats["events"] - stats["dropped_events"] <= len(fake.events())
