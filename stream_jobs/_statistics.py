@@ -37,8 +37,12 @@ class Series:
         """Values folded in so far, finite or not."""
         return self.count + self.nonfinite
 
-    def extend(self, values: list[float]) -> None:
-        """Fold in values, in order (each statistic the same as value by value, bit for bit)."""
+    def extend(self, values: list[float], smooth: bool = True) -> None:
+        """Fold in values, in order (each statistic the same as value by value, bit for bit).
+
+        ``smooth=False``: not into the EMA (a series that gets no ``metric_stats``: a counter, a
+        schedule), which costs a Python step per value.
+        """
         if math.isfinite(sum(values)):
             self.count += len(values)
         else:
@@ -47,7 +51,8 @@ class Series:
             self.nonfinite += len(values) - finite
         self.recent.extend(values)
         self.trend.extend(values)
-        self.ema.extend(values)
+        if smooth:
+            self.ema.extend(values)
 
 
 @dataclasses.dataclass(frozen=True)
