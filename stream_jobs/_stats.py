@@ -136,7 +136,7 @@ class Blocks:
 
     __slots__ = ("done", "pending")
 
-    BLOCK = 256
+    BLOCK = 1024
 
     def __init__(self) -> None:
         self.done = Welford()

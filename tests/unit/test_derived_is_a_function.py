@@ -25,7 +25,7 @@ from metricbus.stream_jobs._rules import DEFAULT_RULES, load_rules
 CODEC = default_codec()
 
 
-def run(rng: random.Random, steps: int = 600) -> list[Event]:
+def run(rng: random.Random, steps: int = 600, epoch_steps: int = 90) -> list[Event]:
     """One run using every feature the deriver has: scalars (some steps missing a name, a NaN),
     per-sample rewards, labels (several episodes at one step), throughput, epochs, a summary."""
     events = [Event("r", "p", 0, 1_000, RUN_STARTED, run_started("prop", "r", {}), b"")]
@@ -37,18 +37,18 @@ def run(rng: random.Random, steps: int = 600) -> list[Event]:
             scalars["Epoch/APITokens"] = rng.random() * 100
         if step == 250:
             scalars["Train/Loss"] = math.nan
-        body = {"step": step, "epoch": step // 90, "rank": 0, "scalars": scalars, "samples": {}}
+        body = {"step": step, "epoch": step // epoch_steps, "rank": 0, "scalars": scalars, "samples": {}}
         events.append(Event("r", "p", len(events), 2_000 + step, METRICS, body, b""))
         if step % 50 == 0:  # per-sample rewards beside, in an event of their own
             samples = {"rewards/format": [rng.random() for _ in range(4)], "criteria/clarity": [rng.random()]}
-            body = {"step": step, "epoch": step // 90, "rank": 0, "scalars": {}, "samples": samples}
+            body = {"step": step, "epoch": step // epoch_steps, "rank": 0, "scalars": {}, "samples": samples}
             events.append(Event("r", "p", len(events), 2_000 + step, METRICS, body, b""))
         # episodes ending at some steps, labelled (long stretches of plain steps elsewhere: the
         # column path takes those a column at a time)
         for _ in range(rng.choice((0, 0, 1, 2)) if 300 <= step < 400 else 0):
             body = {
                 "step": step,
-                "epoch": step // 90,
+                "epoch": step // epoch_steps,
                 "rank": 0,
                 "scalars": {"episode/reward": rng.random(), "episode/success": float(rng.random() < 0.5)},
                 "samples": {},
@@ -95,6 +95,16 @@ def test_any_batching_of_a_runs_events_gives_the_same_derived_points_bit_for_bit
     for columnar in (False, True):
         got = derived(cut(events, rng), columnar)
         assert got == expected
+
+
+def test_an_epoch_longer_than_a_block_of_its_accumulators_gives_the_same_bits_in_any_batching():
+    """The epoch's reward and loss fold in fixed blocks (``_stats.Blocks``): an epoch of 2,500
+    steps fills two of them, whatever the records."""
+    events = run(random.Random(7), steps=2500, epoch_steps=2500)
+    expected = derived([[e] for e in events], columnar=False)
+    assert [p for p in expected if p[0] == "Epoch/AvgLoss"]
+    for seed in range(3):
+        assert derived(cut(events, random.Random(seed)), columnar=True) == expected
 
 
 def test_a_fast_loop_and_a_slow_one_get_the_same_smoothed_points():
