@@ -87,7 +87,7 @@ def faust_worker(settings, tmp: str) -> float:
         codec = default_codec()
         deadline = time.monotonic() + 300
         starts: dict[int, int] = {}  # read only what is new: re-reading the whole output every
-        first, last = None, None  # poll took CPU from the worker on a 2-core machine
+        first, last = None, None  # poll would take CPU from the worker on a 2-core machine
         while time.monotonic() < deadline:
             time.sleep(2)
             closed = False

@@ -154,7 +154,7 @@ class WebhookAlerts:
     def _posting(self, body: bytes, key: str) -> asyncio.Future[None]:
         """One POST in a daemon thread of its own: a consumer that stops does not wait for it.
 
-        asyncio's own threads are joined at exit, which took as long as the endpoint hung.
+        asyncio's own threads are joined at exit, which would wait as long as the endpoint hangs.
         """
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()

@@ -158,7 +158,7 @@ function makePlot(c) {
     width: Math.max(300, c.box.clientWidth - 14),
     height: 180,
     scales: { x: { time: xMode === "wall" } },
-    legend: { show: names.length > 1, live: false }, // the names only: values on hover took a third of the chart
+    legend: { show: names.length > 1, live: false }, // the names only: live values would take a third of the chart
     series: [
       { label: AXES[xMode] },
       ...names.map((n, i) => ({ label: n, stroke: COLORS[i % COLORS.length], width: i ? 2 : 1.5, spanGaps: i > 0, points: { show: (i ? c.overlays[n] : c.points).length < 60 } })),
