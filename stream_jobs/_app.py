@@ -110,6 +110,9 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
         producer_acks=1,
         producer_compression_type=settings.compression_type,  # as the training jobs send
         producer_max_request_size=MAX_RECORD_BYTES + 64 * 1024,
+        # a batch may hold several outputs (a smoothed point every 10 steps of every metric makes
+        # records of tens of kB): at aiokafka's 16 kB each went out in a request of its own
+        producer_max_batch_size=MAX_RECORD_BYTES + 64 * 1024,
         consumer_max_fetch_size=MAX_RECORD_BYTES + 64 * 1024,
         datadir=str(datadir),  # never the user's working directory
     )
