@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from metricbus.schemas import BrokerError, PortInUseError
@@ -54,10 +55,18 @@ def port_free(host: str, port: int) -> bool:
 class EmbeddedBroker:
     """Start / stop Tansu on 127.0.0.1:port. A context manager; stop() is idempotent."""
 
-    def __init__(self, port: int = 9092, host: str = "127.0.0.1", log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        port: int = 9092,
+        host: str = "127.0.0.1",
+        log_path: Path | None = None,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        """``report``: where to say that its log cannot be written (``metricbus up``'s terminal)."""
         self.host = host
         self.port = port
         self.log_path = log_path
+        self.report = report
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -86,6 +95,7 @@ class EmbeddedBroker:
                 "memory://tansu/",
             ],
             log_path=self.log_path,
+            report=self.report,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -1,12 +1,20 @@
-"""Child processes that die with their parent (Linux PR_SET_PDEATHSIG) and stop in bounded time."""
+"""Child processes that die with their parent (Linux PR_SET_PDEATHSIG) and stop in bounded time.
+
+A child of ``metricbus up`` writes its output through a :class:`LogPump` of ours: its log file
+while the disk takes it, and its last lines in memory always, so a full data disk loses no
+child's errors: they are shown on up's terminal until the disk has room again.
+"""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import ctypes
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -19,14 +27,100 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+class LogPump:
+    """Copies a child's output to its log file, line by line, keeping the last lines in memory.
+
+    When the file cannot be written (a full disk), ``report`` is told once, with the reason,
+    and then every line that reads as an error, until a write succeeds again (told too).
+    """
+
+    KEPT = 200  #: lines kept in memory, whatever the disk does
+
+    def __init__(self, name: str, path: Path, stream: IO[bytes], report: Callable[[str], None]) -> None:
+        self.name, self.path, self.stream, self.report = name, path, stream, report
+        self.kept: collections.deque[bytes] = collections.deque(maxlen=self.KEPT)
+        self.failing = False
+        self._file: IO[bytes] | None = None
+        self._thread = threading.Thread(target=self._run, name=f"log-{name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for line in iter(self.stream.readline, b""):
+            self.kept.append(line)
+            try:
+                if self._file is None:
+                    self._file = open(self.path, "ab")  # noqa: SIM115 - kept open between lines
+                self._file.write(line)
+                self._file.flush()
+            except OSError as exc:
+                self._refused(line, exc)
+                continue
+            if self.failing:
+                self.failing = False
+                self.report(f"metricbus up: {self.name}: its log {self.path} is written again")
+        self._close()
+
+    def _refused(self, line: bytes, exc: OSError) -> None:
+        self._close()  # its buffer may hold what the disk refused: dropped, reopened next line
+        if not self.failing:
+            self.failing = True
+            self.report(
+                f"metricbus up: {self.name}: cannot write its log {self.path} ({exc.strerror or exc}); "
+                f"its last {self.KEPT} lines are kept in memory and its errors shown here until "
+                "the disk has room"
+            )
+        text = line.decode("utf-8", "replace").rstrip()
+        if any(word in text for word in ("ERROR", "CRITICAL", "Traceback", "Error:")):
+            self.report(f"metricbus up: {self.name}: {text[:500]}")
+
+    def _close(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+
+    def tail(self, lines: int = 12) -> str:
+        """The child's last ``lines`` lines, from memory (the file may have refused them)."""
+        kept = list(self.kept)[-lines:]
+        return "\n".join(line.decode("utf-8", "replace").rstrip() for line in kept)
+
+    def join(self, timeout: float = 2.0) -> None:
+        """Wait for the child's last output (after it exited)."""
+        self._thread.join(timeout)
+
+
+class Pumped(subprocess.Popen[bytes]):
+    """A child whose output goes through its :class:`LogPump`."""
+
+    log_pump: LogPump
+
+
 def spawn(
-    argv: Sequence[str], log_path: Path | None = None, env: dict[str, str] | None = None
+    argv: Sequence[str],
+    log_path: Path | None = None,
+    env: dict[str, str] | None = None,
+    report: Callable[[str], None] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv``; its output goes to ``log_path`` (or is inherited); it gets SIGTERM if we die.
 
-    The child runs in a session of its own, so a Ctrl-C at the terminal (SIGINT to the whole
-    foreground process group) reaches only us: we stop children in the order they need.
+    With ``report``, the output goes through a :class:`LogPump` (``proc.log_pump``), which says
+    on ``report`` when the log cannot be written. The child runs in a session of its own, so a
+    Ctrl-C at the terminal (SIGINT to the whole foreground process group) reaches only us: we
+    stop children in the order they need.
     """
+    if log_path is not None and report is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        proc = Pumped(
+            list(argv),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads exist in the child yet
+            start_new_session=True,
+        )
+        assert proc.stdout is not None
+        proc.log_pump = LogPump(Path(log_path).stem, log_path, proc.stdout, report)
+        return proc
     out: IO[Any] | None = None
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,8 +151,11 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> int | None:
     return proc.returncode
 
 
-def tail(path: Path, lines: int = 12) -> str:
-    """The last ``lines`` lines of a log file ("" if there is none)."""
+def tail(path: Path, lines: int = 12, proc: subprocess.Popen[bytes] | None = None) -> str:
+    """The last ``lines`` lines of a child's output: its pump's when it has one, else its log file's."""
+    if isinstance(proc, Pumped):
+        proc.log_pump.join()
+        return proc.log_pump.tail(lines)
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)

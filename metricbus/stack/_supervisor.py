@@ -132,7 +132,7 @@ class Stack:
         self.report = report or (lambda line: print(line, file=sys.stderr, flush=True))
         self.log_dir = Path(settings.data_dir) / "logs"
         self.broker = (
-            EmbeddedBroker(settings.local_port, log_path=self.log_dir / "broker.log")
+            EmbeddedBroker(settings.local_port, log_path=self.log_dir / "broker.log", report=self.report)
             if settings.is_local
             else None
         )
@@ -184,7 +184,7 @@ class Stack:
         return self
 
     def _start(self, child: _Child) -> None:
-        child.proc = _proc.spawn(child.argv, log_path=child.log_path, env=self._env)
+        child.proc = _proc.spawn(child.argv, log_path=child.log_path, env=self._env, report=self.report)
         child.started = time.monotonic()
 
     def supervise_once(self) -> None:
@@ -200,8 +200,8 @@ class Stack:
                 child.ever_ran = True
             if child.proc is not None and child.proc.poll() is not None and not self._stopped.is_set():
                 code = child.proc.returncode
+                last = _proc.tail(child.log_path, proc=child.proc)
                 child.proc = None
-                last = _proc.tail(child.log_path)
                 if code != 0 and not child.ever_ran:
                     raise MetricbusError(
                         f"{child.name} cannot start (exit code {code}); the end of {child.log_path}:\n{last}"
@@ -580,7 +580,7 @@ class Stack:
         code = broker.proc.returncode
         self.broker_restarts += 1
         count_restart("broker")
-        last = _proc.tail(broker.log_path) if broker.log_path is not None else ""
+        last = _proc.tail(broker.log_path, proc=broker.proc) if broker.log_path is not None else ""
         self.report(
             f"metricbus up: the embedded broker exited with code {code} (restart "
             f"{self.broker_restarts}); it is memory-only: topics and offsets start over, producers "

@@ -29,7 +29,7 @@ from metricbus.sinks import read_table
 from metricbus.sinks.alerts import format_alert
 from metricbus.sinks.tensorboard import tag
 
-from .conftest import cli, read_topic
+from .conftest import cli, free_port, read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -239,7 +239,7 @@ class Up:
         env.pop("WANDB_API_KEY", None)
         self.out = Path(settings.data_dir) / "up.out"
         self.proc = subprocess.Popen(
-            cli(settings, "up"),
+            cli(settings, "up", "--dashboard-port", str(free_port())),  # 8765 may be another test's
             stdout=open(self.out, "wb"),
             stderr=subprocess.STDOUT,
             env=env,  # noqa: SIM115

@@ -45,6 +45,10 @@ def start_up(tmp_path, *args):
     """`metricbus up` on a free port; returns (process, port, the lines it printed)."""
     port = free_port()
     env = {**os.environ, "METRICBUS_LOCAL_PORT": str(port)}
+    if "--dashboard-port" not in args and "--no-dashboard" not in args:
+        # a port of its own: two `up`s starting at once (parallel tests) both found 8765 free,
+        # and the second's dashboard could not bind it
+        args = (*args, "--dashboard-port", str(free_port()))
     proc = subprocess.Popen(
         metricbus("up", *args, data_dir=tmp_path),
         stdout=subprocess.PIPE,
