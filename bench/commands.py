@@ -1,0 +1,118 @@
+"""How long the commands people wait on take, cold (a fresh process each time), on long runs.
+
+Two archived runs of BENCH_STEPS steps (default 100,000) of BENCH_METRICS scalars (20), and
+the time of `metricbus runs`, `metricbus health <run>` and `metricbus compare <a> <b>` in a new
+process each (medians of BENCH_REPEATS), beside the peer in the same run: TensorBoard's own
+loader (EventAccumulator, its default 1,000 points a tag) reading one of the runs from event
+files written with TensorBoard's writer, in a new process too. Targets: runs and health under
+1 s, compare under 1.5 s.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STEPS = int(os.environ.get("BENCH_STEPS", 100_000))
+METRICS = int(os.environ.get("BENCH_METRICS", 20))
+REPEATS = int(os.environ.get("BENCH_REPEATS", 3))
+RUNS = ("20261101-000000-bencha00", "20261101-000000-benchb00")
+
+
+def build(data_dir: Path) -> None:
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    from metricbus.schemas import METRICS as KIND
+    from metricbus.schemas import RUN_FINISHED, RUN_STARTED, Event, default_codec, run_started
+    from metricbus.sinks import ParquetArchive
+
+    fp = default_codec().newest("EventBatch").fingerprint
+    sink = ParquetArchive(data_dir / "archive")
+    sink.open()
+    for k, rid in enumerate(RUNS):
+        sink.write(
+            [
+                Event(
+                    rid, "p", 0, 1_700_000_000_000, RUN_STARTED, run_started("cmd", f"run-{k}", {"lr": k}), fp
+                )
+            ]
+        )
+        writer = EventFileWriter(str(data_dir / "tb" / rid)) if k == 0 else None
+        for lo in range(0, STEPS, 20_000):
+            events = []
+            for s in range(lo, min(STEPS, lo + 20_000)):
+                scalars = {f"Train/m{j}": 1.0 / (s + j + 1) + 0.01 * k for j in range(METRICS)}
+                body = {"step": s, "epoch": s // 1000, "rank": 0, "samples": {}, "scalars": scalars}
+                events.append(Event(rid, "p", s + 1, 1_700_000_000_000 + s, KIND, body, fp))
+                if writer is not None:
+                    values = [summary_pb2.Summary.Value(tag=t, simple_value=v) for t, v in scalars.items()]
+                    writer.add_event(
+                        event_pb2.Event(
+                            wall_time=1.7e9 + s, step=s, summary=summary_pb2.Summary(value=values)
+                        )
+                    )
+            sink.write(events)
+            sink.flush()
+        finished = {"status": "finished", "summary": {}}
+        sink.write([Event(rid, "p", STEPS + 1, 1_700_000_000_000 + STEPS, RUN_FINISHED, finished, fp)])
+        sink.flush()
+        if writer is not None:
+            writer.close()
+    sink.close()
+
+
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+PEER = """
+import sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1])
+acc.Reload()
+assert len(acc.Tags()["scalars"]) == int(sys.argv[2])
+"""
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = Path(tmp)
+        t = time.perf_counter()
+        build(data_dir)
+        print(f"two runs of {STEPS:,} steps x {METRICS} scalars archived in {time.perf_counter() - t:.0f} s")
+        env = {
+            **os.environ,
+            "METRICBUS_BOOTSTRAP": "127.0.0.1:1",
+            "METRICBUS_DATA_DIR": tmp,
+            "METRICBUS_RUNTIME_DIR": tmp,
+        }
+        mb = [sys.executable, "-m", "metricbus"]
+        commands = {
+            "metricbus runs": [*mb, "runs"],
+            "metricbus health <run>": [*mb, "health", RUNS[0]],
+            "metricbus compare <a> <b>": [*mb, "compare", RUNS[0], RUNS[1]],
+            "python -c 'import metricbus' (the floor)": [sys.executable, "-c", "import metricbus"],
+            "TensorBoard's loader, one run (the peer)": [
+                sys.executable,
+                "-c",
+                PEER,
+                str(data_dir / "tb" / RUNS[0]),
+                str(METRICS),
+            ],
+        }
+        print(f"  {'command (a fresh process each)':<46}{'seconds, median':>16}   all")
+        for name, argv in commands.items():
+            times = sorted(timed(argv, env) for _ in range(REPEATS))
+            print(f"  {name:<46}{statistics.median(times):>16.2f}   {', '.join(f'{x:.2f}' for x in times)}")
+
+
+if __name__ == "__main__":
+    main()
