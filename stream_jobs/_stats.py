@@ -380,9 +380,6 @@ class EMA:
         return self._last / (1 - self.weight**self._n)
 
 
-_POWERS: dict[float, np.ndarray] = {}
-
-
 IMPROVING, STABLE, DECLINING = 1, 0, -1
 
 
