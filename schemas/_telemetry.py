@@ -12,7 +12,7 @@ Counters are fed from each loop's own statistics after a flush, never per record
 on a consumer is a few dictionary lookups a flush. Names (all ``metricbus_`` prefixed):
 
 - ``metricbus_consumer_<counter>_total{group}``: records, events, written, duplicates,
-  deadlettered, rejected, flushes, flush_failures, commits (see SinkStats);
+  deadlettered, rejected, flushes, flush_failures, unavailable, commits (see SinkStats);
 - ``metricbus_consumer_flush_seconds{group}``: histogram of flush durations;
 - ``metricbus_consumer_last_commit_timestamp_seconds{group}``: when the group last committed;
 - ``metricbus_worker_<counter>_total{group}``: the stream worker's records, events, outputs,
@@ -41,6 +41,7 @@ CONSUMER_COUNTERS = (
     "rejected",
     "flushes",
     "flush_failures",
+    "unavailable",
     "commits",
 )
 #: forgotten_runs: runs whose derivation state was dropped to keep within max_partition_series

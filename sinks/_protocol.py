@@ -52,6 +52,14 @@ class MetricFilter:
         return keep
 
 
+class Unavailable(Exception):  # noqa: N818 - the destination's state, not a bad record
+    """Raised by a sink's ``write`` when its destination cannot take anything now.
+
+    Not the events' fault, so none is dead-lettered: the runtime commits what is durable, reads
+    everything after it again from its partitions, and waits (backoff) before going on.
+    """
+
+
 class Sink(abc.ABC):
     """open -> (write* flush)* -> close; the optional members have working no-op defaults."""
 
@@ -92,6 +100,20 @@ class Sink(abc.ABC):
         Drop per-run state held in memory (open files, ledgers, open W&B runs); the next event
         of a run reopens it from the durable output.
         """
+
+    def confirmed(self) -> tuple[int, int] | None:
+        """For a sink whose destination confirms writes late: (handed, durable), else None.
+
+        ``handed``: how many events were passed to :meth:`write` so far, every event of every
+        call counted in order; ``durable``: how many of the first of them the destination is
+        known to hold. The runtime commits no record past one whose events are not all durable
+        yet, and flushes again while :meth:`pending` is not 0. None (the default): everything
+        a flush returned from is durable.
+        """
+        return None
+
+    def close_run(self, run_id: str) -> None:  # noqa: B027 - optional, a no-op by default
+        """Close what is held open for ``run_id`` (it reopens on the run's next event)."""
 
     def write_columns(self, columns: ScalarColumns) -> None:
         """Buffer a record's scalars-only Metrics events as its columns, with no object per event.

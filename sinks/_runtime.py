@@ -43,7 +43,7 @@ from metricbus.schemas import (
     make_producer,
 )
 
-from ._protocol import Sink
+from ._protocol import Sink, Unavailable
 
 log = logging.getLogger("metricbus.sink")
 
@@ -86,6 +86,7 @@ class SinkStats:
     flushes: int = 0
     flush_failures: int = 0
     commits: int = 0
+    unavailable: int = 0  #: times the destination could take nothing (see ``Unavailable``)
 
 
 class Feeder:
@@ -230,6 +231,8 @@ class Feeder:
             return []
         try:
             return list(self.sink.write(events) or ())
+        except Unavailable:
+            raise  # the destination's state, not the events': see ConsumerLoop
         except Exception as exc:  # noqa: BLE001 - one bad event must not stop the sink
             log.error(
                 "sink %s: write of %d events failed (%.300s); retrying one by one",
@@ -241,6 +244,8 @@ class Feeder:
         for e in events:
             try:
                 rejected.extend(self.sink.write([e]) or ())
+            except Unavailable:
+                raise
             except Exception as exc:  # noqa: BLE001 - dead-lettered with the reason
                 rejected.append((e, f"{type(exc).__name__}: {exc}"))
         return rejected
@@ -289,6 +294,7 @@ class ConsumerLoop:
         self._uncommitted: dict[Any, int] = {}
         self._last_flush = time.monotonic()
         self._flush_lock = asyncio.Lock()
+        self._unavailable_backoff = 0.0  #: seconds to wait after the destination was unavailable
 
     # -- what a subclass says -----------------------------------------------------------
 
@@ -379,9 +385,13 @@ class ConsumerLoop:
             except Interrupted as why:
                 log.info("%s: %s", self.name, why)
                 return
+            except Unavailable as why:
+                await self._wait_out(why)
+                return
+            self._unavailable_backoff = 0.0
             for record in records[start:end]:
                 self._uncommitted[TopicPartition(record.topic, record.partition)] = record.offset + 1
-            self._after_slice()
+            self._after_slice(records[start:end])
             start = end
             if self.due():
                 await self._flush_and_commit()
@@ -391,8 +401,33 @@ class ConsumerLoop:
         if self.due():
             await self._flush_and_commit()
 
-    def _after_slice(self) -> None:
+    def _after_slice(self, records: list[Any]) -> None:
         """After a slice's offsets were marked committable (before any flush)."""
+
+    async def _wait_out(self, why: Unavailable) -> None:
+        """The destination cannot take anything now: commit what is durable, read the rest again.
+
+        Nothing is dead-lettered for it. What this process took since its last commit is
+        forgotten (as on a rebalance) and read again from the partitions' commits after a
+        backoff (1 s doubling to 30 s while it lasts), its identities dropping what the sink
+        had made durable meanwhile.
+        """
+        self.stats.unavailable += 1
+        backoff = self._unavailable_backoff = min(max(1.0, self._unavailable_backoff * 2), 30.0)
+        log.error("%s: %s; reading it again in %.0fs, nothing committed past it", self.name, why, backoff)
+        await self._flush_and_commit()
+        self._released()
+        assigned = list(self._consumer.assignment())
+        if assigned:
+            await self._consumer.seek_to_committed(*assigned)
+        try:
+            await asyncio.wait_for(self._stopping.wait(), backoff)
+        except asyncio.TimeoutError:
+            pass
+
+    def _commit_limits(self) -> dict[Any, int]:
+        """Per partition, an offset not to commit past yet (after a flush); none by default."""
+        return {}
 
     async def _before_join(self) -> None:
         """Before the group is joined (its clients started): nothing by default."""
@@ -444,8 +479,11 @@ class ConsumerLoop:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
         self._last_flush = time.monotonic()
-        if self._uncommitted:
-            offsets, self._uncommitted = self._uncommitted, {}
+        limits = self._commit_limits()
+        offsets = {tp: min(offset, limits.get(tp, offset)) for tp, offset in self._uncommitted.items()}
+        # what may not be committed yet stays, for a later commit
+        self._uncommitted = {tp: o for tp, o in self._uncommitted.items() if o > offsets[tp]}
+        if offsets:
             try:
                 await self._consumer.commit(offsets)
                 self.stats.commits += 1
@@ -537,6 +575,11 @@ class SinkRunner(ConsumerLoop):
             t for t in self.topics if t not in (settings.topics.aggregates, settings.topics.alerts)
         }
         self._gaps_reported: dict[str, int] = {}
+        #: for a sink that confirms late (``Sink.confirmed``): per slice, the events handed by
+        #: its end and the first offset of each partition it wrote from
+        self._marks: list[tuple[int, dict[Any, int]]] = []
+        self._released_now: list[Any] = []  #: held records written in this slice
+        self._last_handed = 0
 
     def open(self) -> None:
         """Open the sink."""
@@ -611,6 +654,7 @@ class SinkRunner(ConsumerLoop):
         """
         feeder = self.feeder
         for run_id in [r for r in held if r in feeder.logged_runs]:
+            self._released_now.extend(record for record, _ in held[run_id])
             items = held.pop(run_id) + items
         ready = []
         for record, item in items:
@@ -788,6 +832,7 @@ class SinkRunner(ConsumerLoop):
             log.warning("%s: run %r is not in the archive; nothing to catch up on", self.name, run_id)
         if closed:
             self.sink.derived_complete(run_id)
+        self.sink.close_run(run_id)  # a sink that confirms late holds it all once the run is closed
         await self._flush_and_commit()
         return not self.pending()  # else stopped while its flush failed: the run stays listed
 
@@ -803,10 +848,38 @@ class SinkRunner(ConsumerLoop):
         self._held_alerts.clear()
         self._held_marks.clear()
         self._held_paused = False  # a new assignment starts unpaused
+        self._marks.clear()  # what was not confirmed is delivered again (not committed past)
+        self._released_now.clear()
         self.sink.release()
 
-    def _after_slice(self) -> None:
+    def _after_slice(self, records: list[Any]) -> None:
         self._hold_back_commits()
+        released, self._released_now = self._released_now, []
+        confirmed = self.sink.confirmed()
+        if confirmed is None or confirmed[0] == self._last_handed:
+            return  # nothing handed in this slice: nothing of it to wait for
+        from aiokafka import TopicPartition
+
+        self._last_handed = confirmed[0]
+        firsts: dict[Any, int] = {}
+        for record in [*records, *released]:
+            tp = TopicPartition(record.topic, record.partition)
+            firsts[tp] = min(firsts.get(tp, record.offset), record.offset)
+        self._marks.append((confirmed[0], firsts))
+
+    def _commit_limits(self) -> dict[Any, int]:
+        """No partition is committed past a record whose events the sink has not confirmed."""
+        confirmed = self.sink.confirmed()
+        if confirmed is None:
+            self._marks.clear()
+            return {}
+        durable = confirmed[1]
+        self._marks = [(handed, firsts) for handed, firsts in self._marks if handed > durable]
+        limits: dict[Any, int] = {}
+        for _, firsts in self._marks:
+            for tp, offset in firsts.items():
+                limits[tp] = min(limits.get(tp, offset), offset)
+        return limits
 
     def _hold_back_commits(self) -> None:
         """Never commit a partition past a derived record or an alert still held."""

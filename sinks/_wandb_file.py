@@ -105,6 +105,17 @@ def _pieces(f: BinaryIO, path: Path, start: int = 0) -> Iterator[bytes]:
     run file (wrong header, or ``closed`` found none of its own ``:W&B``): no records, or
     ValueError when reading from the start.
     """
+    for _, data in _placed_pieces(f, path, start):
+        if data is not None:
+            yield data
+
+
+def _placed_pieces(f: BinaryIO, path: Path, start: int = 0) -> Iterator[tuple[int, bytes | None]]:
+    """:func:`_pieces` with the block offset where each record began; last, ``(resume, None)``.
+
+    ``resume``: the block offset to read from next time to miss no record (the block where a
+    record not yet whole began, else the last block read).
+    """
     f.seek(0)
     head = f.read(HEADER)
     if len(head) < HEADER and b":W&B\xe1\xbe".startswith(head[:6]):
@@ -113,28 +124,34 @@ def _pieces(f: BinaryIO, path: Path, start: int = 0) -> Iterator[bytes]:
         if start:
             return
         raise ValueError(f"{path} is not a W&B run file")
+    at = start
     f.seek(start)
     block = f.read(BLOCK)
     pos = HEADER if start == 0 else 0
     pieces, whole = b"", start == 0  # whole: the record being gathered began in what was read
+    began, gathering = start, False
     while True:
         while pos + HEADER <= len(block):  # fewer bytes left: the block's tail is padding
             _crc, length, kind = struct.unpack_from("<IHB", block, pos)
             pos += HEADER
             chunk = block[pos : pos + length]
             if len(chunk) < length:
-                return  # torn: the writer died here
+                yield (began if gathering else at), None
+                return  # torn: the writer died here (or is writing it now)
             pos += length
             if kind == 0:
                 continue
             if kind in (1, 2):
-                pieces, whole = chunk, True
+                pieces, whole, began = chunk, True, at
             else:
                 pieces += chunk
+            gathering = kind in (2, 3)
             if kind in (1, 4) and whole:
-                yield pieces
+                yield began, pieces
         if len(block) < BLOCK:
+            yield (began if gathering else at), None
             return  # the end of the file
+        at += BLOCK
         block, pos = f.read(BLOCK), 0
 
 
@@ -165,27 +182,51 @@ def run_files(root: Path, run_id: str) -> list[Path]:
     return sorted(found, key=opening)
 
 
+def logged_ids_from(path: Path, key: str, start: int) -> tuple[list[Any], int]:
+    """:func:`logged_ids` of the records that begin at block offset ``start`` or later.
+
+    With the block offset to read from next time (records already read may be read again
+    from there). A file not there or not written yet: nothing, and ``start``.
+    """
+    found: list[Any] = []
+    resume, needle = start, key.encode()
+    try:
+        with open(path, "rb") as f:
+            for began, data in _placed_pieces(f, path, start):
+                if data is None:
+                    resume = began
+                elif needle in data:
+                    found.extend(_ids(data, key))
+    except (FileNotFoundError, ValueError):
+        return [], start
+    return found, resume
+
+
+def _ids(data: bytes, key: str) -> list[Any]:
+    """The value of history key ``key`` in one serialized record, if it is a history row with it."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        record = _record(data)
+    except DecodeError:
+        return []
+    if record.WhichOneof("record_type") != "history":
+        return []
+    for item in record.history.item:
+        nested = item.nested_key
+        if item.key == key or (len(nested) == 1 and nested[0] == key and not item.key):
+            return [json.loads(item.value_json)]
+    return []
+
+
 def logged_ids(path: Path, key: str) -> Iterator[Any]:
     """The values of history key ``key`` in one run file (the sink's row identities).
 
     A record without ``key``'s bytes is not decoded, and a row's search stops at its identity
     (one a row): 6.2 s -> 4.0 s for a 100k-row file.
     """
-    from google.protobuf.message import DecodeError
-
     needle = key.encode()
     with open(path, "rb") as f:
         for data in _pieces(f, path):
-            if needle not in data:
-                continue
-            try:
-                record = _record(data)
-            except DecodeError:
-                return
-            if record.WhichOneof("record_type") != "history":
-                continue
-            for item in record.history.item:
-                nested = item.nested_key
-                if item.key == key or (len(nested) == 1 and nested[0] == key and not item.key):
-                    yield json.loads(item.value_json)
-                    break
+            if needle in data:
+                yield from _ids(data, key)

@@ -28,12 +28,23 @@ restarted sink reads the run's own W&B file(s) back to learn which rows W&B real
 a row W&B wrote is never logged twice, and one it had not written when the process died is
 logged again: the run file is the ledger. Events that make no row (RunStarted, RunFinished,
 filtered-out metrics) are recorded in a small ledger beside the run at each flush.
+
+Only what W&B's file holds is committed: W&B writes its file a 32 KiB block at a time, on its
+own, so each flush reads the new blocks of every run with rows not seen there yet, and the
+runtime commits no record past a row W&B has not written (``confirmed``). The rows of the
+block W&B is filling wait for it (or for the run's closing). A W&B that stopped writing a run's
+file (it gives up on a file for good at its first ENOSPC) is found there: rows not in the file
+though far more than a block of rows came after them, with the file still for
+``STALLED_AFTER_S``; the run is then closed and opened again (a new file) and those rows logged
+again, the flush failing (so retried with backoff, nothing committed) while W&B cannot open it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -58,8 +69,8 @@ from metricbus.schemas import (
     histogram_bins,
 )
 
-from ._protocol import MetricFilter, Sink
-from ._wandb_file import finish, logged_ids, run_files
+from ._protocol import MetricFilter, Sink, Unavailable
+from ._wandb_file import BLOCK, finish, logged_ids, logged_ids_from, run_files
 from ._wandb_run import (
     EPOCH,
     ID_KEY,
@@ -75,6 +86,34 @@ from ._wandb_run import (
 
 log = logging.getLogger("metricbus.sink.wandb")
 SEQS_DIR = ".metricbus-seqs"
+#: A run file that has not grown for this long while more than two blocks of rows wait to be
+#: seen in it: W&B has stopped writing it.
+STALLED_AFTER_S = 10.0
+
+
+@dataclasses.dataclass
+class _Waiting:
+    """A run's rows handed to W&B and not seen in its file yet."""
+
+    path: Path  #: the run file they were handed to
+    since: float  #: when the file last grew (or the first of them was handed)
+    start: int = 0  #: the block offset to read the file from next
+    size: int = -1  #: the file's size when last read
+    #: identity -> (the event's place among those handed, the row, a lower bound of its size)
+    rows: dict[str, tuple[int, dict[str, Any], int]] = dataclasses.field(default_factory=dict)
+    bytes: int = 0  #: the rows' sizes' lower bounds, summed
+
+    def add(self, ident: str, n: int, row: dict[str, Any]) -> None:
+        size = len(ident) + 16 * len(row)
+        self.rows[ident] = (n, row, size)
+        self.bytes += size
+
+    def seen(self, ident: str) -> None:
+        row = self.rows.pop(ident, None)
+        if row is not None:
+            self.bytes -= row[2]
+
+
 class WandbSink(Sink):
     """The ``wandb`` sink (see the module docstring for its guarantees)."""
 
@@ -103,9 +142,21 @@ class WandbSink(Sink):
         self._finished: dict[str, tuple[float, int]] = {}  # run -> (when RunFinished came, exit code)
         self._complete: set[str] = set()  # runs whose derived series are all in
         self._pending = 0
+        self._handed = 0  # events passed to write() so far
+        self._waiting: dict[str, _Waiting] = {}  # run -> its rows not seen in W&B's file yet
 
     def open(self) -> None:
-        """Create the root directory and import wandb (fails with the pip line if missing)."""
+        """Create the root directory and import wandb (fails with the pip line if missing).
+
+        A ``WANDB_SERVICE`` inherited from whatever started this process is dropped: with it,
+        wandb joins that process's wandb-core, which outlives this one, so a sink killed and
+        started again found its runs still open there ("run ID ... is in use"). This process's
+        own wandb-core ends with it.
+        """
+        os.environ.pop("WANDB_SERVICE", None)
+        # wandb's own debug log is a file beside its runs: on a full disk each of its lines
+        # printed a traceback here ("--- Logging error ---"); this process's own log is a stream
+        logging.raiseExceptions = False
         self.root.mkdir(parents=True, exist_ok=True)
         import wandb  # noqa: F401
 
@@ -141,6 +192,7 @@ class WandbSink(Sink):
                 self._remember(e.run_id, e.body)
         rejected = []
         for e in events:
+            self._handed += 1
             try:
                 row = self._write(e)
             except (ValueError, TypeError, KeyError, OverflowError) as exc:
@@ -151,6 +203,16 @@ class WandbSink(Sink):
             self._pending += 1
         return rejected
 
+    def confirmed(self) -> tuple[int, int]:
+        """(events handed, how many of the first of them W&B's files hold or the ledgers keep)."""
+        first = [next(iter(w.rows.values()))[0] - 1 for w in self._waiting.values() if w.rows]
+        return self._handed, min(first, default=self._handed)
+
+    def close_run(self, run_id: str) -> None:
+        """Finish the W&B run (its file then holds every row handed to it)."""
+        if run_id in self._runs:
+            self._finish(run_id)
+
     def derived_complete(self, run_id: str) -> None:
         """The worker published the run's last derived event: finish it if it has finished."""
         self._complete.add(run_id)
@@ -158,13 +220,16 @@ class WandbSink(Sink):
             self._finish(run_id)
 
     def pending(self) -> int:
-        """Events handed to W&B since the last flush."""
-        return self._pending
+        """Events handed to W&B since the last flush, and rows not seen in its files yet."""
+        return self._pending + sum(len(w.rows) for w in self._waiting.values())
 
     def flush(self) -> None:
-        """Record which identities were handed to W&B (W&B itself has no flush).
+        """Record the identities that make no row; see which rows W&B's files hold now.
 
-        Then keep in memory only the ledgers of open runs (read again when needed).
+        W&B itself has no flush: rows it holds are found in its files (``confirmed``); a run
+        whose file W&B stopped writing is opened again and its missing rows logged again,
+        raising while W&B cannot open it. Then keep in memory only the ledgers of open runs
+        (read again when needed).
         """
         for ledger in self._ledgers.values():
             ledger.save()
@@ -184,14 +249,18 @@ class WandbSink(Sink):
                 log.info("run %s: nothing written for %.0fs; closing until its next event", run_id, now - at)
                 self._finish(run_id)
         self._pending = 0
+        for run_id in list(self._waiting):
+            self._see(run_id)
 
     def release(self) -> None:
         """A rebalance: finish the W&B runs this instance has open and drop its ledgers.
 
         Another instance may resume a run next (W&B resumes by id); this one reloads what it
-        needs on a run's next event.
+        needs on a run's next event. Rows not seen in W&B's files were not committed past:
+        they are delivered again to whoever reads their partition next.
         """
         self.close()
+        self._waiting.clear()
         self._ledgers.clear()
         self._finished.clear()
         self._complete.clear()
@@ -253,10 +322,60 @@ class WandbSink(Sink):
         if not row:
             return False
         row[STEP] = body["step"]
-        if e.seq >= 0:
-            row[ID_KEY] = f"{e.producer_id}/{e.seq}"
-        self._run(e.run_id).log(row)
-        return e.seq >= 0
+        run = self._run(e.run_id)
+        if e.seq < 0:
+            run.log(row)
+            return False
+        ident = row[ID_KEY] = f"{e.producer_id}/{e.seq}"
+        run.log(row)
+        waiting = self._waiting.get(e.run_id)
+        if waiting is None:
+            waiting = self._waiting[e.run_id] = _Waiting(Path(run.settings.sync_file), time.monotonic())
+        waiting.add(ident, self._handed, row)
+        return True
+
+    def _see(self, run_id: str) -> None:
+        """Strike off the rows W&B's file now holds; open the run again if W&B stopped writing it."""
+        waiting = self._waiting[run_id]
+        try:
+            size = waiting.path.stat().st_size
+        except FileNotFoundError:
+            size = -1
+        now = time.monotonic()
+        if size != waiting.size:
+            found, waiting.start = logged_ids_from(waiting.path, ID_KEY, waiting.start)
+            for ident in found:
+                waiting.seen(str(ident))
+            waiting.size, waiting.since = size, now
+        if not waiting.rows:
+            del self._waiting[run_id]
+            return
+        closed = run_id not in self._runs  # its file is whole: what it lacks, W&B lost
+        if closed or (waiting.bytes > 2 * BLOCK and now - waiting.since >= STALLED_AFTER_S):
+            self._log_again(run_id, waiting)
+
+    def _log_again(self, run_id: str, waiting: _Waiting) -> None:
+        """Open the run anew (a new file) and log the rows W&B's file lacks; raises if W&B cannot."""
+        log.warning(
+            "run %s: W&B did not write %d row(s) to %s (is its disk full?); opening the run again "
+            "to log them",
+            run_id,
+            len(waiting.rows),
+            waiting.path,
+        )
+        stale = self._runs.pop(run_id, None)
+        if stale is not None:
+            try:
+                finish(stale, timeout_s=1.0)
+            except Exception as exc:  # noqa: BLE001 - a W&B that cannot write its file
+                log.warning("run %s: W&B could not finish it (%s)", run_id, exc)
+        run = self._run(run_id)  # raises while W&B cannot open it: the flush is retried
+        fresh = self._waiting[run_id] = _Waiting(Path(run.settings.sync_file), time.monotonic())
+        for ident, (n, row, _) in waiting.rows.items():
+            run.log(row)
+            fresh.add(ident, n, row)
+        if run_id in self._finished and run_id in self._complete:
+            self._finish(run_id)
 
     def _finish(self, run_id: str) -> None:
         run = self._runs.pop(run_id, None)
@@ -312,7 +431,12 @@ class WandbSink(Sink):
         tags = wandb_tags(meta["tags"])
         if tags != meta["tags"]:
             config["metricbus/tags"] = meta["tags"]
-        run = init_run(self.root, run_id, self.mode, project, name=meta["name"], config=config, tags=tags)
+        try:
+            run = init_run(self.root, run_id, self.mode, project, name=meta["name"], config=config, tags=tags)
+        except ImportError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - W&B's state (in use, no disk, no service), not the event's
+            raise Unavailable(f"W&B cannot open run {run_id} ({type(exc).__name__}: {exc})") from exc
         run.define_metric(STEP)
         run.define_metric(EPOCH, step_metric=STEP)
         run.define_metric("*", step_metric=STEP)

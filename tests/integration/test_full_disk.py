@@ -107,3 +107,49 @@ def test_the_parquet_and_tensorboard_sinks_wait_out_a_full_disk_and_lose_nothing
             proc.terminate()
             proc.wait(30)
             log.close()
+
+
+def wandb_steps(root, run_id) -> list[int]:
+    from tests.wandb_reader import read_run, run_files
+
+    if not run_files(root, run_id):
+        return []
+    rows = read_run(root, run_id, every_opening=True)["history"]
+    return sorted(r["metricbus/step"] for r in rows if "Train/Loss" in r or "Loss" in r.get("Train", {}))
+
+
+def test_the_wandb_sink_commits_only_what_wandbs_file_holds_through_a_full_disk(settings, small_disk, tmp_path):
+    """W&B gives up on a run file for good at its first ENOSPC (and keeps taking rows): the sink
+    sees the rows missing from the file, opens the run again once there is room and logs them
+    again; nothing is dead-lettered, committed past a missing row, or written twice."""
+    on_disk = dataclasses.replace(settings, data_dir=small_disk)
+    proc, log = start(on_disk, tmp_path / "wandb.log", "sink", "wandb", "--flush-interval", "0.3")
+    try:
+        run = Run("wandb-full-disk", settings=settings, system_metrics=False)
+        for step in range(300):
+            run.log({"Train/Loss": 1 / (step + 1)}, step=step)
+        assert run.flush(timeout=30)
+        root = small_disk / "wandb"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(wandb_steps(root, run.run_id)) < 200:
+            time.sleep(0.5)  # W&B writes its file a 32 KiB block at a time: most rows are there
+        filler = fill(small_disk)
+        for step in range(300, 3000):
+            run.log({"Train/Loss": 1 / (step + 1)}, step=step)
+        assert run.flush(timeout=30)
+        time.sleep(15)  # past the sink's STALLED_AFTER_S: it finds W&B stopped writing the file
+        text = (tmp_path / "wandb.log").read_text()
+        assert "W&B did not write" in text, text[-3000:]
+        assert proc.poll() is None, text[-3000:]  # waiting, not dead
+        filler.unlink()
+        assert run.finish(timeout=30)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and wandb_steps(root, run.run_id) != list(range(3000)):
+            time.sleep(1)
+        assert wandb_steps(root, run.run_id) == list(range(3000))  # every row once
+        assert read_topic(settings, settings.topics.deadletter, 0, timeout=3) == []
+        assert "Traceback" not in (tmp_path / "wandb.log").read_text()
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        log.close()

@@ -144,3 +144,58 @@ def test_flush_failures_are_counted_for_prometheus_while_the_sink_is_stuck_not_o
     asyncio.run(loop._flush_and_commit())
     assert loop.reported == [0.0, 1.0, 2.0]  # seen by a scrape between the retries
     assert loop.stats.flush_failures == 2 and loop._consumer.commits == [{"tp": 3}]
+
+
+class LateSink:
+    """A sink whose destination confirms late: ``durable`` of the ``handed`` events are held."""
+
+    name = "late"
+    columnar = False
+
+    def __init__(self) -> None:
+        self.handed = 0
+        self.durable = 0
+
+    def confirmed(self):
+        return self.handed, self.durable
+
+    def pending(self) -> int:
+        return self.handed - self.durable
+
+    def flush(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+def test_no_record_is_committed_past_events_the_destination_has_not_confirmed():
+    from aiokafka import TopicPartition
+
+    from metricbus.sinks._runtime import SinkRunner
+
+    sink = LateSink()
+    runner = SinkRunner(sink, Settings(bootstrap="127.0.0.1:1"))  # type: ignore[arg-type]
+    runner._consumer = Consumer()
+    tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
+
+    def slice_of(partition_offsets, events):  # a slice's records processed: events handed
+        records = [Record(p, o, 1) for p, o in partition_offsets]
+        sink.handed += events
+        for r in records:
+            runner._uncommitted[TopicPartition(r.topic, r.partition)] = r.offset + 1
+        runner._after_slice(records)
+
+    slice_of([(0, 0), (0, 1), (1, 0)], 30)  # events 0..29
+    slice_of([(0, 2), (1, 1)], 20)  # events 30..49
+    slice_of([(0, 3)], 0)  # all duplicates: nothing handed, nothing to wait for
+    sink.durable = 25  # the destination holds the first 25: the first slice is not all there
+    asyncio.run(runner._flush_and_commit())
+    assert runner._consumer.commits == [{tp0: 0, tp1: 0}]
+    sink.durable = 30  # the first slice's events are all held
+    asyncio.run(runner._flush_and_commit())
+    assert runner._consumer.commits[-1] == {tp0: 2, tp1: 1}
+    sink.durable = 50
+    asyncio.run(runner._flush_and_commit())
+    assert runner._consumer.commits[-1] == {tp0: 4, tp1: 2}
+    assert runner._uncommitted == {}
