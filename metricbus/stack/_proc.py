@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import os
 import signal
 import subprocess
 import sys
@@ -21,10 +22,21 @@ from typing import IO, Any
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _die_with(parent: int) -> Callable[[], None]:
+    """What a child runs before exec: SIGTERM when ``parent`` dies, also if it already has.
+
+    A parent killed between the fork and the ``prctl`` sends no signal (the child already has
+    another parent): a dashboard started as ``up`` was killed outlived it.
+    """
+
+    def arm() -> None:
+        if sys.platform.startswith("linux"):
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 class LogPump:
@@ -115,7 +127,7 @@ def spawn(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=env,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads exist in the child yet
+            preexec_fn=_die_with(os.getpid()),  # noqa: PLW1509 - no threads exist in the child yet
             start_new_session=True,
         )
         assert proc.stdout is not None
@@ -131,7 +143,7 @@ def spawn(
             stdout=out,
             stderr=subprocess.STDOUT if out else None,
             env=env,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads exist in the child yet
+            preexec_fn=_die_with(os.getpid()),  # noqa: PLW1509 - no threads exist in the child yet
             start_new_session=True,
         )
     finally:
