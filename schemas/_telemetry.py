@@ -14,6 +14,8 @@ on a consumer is a few dictionary lookups a flush. Names (all ``metricbus_`` pre
 - ``metricbus_consumer_<counter>_total{group}``: records, events, written, duplicates,
   deadlettered, rejected, flushes, flush_failures, unavailable, commits (see SinkStats);
 - ``metricbus_consumer_flush_seconds{group}``: histogram of flush durations;
+- ``metricbus_consumer_failing{group}``: 1 while the group's last flush failed or its
+  destination takes nothing (a live process's; 0 once a flush succeeds again);
 - ``metricbus_consumer_last_commit_timestamp_seconds{group}``: when the group last committed;
 - ``metricbus_worker_<counter>_total{group}``: the stream worker's records, events, outputs,
   alerts, dead letters; ``metricbus_worker_processing_seconds{group}`` per record batch;
@@ -106,6 +108,20 @@ class LoopMetrics:
             ("group",),
             multiprocess_mode="max",
         ).labels(group)
+        self._failing = _metric(
+            "Gauge",
+            f"metricbus_{kind}_failing",
+            f"1 while a metricbus {kind}'s last flush failed or its destination takes nothing",
+            ("group",),
+            multiprocess_mode="livemax",
+        ).labels(group)
+        self._failing_now = False
+
+    def failing(self, now: bool) -> None:
+        """Whether the loop's destination refuses now (set on a change only)."""
+        if now != self._failing_now:
+            self._failing_now = now
+            self._failing.set(1.0 if now else 0.0)
 
     def update(self, stats: Mapping[str, int]) -> None:
         """Bring the counters up to the loop's cumulative ``stats``."""

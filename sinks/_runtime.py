@@ -388,7 +388,9 @@ class ConsumerLoop:
             except Unavailable as why:
                 await self._wait_out(why)
                 return
-            self._unavailable_backoff = 0.0
+            if self._unavailable_backoff:
+                self._unavailable_backoff = 0.0
+                self.metrics.failing(False)
             for record in records[start:end]:
                 self._uncommitted[TopicPartition(record.topic, record.partition)] = record.offset + 1
             self._after_slice(records[start:end])
@@ -413,6 +415,8 @@ class ConsumerLoop:
         had made durable meanwhile.
         """
         self.stats.unavailable += 1
+        self.metrics.failing(True)
+        self.metrics.update(dataclasses.asdict(self.stats))
         backoff = self._unavailable_backoff = min(max(1.0, self._unavailable_backoff * 2), 30.0)
         log.error("%s: %s; reading it again in %.0fs, nothing committed past it", self.name, why, backoff)
         await self._flush_and_commit()
@@ -470,6 +474,7 @@ class ConsumerLoop:
                 break
             except Exception as exc:  # noqa: BLE001 - keep the consumer alive; nothing is committed
                 self.stats.flush_failures += 1
+                self.metrics.failing(True)
                 self.metrics.update(dataclasses.asdict(self.stats))  # a stuck sink says so meanwhile
                 log.error(
                     "%s: flush failed (%s); retrying in %.1fs, nothing committed", self.name, exc, backoff
@@ -479,6 +484,8 @@ class ConsumerLoop:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
         self._last_flush = time.monotonic()
+        if not self._unavailable_backoff:
+            self.metrics.failing(False)
         limits = self._commit_limits()
         offsets = {tp: min(offset, limits.get(tp, offset)) for tp, offset in self._uncommitted.items()}
         # what may not be committed yet stays, for a later commit

@@ -8,7 +8,9 @@ on a window (see :mod:`metricbus.ops._lag`), as Burrow does.
 from __future__ import annotations
 
 import collections
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 from metricbus.ops._board import RunBoard
@@ -251,6 +253,7 @@ def collect(
         deadletters = dead_letters(settings)
         time.sleep(max(0.0, window_s - (time.monotonic() - started)))
         groups = watch.sample()
+        mark_failing(groups, sink_failures(settings))
     finally:
         watch.close()
     return snapshot(settings, board, groups, deadletters)
@@ -327,3 +330,55 @@ def format_status(snap: dict[str, Any]) -> str:
 def _cut(text: str, width: int) -> str:
     text = printable(text)
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+#: the counters of a consumer that say its destination is refusing (see SinkStats)
+FAILURE_COUNTERS = {
+    "flush_failures": "flush(es) failed",
+    "unavailable": "time(s) its destination took nothing",
+}
+
+
+def sink_failures(settings: Settings) -> dict[str, dict[str, int]]:
+    """Per consumer group: ``failing`` (1 while a live process of it is refused), and counts.
+
+    The counts: its flush failures and unavailable so far. From the metrics files every
+    process of `metricbus up` shares (``PROMETHEUS_MULTIPROC_DIR``, by default
+    ``<data dir>/prometheus``); {} where there are none.
+    """
+    from metricbus.schemas import multiprocess_dir
+
+    shared = multiprocess_dir() or str(Path(settings.data_dir) / "prometheus")
+    if not os.path.isdir(shared):
+        return {}
+    from prometheus_client import CollectorRegistry, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=shared)
+    names = {f"metricbus_consumer_{c}_total": c for c in FAILURE_COUNTERS}
+    names["metricbus_consumer_failing"] = "failing"
+    out: dict[str, dict[str, int]] = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            counter = names.get(sample.name)
+            if counter is not None:
+                group = out.setdefault(sample.labels.get("group", "?"), {"failing": 0})
+                group[counter] = max(group.get(counter, 0), int(sample.value))
+    return out
+
+
+def mark_failing(groups: list[dict[str, Any]], failures: dict[str, dict[str, int]]) -> None:
+    """A group refused now (a full disk, a destination that takes nothing) says so first.
+
+    Its status is at least WARN then: a sink whose disk is full has not fallen behind yet when
+    its flushes start failing.
+    """
+    for g in groups:
+        seen = failures.get(g["group"], {})
+        if not seen.get("failing"):
+            continue
+        counts = ", ".join(f"{seen[k]} {text}" for k, text in FAILURE_COUNTERS.items() if seen.get(k))
+        g["failing"] = counts or "refused"
+        g["reason"] = f"FAILING now ({g['failing']} so far; its log says why); {g['reason']}"
+        if STATUSES.index(g["status"]) < STATUSES.index("WARN"):
+            g["status"] = "WARN"

@@ -26,7 +26,15 @@ from typing import Any
 
 from metricbus.ops._archived import ArchivedRuns, RuleFiles
 from metricbus.ops._board import RunBoard
-from metricbus.ops._status import StatusWatch, catching_up, dead_letters, kafka_down, spools
+from metricbus.ops._status import (
+    StatusWatch,
+    catching_up,
+    dead_letters,
+    kafka_down,
+    mark_failing,
+    sink_failures,
+    spools,
+)
 from metricbus.schemas import MetricbusError, Settings, check_run_id
 
 log = logging.getLogger("metricbus.dashboard")
@@ -88,6 +96,7 @@ class Pipeline:
 
     def refresh(self) -> None:
         groups = self.watch.sample()
+        mark_failing(groups, sink_failures(self.settings))
         self.latest = {
             "groups": groups,
             "dead_letters": dead_letters(self.settings),

@@ -20,9 +20,9 @@ from .conftest import cli, read_topic
 pytestmark = pytest.mark.integration
 
 
-def start(settings, log_path, *args):
+def start(settings, log_path, *args, env=None):
     log = open(log_path, "wb")  # on the test's own disk: the sink's log is not what fills
-    env = {**os.environ, **settings.to_env()}
+    env = {**os.environ, **settings.to_env(), **(env or {})}
     proc = subprocess.Popen(cli(settings, *args), stdout=log, stderr=subprocess.STDOUT, env=env)
     return proc, log
 
@@ -54,8 +54,11 @@ def test_the_parquet_and_tensorboard_sinks_wait_out_a_full_disk_and_lose_nothing
     settings, small_disk, tmp_path
 ):
     on_disk = dataclasses.replace(settings, data_dir=small_disk)  # the archive and ledgers on the small disk
+    # the processes' shared metrics, as under `metricbus up` (here off the small disk)
+    shared = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prometheus")}
+    (tmp_path / "prometheus").mkdir()
     procs = [
-        start(on_disk, tmp_path / "parquet.log", "sink", "parquet", "--flush-interval", "0.3"),
+        start(on_disk, tmp_path / "parquet.log", "sink", "parquet", "--flush-interval", "0.3", env=shared),
         start(
             on_disk,
             tmp_path / "tb.log",
@@ -65,8 +68,14 @@ def test_the_parquet_and_tensorboard_sinks_wait_out_a_full_disk_and_lose_nothing
             str(small_disk / "tb"),
             "--flush-interval",
             "0.3",
+            env=shared,
         ),
     ]
+
+    def status() -> str:  # what `metricbus status` says of the sink groups
+        env = {**os.environ, **on_disk.to_env(), **shared}
+        done = subprocess.run(cli(on_disk, "status"), env=env, capture_output=True, text=True, timeout=60)
+        return done.stdout + done.stderr
     try:
         run = Run("full-disk", settings=settings, system_metrics=False)
 
@@ -92,6 +101,10 @@ def test_the_parquet_and_tensorboard_sinks_wait_out_a_full_disk_and_lose_nothing
             assert "flush failed" in text and "No space left on device" in text, (name, text[-2000:])
             assert "Traceback" not in text, (name, text[-3000:])
         assert all(p.poll() is None for p, _ in procs)  # waiting, not dead
+        said = status()
+        for sink in ("parquet", "tensorboard"):
+            line = next((x for x in said.splitlines() if on_disk.groups.sink(sink) in x), "")
+            assert "FAILING now" in line and "flush(es) failed" in line, said
         filler.unlink()  # room again
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and (
@@ -102,6 +115,7 @@ def test_the_parquet_and_tensorboard_sinks_wait_out_a_full_disk_and_lose_nothing
         assert archived_steps(on_disk, run.run_id) == list(range(3000))  # every event once
         assert tensorboard_steps(small_disk / "tb", run.run_id) == list(range(3000))
         assert read_topic(settings, settings.topics.deadletter, 0, timeout=3) == []  # nothing dead-lettered
+        assert "FAILING" not in status()  # their flushes succeed again
     finally:
         for proc, log in procs:
             proc.terminate()
