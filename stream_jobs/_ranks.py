@@ -52,6 +52,9 @@ class RankMerger:
         self._leader_ts = -(2**63)  # the latest of those
         self._first_ts: int | None = None
         self._times: dict[int, list[int]] = {}  # rank -> event times of its step reports, in order
+        #: lags not known yet: (step, the first rank to report it, when it did, when the last did,
+        #: the lag of ranks that timed out), until the first rank's events reach the last's time
+        self._lags: list[tuple[int, int, int, int, int]] = []
         self.late_events = 0
 
     def seen(self, rank: int, ts_ms: int) -> list[Triple]:
@@ -116,7 +119,7 @@ class RankMerger:
 
     def _ready(self) -> list[Triple]:
         """Emit, in order, every pending step that is complete or whose missing ranks timed out."""
-        out: list[Triple] = []
+        out: list[Triple] = self._known_lags() if self._lags else []
         if not self._pending:
             return out
         silent, unseen_silent = self.silence()
@@ -145,8 +148,14 @@ class RankMerger:
         out = [
             ("ranks/reported", step, float(len(reported))),
             ("ranks/missing", step, float(self.world_size - len(reported))),
-            ("ranks/lag_steps", step, float(self._lag(step, reported, silent, unseen_silent))),
         ]
+        timed_out = self._timed_out_lag(step, reported, silent, unseen_silent)
+        if len(reported) > 1:
+            first_rank = min(reported, key=reported.__getitem__)
+            self._lags.append((step, first_rank, reported[first_rank], max(reported.values()), timed_out))
+            out += self._known_lags()
+        else:
+            out.append(("ranks/lag_steps", step, float(timed_out)))
         for name, w in pending.stats.items():
             out += [
                 (f"ranks/{name}/mean", step, w.mean),
@@ -156,18 +165,37 @@ class RankMerger:
             ]
         return out
 
-    def _lag(self, step: int, reported: dict[int, int], silent: set[int], unseen_silent: bool) -> int:
-        """How many steps the first rank to reach ``step`` had logged past it when the last did.
+    def _known_lags(self, end: bool = False) -> list[Triple]:
+        """``ranks/lag_steps`` of the steps whose lag is known now (``end``: all of them).
 
-        In event time, so a burst in the stream is no lag; a rank that timed out without
-        reporting the step lags by the steps since its latest one (a rank never seen: since -1).
+        How many steps the first rank to reach a step had logged past it when the last did, in
+        event time (a burst in the stream is no lag). Known once that first rank's events reach
+        the last one's time (a producer's events arrive in order: every step it logged by then
+        has been seen), or it fell silent; counted when the last rank reported, it depended on
+        how far the first rank's records had arrived by then.
+        """
+        out: list[Triple] = []
+        waiting = []
+        silent = self.silence()[0] if not end else set()
+        for lag in self._lags:
+            step, rank, first, last, timed_out = lag
+            if not end and self._last_ts.get(rank, first) < last and rank not in silent:
+                waiting.append(lag)
+                continue
+            times = self._times.get(rank, [])
+            ahead = bisect.bisect_right(times, last) - bisect.bisect_right(times, first)
+            out.append(("ranks/lag_steps", step, float(max(ahead, timed_out))))
+        self._lags = waiting
+        return out
+
+    def _timed_out_lag(
+        self, step: int, reported: dict[int, int], silent: set[int], unseen_silent: bool
+    ) -> int:
+        """The lag of ranks that timed out without reporting ``step``.
+
+        The steps since their latest one (a rank never seen: since -1).
         """
         lag = 0
-        if len(reported) > 1:
-            first_rank = min(reported, key=reported.__getitem__)
-            first, last = reported[first_rank], max(reported.values())
-            times = self._times.get(first_rank, [])
-            lag = bisect.bisect_right(times, last) - bisect.bisect_right(times, first)
         for rank in silent:
             if rank not in reported:
                 lag = max(lag, step - self._latest.get(rank, -1))
@@ -176,12 +204,12 @@ class RankMerger:
         return lag
 
     def flush(self) -> list[Triple]:
-        """Emit every pending step (at the end of the run)."""
+        """Emit every pending step and lag (at the end of the run)."""
         out: list[Triple] = []
         for step in self._order:
             out.extend(self._emit(step, set()))
         self._order.clear()
-        return out
+        return out + self._known_lags(end=True)
 
     @staticmethod
     def world_size_of(body: dict[str, Any]) -> int:

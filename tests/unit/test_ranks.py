@@ -212,3 +212,36 @@ def test_a_rank_heard_only_by_its_heartbeats_holds_its_steps_back_until_it_falls
     out += merger.feed(0, 10, {"x": 1.0}, 32_000)  # 31 s after rank 1's last heartbeat
     assert {s for n, s, v in out if n == "ranks/reported"} == set(range(11))
     assert {v for n, s, v in out if n == "ranks/missing"} == {1.0}
+
+
+def test_lag_steps_depends_on_the_events_only_not_on_how_far_the_first_ranks_records_arrived():
+    """A straggler 8 steps behind in event time reads 8 at every step, whatever the arrival order
+    (counted when the last rank reported, it read 7 where the leader's next record was late)."""
+    rng = np.random.default_rng(5)
+    world, steps, behind = 2, 200, 8
+    values = rng.normal(1.0, 0.3, size=(steps, world))
+    per_rank = rank_events(world, steps, values)
+    for i, e in enumerate(per_rank[1]):  # rank 1's events come `behind` steps later in event time
+        per_rank[1][i] = e._replace(ts_ms=e.ts_ms + behind * 10)
+
+    def lags(records):
+        proc = StreamProcessor()
+        points = []
+        for record in records:
+            points += proc.process(record).points.get("run", [])
+        found = [(p.step, p.value) for p in points if p.name == "ranks/lag_steps"]
+        assert len(found) == len({s for s, _ in found}) == steps  # one a step
+        return dict(found)
+
+    whole = lags([per_rank[0], per_rank[1]])
+    assert {whole[s] for s in range(steps - behind)} == {float(behind)}
+    assert lags([per_rank[1], per_rank[0]]) == whole
+    for trial in range(8):
+        cursors = {r: 0 for r in range(world)}
+        records = []
+        while any(cursors[r] < len(per_rank[r]) for r in range(world)):
+            r = int(rng.choice([r for r in range(world) if cursors[r] < len(per_rank[r])]))
+            n = int(rng.integers(1, 30))
+            records.append(per_rank[r][cursors[r] : cursors[r] + n])
+            cursors[r] += n
+        assert lags(records) == whole, trial
