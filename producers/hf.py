@@ -5,7 +5,7 @@
 
 At train begin the run starts with the ``TrainingArguments`` and the model's config as its
 config; every ``on_log`` arrives at ``state.global_step``, in the epoch that step belongs to
-(:func:`epoch_index`); train end finishes the run. Only the global process zero logs,
+(``producers._epochs.trainer_epoch``); train end finishes the run. Only the global process zero logs,
 unless ``all_ranks=True`` (then every rank logs as its own rank of one run).
 
 Importing this module also registers ``report_to="metricbus"`` with transformers (project from
@@ -40,6 +40,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from ._epochs import trainer_epoch
 from ._run import Run
 
 
@@ -53,20 +54,6 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = str(value)
     return out
-
-
-def epoch_index(epoch: Any) -> int | None:
-    """The epoch a Trainer log belongs to, from ``state.epoch`` (None when there is none).
-
-    The Trainer's ``state.epoch`` is ``epoch + (step + 1) / steps_per_epoch``: its last step's
-    log already reads 1.0, 2.0, ... So the epoch is the ceiling minus one (0 until the first
-    step), not the integer part, which put each epoch's last log in the next epoch, and the
-    end-of-training summary in an epoch that never ran. The unrounded ``state.epoch`` is used:
-    ``logs["epoch"]`` is rounded to two decimals (1.0033 reads 1.0).
-    """
-    if not isinstance(epoch, numbers.Real) or isinstance(epoch, bool) or not math.isfinite(epoch):
-        return None
-    return max(0, math.ceil(float(epoch)) - 1)
 
 
 class MetricbusCallback(TrainerCallback):  # type: ignore[misc]
@@ -118,7 +105,7 @@ class MetricbusCallback(TrainerCallback):  # type: ignore[misc]
                 k = f"rewards/{trl['func']}_{trl['stat']}"
             data[k] = float(v)
         if data:
-            self.run.log(data, step=int(state.global_step), epoch=epoch_index(state.epoch))
+            self.run.log(data, step=int(state.global_step), epoch=trainer_epoch(state.epoch))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Publish the scores of this step's batches at the step TRL logs their metrics.

@@ -12,7 +12,6 @@ into the run's config). Only the global-zero process logs, as Lightning's own lo
 
 from __future__ import annotations
 
-import math
 from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
@@ -21,6 +20,7 @@ from lightning.fabric.utilities.logger import _convert_params, _flatten_dict, _s
 from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
+from ._epochs import counted_epoch
 from ._run import Run
 
 
@@ -78,8 +78,8 @@ class MetricbusLogger(Logger):
         epoch = None
         for key, value in metrics.items():
             number = float(value.item() if hasattr(value, "item") else value)
-            if key == "epoch" and math.isfinite(number):
-                epoch = int(number)
+            if key == "epoch":
+                epoch = counted_epoch(number)
             else:
                 data[key] = number
         if data:

@@ -28,6 +28,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import KVWriter
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 
+from ._epochs import rollout_epoch
 from ._run import Run
 
 
@@ -41,7 +42,7 @@ class MetricbusOutputFormat(KVWriter):
     def write(self, key_values: dict[str, Any], key_excluded: dict[str, Any], step: int = 0) -> None:
         """Every numeric key SB3 records (not those it excludes for every format)."""
         data = {}
-        epoch = _rollout(step, self.rollout_size)
+        epoch = rollout_epoch(step, self.rollout_size)
         for key, value in key_values.items():
             excluded = key_excluded.get(key) or ()
             if excluded and "metricbus" in excluded:
@@ -55,13 +56,6 @@ class MetricbusOutputFormat(KVWriter):
 
     def close(self) -> None:
         """The run is the callback's (or yours) to finish."""
-
-
-def _rollout(num_timesteps: int, rollout_size: int | None) -> int | None:
-    """The 1-based rollout that timestep ``num_timesteps`` belongs to (None without a size)."""
-    if not rollout_size:
-        return None
-    return max(1, -(-int(num_timesteps) // rollout_size))
 
 
 def _hyperparameters(model: Any) -> dict[str, Any]:
@@ -140,7 +134,7 @@ class MetricbusCallback(BaseCallback):
             if successes:
                 data["rollout/episode_success"] = successes
             step = int(self.num_timesteps)
-            self.run.log(data, step=step, epoch=_rollout(step, self._rollout_size))
+            self.run.log(data, step=step, epoch=rollout_epoch(step, self._rollout_size))
         return True
 
     def _on_training_end(self) -> None:

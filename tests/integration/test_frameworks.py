@@ -369,3 +369,51 @@ def test_trl_grpo_gets_seed_002_names_and_every_samples_score(settings, sink, wo
     assert [(p["epoch"], p["source"]) for p in closing["Epoch/AvgLoss"]] == [(0, "loss")]
     assert closing["Epoch/AvgLoss"][0]["value"] == pytest.approx(sum(losses) / len(losses))
     assert alerts_of_closed_run(settings, run.run_id) == []  # the default rules: a healthy run
+
+
+def test_a_cleanrl_style_loop_gets_epochs_of_its_own_updates(settings, worker):
+    """A plain PyTorch loop in CleanRL's shape (its names; an update of several minibatch epochs
+    is our epoch, passed as ``epoch=``): per update, Epoch/AvgLoss and Epoch/AvgReward equal the
+    means pandas computes from what the loop itself logged; no extra epoch."""
+    pd = pytest.importorskip("pandas", reason="pandas is a test dependency of `make test`")
+    import torch
+
+    from metricbus.producers import Run
+
+    torch.manual_seed(3)
+    run = Run("cleanrl-style", settings=settings, system_metrics=False)
+    policy = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=0.01)
+    logged: list[tuple[int, int, str, float]] = []  # (update, step, name, value): the loop's own record
+    global_step = 0
+    for update in range(4):
+        for _ in range(8):  # rollout: episodes end now and then, with a return
+            global_step += 16
+            episodic_return = float(torch.rand(()) * 10 + update)
+            run.log({"charts/episodic_return": episodic_return}, step=global_step, epoch=update)
+            logged.append((update, global_step, "charts/episodic_return", episodic_return))
+        for _ in range(3):  # update epochs over minibatches, logged at the update's step
+            obs = torch.randn(16, 4)
+            loss = torch.nn.functional.cross_entropy(policy(obs), torch.randint(0, 2, (16,)))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            global_step += 1
+            run.log({"losses/loss": loss.item()}, step=global_step, epoch=update)
+            logged.append((update, global_step, "losses/loss", loss.item()))
+    assert run.finish(timeout=30)
+
+    frame = pd.DataFrame(logged, columns=["update", "step", "name", "value"])
+    want = frame.groupby(["name", "update"])["value"].mean()
+    derived: dict = {}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (
+        len(derived.get("Epoch/AvgLoss", [])) < 4 or len(derived.get("Epoch/AvgReward", [])) < 4
+    ):
+        derived = aggregates(settings, 1, timeout=5)
+    loss = {p["epoch"]: (p["value"], p["source"]) for p in derived["Epoch/AvgLoss"]}
+    reward = {p["epoch"]: (p["value"], p["source"]) for p in derived["Epoch/AvgReward"]}
+    assert loss == {u: (pytest.approx(want["losses/loss"][u]), "losses/loss") for u in range(4)}
+    assert reward == {
+        u: (pytest.approx(want["charts/episodic_return"][u]), "charts/episodic_return") for u in range(4)
+    }
