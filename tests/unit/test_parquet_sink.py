@@ -538,7 +538,7 @@ def test_derived_points_that_overtake_their_runs_start_wait_for_it_and_hold_back
         record = types.SimpleNamespace(topic=topic, partition=0, offset=offset, value=value, key=None)
         asyncio.run(runner._process([record]))
         runner._uncommitted[TopicPartition(topic, 0)] = offset + 1
-        runner._after_slice()
+        runner._after_slice([record])
 
     process(settings.topics.aggregates, 7, derived)
     assert runner.pending() == 0 and list(runner._held) == ["run-1"]
