@@ -136,13 +136,12 @@ def _ago(seconds: float) -> str:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    from metricbus._replay import archived
-    from metricbus.diagnostics import assess, dead_letters_of
+    from metricbus.diagnostics import dead_letters_of, judge, read_logged
 
     settings = _settings(args)
     run_id = _find(settings, str(_run_ref(args)))
-    events = (e for chunk in archived(settings, run_id) for e in chunk)
-    health = assess(run_id, events, dead_letters_of(settings, run_id))
+    seen, _ = read_logged(settings.archive_dir, run_id)
+    health = judge(run_id, seen, dead_letters_of(settings, run_id))
     if args.json:
         print(strict_json(health.as_dict(), indent=2))
         return 0
@@ -162,8 +161,8 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from metricbus._replay import archived
-    from metricbus.diagnostics import compare_series, read_run
+    from metricbus.diagnostics import compare_series, read_logged
+    from metricbus.schemas import run_config
 
     settings = _settings(args)
     runs = [_find(settings, r) for r in args.runs]
@@ -172,11 +171,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         runs.insert(0, baseline)
     if len(runs) < 2:
         raise MetricbusError("compare needs at least two runs")
-    readings = {run: read_run(archived(settings, run)) for run in runs}
+    readings = {run: read_logged(settings.archive_dir, run) for run in runs}
     try:
         result = compare_series(
-            {run: r.config for run, r in readings.items()},
-            {run: r.seen.series for run, r in readings.items()},
+            {run: run_config(carried) for run, (_, carried) in readings.items()},
+            {run: seen.series for run, (seen, _) in readings.items()},
             baseline,
             args.metric,
             args.window,

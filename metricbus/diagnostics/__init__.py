@@ -2,12 +2,14 @@
 
 This room owns run health, 0-100 with its evidence (``_health``), comparison of runs with
 significance (``_compare``), the self-contained HTML report (``_report``) and the view of a
-run's logged scalars per metric and label that all three read (``_series``). Everything here
+run's logged scalars per metric and label that all three read (``_series``; straight from the
+archive's columns for health and compare: ``_columnar``). Everything here
 reads the Parquet archive (the durable record); nothing here needs a running stack.
 """
 
+from ._columnar import read_logged
 from ._compare import compare_series
-from ._health import assess, dead_letters_of
+from ._health import assess, dead_letters_of, judge
 from ._report import build, read_run
 
-__all__ = ["assess", "build", "compare_series", "dead_letters_of", "read_run"]
+__all__ = ["assess", "build", "compare_series", "dead_letters_of", "judge", "read_logged", "read_run"]

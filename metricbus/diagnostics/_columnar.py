@@ -1,0 +1,170 @@
+"""A run's logged events as health and compare read them, straight from the archive's columns.
+
+What :meth:`Seen.read` keeps of a run (its series, per-producer seqs, event times, ranks'
+last steps, whether it finished) made from Arrow columns with numpy, never an object per
+event: the events of a 100,000-step run of 20 scalars took seconds as Python objects (health
+4.4 s, compare of two such runs 9.7 s). The same result as reading the events (tested against
+:meth:`Seen.read` on a run with every feature); only the few events that carry a payload
+(RunStarted, ConfigUpdate, RunFinished, ...) are decoded.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from metricbus.diagnostics._health import Seen
+from metricbus.diagnostics._series import Points, Series, labelled
+from metricbus.schemas import (
+    DERIVED_PRODUCER,
+    METRICS,
+    RUN_FINISHED,
+    RUN_STARTED,
+    Event,
+    MetricbusError,
+    default_codec,
+)
+
+COLUMNS = [
+    *("producer_id", "seq", "ts_ms", "kind", "step", "rank"),
+    *("labels", "name", "value", "samples", "payload"),
+]
+
+
+def read_logged(archive: Path, run_id: str, samples: bool = True) -> tuple[Seen, list[Event]]:
+    """A run's :class:`Seen`, and its events that carry a payload, in order.
+
+    ``samples``: sample arrays as series of their means, as ``scalars(..., samples=True)``.
+    MetricbusError when the archive holds nothing of the run.
+    """
+    import pyarrow.compute as pc
+
+    from metricbus.sinks import read_table
+
+    try:
+        table = read_table(archive, run_id, columns=COLUMNS, dictionary=("name",))
+    except (FileNotFoundError, ValueError) as exc:
+        raise MetricbusError(f"run {run_id!r} is not in the archive at {archive}") from exc
+    table = table.filter(pc.not_equal(table["producer_id"], DERIVED_PRODUCER))
+    if not len(table):
+        raise MetricbusError(f"run {run_id!r} is not in the archive at {archive}")
+    table = table.combine_chunks()
+    n = len(table)
+    producers = table["producer_id"].chunk(0).dictionary_encode()
+    producer = producers.indices.to_numpy(zero_copy_only=False)
+    seq = table["seq"].to_numpy()
+    ts = table["ts_ms"].to_numpy()
+    has_payload = table["payload"].is_valid().to_numpy(zero_copy_only=False)
+    # an event: consecutive rows of one (producer, seq) without a payload (a Metrics event's
+    # scalars, an event archived twice read as one), or one row with its payload
+    new = np.ones(n, dtype=bool)
+    new[1:] = (producer[1:] != producer[:-1]) | (seq[1:] != seq[:-1]) | has_payload[1:] | has_payload[:-1]
+    event = np.cumsum(new) - 1
+    starts = np.flatnonzero(new)
+
+    seen = Seen()
+    names = producers.dictionary.to_pylist()
+    start_producer = producer[starts]
+    for code in np.unique(start_producer):
+        seen.seqs[names[code]] = _ints(seq[starts][start_producer == code])
+    seen.stamps = _ints(ts[starts])
+
+    kind = table["kind"].to_numpy(zero_copy_only=False)
+    metrics = kind == METRICS
+    seen.finished = bool((kind[starts] == RUN_FINISHED).any())
+    steps = table["step"].fill_null(0).to_numpy()
+    ranks = table["rank"].fill_null(0).to_numpy()
+    metric_starts = starts[metrics[starts]]
+    if len(metric_starts):
+        order = np.lexsort((steps[metric_starts], ranks[metric_starts]))
+        r, s = ranks[metric_starts][order], steps[metric_starts][order]
+        last = np.flatnonzero(np.r_[r[1:] != r[:-1], True])  # each rank's highest step
+        seen.last_step = {int(k): int(v) for k, v in zip(r[last], s[last], strict=True)}
+
+    codec, carried = default_codec(), []
+    for i in np.flatnonzero(has_payload):
+        (e,) = codec.decode(table["payload"][int(i)].as_py())[1]["events"]
+        kind_i, body = e["body"]
+        carried.append(Event(run_id, names[producer[i]], int(seq[i]), int(ts[i]), kind_i, body, b""))
+        if kind_i == RUN_STARTED:
+            seen.world = max(seen.world, int(body.get("world_size") or 1))
+
+    seen.series, twice = _series(table, metrics, event, steps, ts, samples)
+    for i in twice:  # a Metrics event archived twice: its seq counted again, as completeness judges
+        seen.seqs[names[producer[i]]].append(int(seq[i]))
+    return seen, carried
+
+
+def _series(
+    table: Any, metrics: np.ndarray, event: np.ndarray, steps: np.ndarray, ts: np.ndarray, samples: bool
+) -> tuple[Series, np.ndarray]:
+    """Every logged series (and per-label one) in event order, as :func:`scalars` makes them.
+
+    With a row of each Metrics event found archived twice.
+    """
+    name_column = table["name"].chunk(0)
+    codes = name_column.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+    names = name_column.dictionary.to_pylist()
+    values = table["value"].fill_null(math.nan).to_numpy()
+    sampled = table["samples"].is_valid().to_numpy(zero_copy_only=False)
+    every = np.flatnonzero(metrics & (codes >= 0))
+    # one value (or array) a name in an event: the last; an event holding a name twice was
+    # archived twice (its rows read as one event), which the caller counts
+    pairs = (event[every].astype(np.int64) * (len(names) + 1) + codes[every]) * 2 + sampled[every]
+    _, last = np.unique(pairs[::-1], return_index=True)
+    kept = np.sort(every[::-1][last])
+    repeated = np.setdiff1d(every, kept, assume_unique=True)
+    twice = repeated[np.unique(event[repeated], return_index=True)[1]] if len(repeated) else repeated
+    every = kept
+    rows = every[~sampled[every]]
+    row_values = values[rows]
+    if samples:  # a sample array: its mean of finite samples, a point where there is one
+        extra_rows, extra_values = [], []
+        lists = table["samples"]
+        for i in every[sampled[every]]:
+            finite = [v for v in lists[int(i)].as_py() if v is not None and math.isfinite(v)]
+            if finite:
+                extra_rows.append(i)
+                extra_values.append(sum(finite) / len(finite))
+        if extra_rows:
+            rows = np.concatenate([rows, np.asarray(extra_rows, dtype=rows.dtype)])
+            row_values = np.concatenate([row_values, np.asarray(extra_values)])
+            order = np.argsort(rows, kind="stable")
+            rows, row_values = rows[order], row_values[order]
+    if not len(rows):
+        return {}, twice
+    # in the order the events first show each series: an event's samples, then each of its
+    # scalars followed by its per-label series (as scalars() adds them)
+    found: list[tuple[tuple[int, int, int, int], str, Points]] = []
+    grouped = np.lexsort((rows, codes[rows]))
+    rows, row_values = rows[grouped], row_values[grouped]
+    bounds = np.flatnonzero(np.r_[True, codes[rows][1:] != codes[rows][:-1], True])
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        points = Points()
+        points.steps.frombytes(np.ascontiguousarray(steps[rows[a:b]], dtype=np.int64).tobytes())
+        points.values.frombytes(np.ascontiguousarray(row_values[a:b], dtype=np.float64).tobytes())
+        points.stamps.frombytes(np.ascontiguousarray(ts[rows[a:b]], dtype=np.int64).tobytes())
+        first = int(rows[a])
+        found.append(((int(event[first]), int(not sampled[first]), first, 0), names[codes[first]], points))
+    tagged = table["labels"].is_valid().to_numpy(zero_copy_only=False)
+    scalar_rows = np.sort(rows[~sampled[rows]])
+    by_label: dict[str, Points] = {}
+    for i in scalar_rows[tagged[scalar_rows]]:
+        point = (int(steps[i]), float(values[i]), int(ts[i]))
+        for k, (key, tag) in enumerate(table["labels"][int(i)].as_py() or ()):
+            series = labelled(names[codes[i]], key, tag)
+            if series not in by_label:
+                by_label[series] = Points()
+                found.append(((int(event[i]), 1, int(i), 1 + k), series, by_label[series]))
+            by_label[series].append(point)
+    return {name: points for _, name, points in sorted(found, key=lambda f: f[0])}, twice
+
+
+def _ints(values: np.ndarray) -> array[int]:
+    out = array("q")
+    out.frombytes(np.ascontiguousarray(values, dtype=np.int64).tobytes())
+    return out
