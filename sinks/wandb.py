@@ -387,6 +387,22 @@ class WandbSink(Sink):
             _, code = self._finished.get(run_id, (0.0, 0))
             finish(run, exit_code=code)  # the file is the ledger the run's next opening reads
 
+    def _restart_wandb(self) -> None:
+        """Stop this process's W&B service; the next opening starts a new one.
+
+        A ``wandb.init`` that failed half-way (its disk full) left the run's id held in the
+        service: every later try was "run ID ... is in use", for good. The runs open here end
+        with it (their files closed: what they lack is logged again at the next flush).
+        """
+        import wandb
+
+        try:
+            wandb.teardown()
+        except Exception as exc:  # noqa: BLE001 - a service that cannot even stop: the next try says
+            log.warning("W&B's service did not stop cleanly (%s)", exc)
+        self._runs.clear()
+        self._written.clear()
+
     def _ledger(self, run_id: str) -> Ledger:
         ledger = self._ledgers.get(run_id)
         if ledger is None:
@@ -436,6 +452,7 @@ class WandbSink(Sink):
         except ImportError:
             raise
         except Exception as exc:  # noqa: BLE001 - W&B's state (in use, no disk, no service), not the event's
+            self._restart_wandb()
             raise Unavailable(f"W&B cannot open run {run_id} ({type(exc).__name__}: {exc})") from exc
         run.define_metric(STEP)
         run.define_metric(EPOCH, step_metric=STEP)
