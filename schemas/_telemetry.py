@@ -117,11 +117,13 @@ class LoopMetrics:
         ).labels(group)
         self._failing_now = False
 
-    def failing(self, now: bool) -> None:
-        """Whether the loop's destination refuses now (set on a change only)."""
-        if now != self._failing_now:
-            self._failing_now = now
-            self._failing.set(1.0 if now else 0.0)
+    def failing(self, now: bool) -> bool:
+        """Whether the loop's destination refuses now (set on a change only); True on a change."""
+        if now == self._failing_now:
+            return False
+        self._failing_now = now
+        self._failing.set(1.0 if now else 0.0)
+        return True
 
     def update(self, stats: Mapping[str, int]) -> None:
         """Bring the counters up to the loop's cumulative ``stats``."""

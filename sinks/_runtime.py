@@ -390,7 +390,8 @@ class ConsumerLoop:
                 return
             if self._unavailable_backoff:
                 self._unavailable_backoff = 0.0
-                self.metrics.failing(False)
+                if self.metrics.failing(False):
+                    log.warning("%s: its destination writes again", self.name)
             for record in records[start:end]:
                 self._uncommitted[TopicPartition(record.topic, record.partition)] = record.offset + 1
             self._after_slice(records[start:end])
@@ -484,8 +485,8 @@ class ConsumerLoop:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
         self._last_flush = time.monotonic()
-        if not self._unavailable_backoff:
-            self.metrics.failing(False)
+        if not self._unavailable_backoff and self.metrics.failing(False):
+            log.warning("%s: writes again; committing what it took", self.name)
         limits = self._commit_limits()
         offsets = {tp: min(offset, limits.get(tp, offset)) for tp, offset in self._uncommitted.items()}
         # what may not be committed yet stays, for a later commit

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -43,15 +44,23 @@ class LogPump:
     """Copies a child's output to its log file, line by line, keeping the last lines in memory.
 
     When the file cannot be written (a full disk), ``report`` is told once, with the reason,
-    and then every line that reads as an error, until a write succeeds again (told too).
+    and then every line that reads as an error, until a write succeeds again (told too). A
+    consumer whose destination refuses (its flushes fail: a full disk; or it takes nothing) is
+    told on ``report`` too while its log is written: its first such line, then one a minute,
+    and the line that says it writes again.
     """
 
     KEPT = 200  #: lines kept in memory, whatever the disk does
+    #: what a consumer's log says when its destination refuses, and when it takes again
+    REFUSED = ("flush failed", "nothing committed past it")
+    TAKES_AGAIN = "writes again"
+    REFUSED_EVERY_S = 60.0
 
     def __init__(self, name: str, path: Path, stream: IO[bytes], report: Callable[[str], None]) -> None:
         self.name, self.path, self.stream, self.report = name, path, stream, report
         self.kept: collections.deque[bytes] = collections.deque(maxlen=self.KEPT)
         self.failing = False
+        self._refused_at: float | None = None  #: when a refusal was last told (None: none since it took)
         self._file: IO[bytes] | None = None
         self._thread = threading.Thread(target=self._run, name=f"log-{name}", daemon=True)
         self._thread.start()
@@ -70,7 +79,22 @@ class LogPump:
             if self.failing:
                 self.failing = False
                 self.report(f"metricbus up: {self.name}: its log {self.path} is written again")
+            self._destination(line)
         self._close()
+
+    def _destination(self, line: bytes) -> None:
+        """Tell ``report`` of a refusing destination (rate-limited), and of its taking again."""
+        if self.TAKES_AGAIN.encode() in line and self._refused_at is not None:
+            self._refused_at = None
+        elif any(word.encode() in line for word in self.REFUSED):
+            now = time.monotonic()
+            if self._refused_at is not None and now - self._refused_at < self.REFUSED_EVERY_S:
+                return
+            self._refused_at = now
+        else:
+            return
+        text = line.decode("utf-8", "replace").rstrip()
+        self.report(f"metricbus up: {self.name}: {text[:500]}")
 
     def _refused(self, line: bytes, exc: OSError) -> None:
         self._close()  # its buffer may hold what the disk refused: dropped, reopened next line

@@ -58,3 +58,33 @@ def test_a_full_disk_keeps_a_childs_errors_on_the_terminal_and_its_last_lines(sm
         assert len(reports) == 3  # said once each way: not a line per refused write
     finally:
         _proc.stop(proc)
+
+
+def test_a_refusing_destination_is_told_on_ups_terminal_once_a_minute_and_when_it_writes_again(tmp_path):
+    """Its log is written (a tmpfs fills a page at a time: a sink's few error lines still fit), so
+    nothing else would tell up's terminal that the Parquet sink's disk is full."""
+    import subprocess
+
+    lines = [
+        "2026-11-26 INFO sink-parquet consuming t.events",
+        "2026-11-26 ERROR sink-parquet: flush failed (No space left on device); retrying in 0.5s, nothing committed",
+        "2026-11-26 ERROR sink-parquet: flush failed (No space left on device); retrying in 1.0s, nothing committed",
+        "2026-11-26 WARNING sink-parquet: writes again; committing what it took",
+        "2026-11-26 ERROR sink-parquet: flush failed (No space left on device); retrying in 0.5s, nothing committed",
+    ]
+    told: list[str] = []
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print(sys.argv[1], flush=True)", "\n".join(lines)],
+        stdout=subprocess.PIPE,
+    )
+    assert child.stdout is not None
+    pump = _proc.LogPump("sink-parquet", tmp_path / "sink-parquet.log", child.stdout, told.append)
+    child.wait(10)
+    pump._thread.join(10)
+    assert [t.split(" ", 4)[-1] for t in told] == [
+        "ERROR sink-parquet: flush failed (No space left on device); retrying in 0.5s, nothing committed",
+        "WARNING sink-parquet: writes again; committing what it took",
+        "ERROR sink-parquet: flush failed (No space left on device); retrying in 0.5s, nothing committed",
+    ]
+    assert all(t.startswith("metricbus up: sink-parquet: 2026-11-26 ") for t in told)
+    assert (tmp_path / "sink-parquet.log").read_text().count("flush failed") == 3  # all in its log
