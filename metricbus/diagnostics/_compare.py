@@ -205,16 +205,15 @@ def compare_series(
     """:func:`compare_runs` of runs already read: each one's config and :func:`scalars` series."""
     names = list(series)
     baseline = baseline or names[0]
-    lines = {run: on_axis(run_series, axis) for run, run_series in series.items()}
     budget = None
-    if axis != "step":
+    if axis == "step":  # every value, in order: no line to build
+        values = {run: {m: pts.values.tolist() for m, pts in s.items()} for run, s in series.items()}
+    else:
+        lines = {run: on_axis(run_series, axis) for run, run_series in series.items()}
         budget = min(
             max((x for pts in line.values() for x, _ in pts), default=0.0) for line in lines.values()
         )
-    values = {
-        run: {m: up_to(pts, budget) if budget is not None else [v for _, v in pts] for m, pts in line.items()}
-        for run, line in lines.items()
-    }
+        values = {run: {m: up_to(pts, budget) for m, pts in line.items()} for run, line in lines.items()}
     common = set.intersection(*(set(v) for v in values.values()))
     chosen = list(metrics) if metrics else sorted(m for m in common if not m.startswith("System/"))
     results = []
