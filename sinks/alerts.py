@@ -70,7 +70,7 @@ class Delivery:
 
     ``stopping``: the consumer is stopping (a handler that waits returns by raising
     :class:`Interrupted`: the alert is not committed and the next consumer delivers it);
-    ``superseded``: a later alert of the consumer's slice resolves or ends this one.
+    ``superseded``: a later alert of the consumer's slice resolves this one.
     """
 
     stopping: asyncio.Event
@@ -82,7 +82,7 @@ class WebhookAlerts:
 
     Each alert is tried until the endpoint takes it (any 2xx), with a backoff doubling from
     ``backoff_s`` to ``max_backoff_s``, for up to ``give_up_s`` (then dead-lettered, with the
-    reason), or until a later alert of the same rule and series resolves or ends it (Alertmanager's
+    reason), or until a later alert of the same rule and series resolves it (Alertmanager's
     rule: a notification is retried until it succeeds or the alert resolves). Every try carries the
     same ``Idempotency-Key``, so a receiver drops a repeat: a request the client timed out on may
     have arrived. An endpoint answering slower than ``timeout_s`` is tried again, with the same key.
@@ -296,9 +296,12 @@ class AlertRunner(ConsumerLoop):
                 decoded.append((record, decode_alert(self.codec, record.value), ""))
             except SchemaError as exc:
                 decoded.append((record, None, f"{type(exc).__name__}: {exc}"))
-        closing: dict[tuple[str, str, str], int] = {}  # (run, rule, series) -> its last closing alert
+        # (run, rule, series) -> its last resolving alert. Only a resolution supersedes a firing
+        # alert: "ended" says the run stopped with the condition still true, and an endpoint that
+        # was down meanwhile got the NaN loss's "ended" without ever its "firing" (make chaos)
+        closing: dict[tuple[str, str, str], int] = {}
         for i, (_, alert, _) in enumerate(decoded):
-            if alert is not None and alert["state"] in ("resolved", "ended"):
+            if alert is not None and alert["state"] == "resolved":
                 closing[(alert["run_id"], alert["rule"], alert["metric"])] = i
         for i, (record, alert, bad) in enumerate(decoded):
             self.stats.records += 1

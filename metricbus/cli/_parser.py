@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=3600.0,
         metavar="S",
         help="webhook: dead-letter an alert the endpoint refused this long (default 3600; it is "
-        "given up sooner when a later alert resolves or ends it)",
+        "given up sooner when a later alert resolves it)",
     )
     s.add_argument(
         "--wandb",

@@ -367,3 +367,19 @@ def test_sigterm_ends_the_webhook_consumer_within_10_s_mid_outage_and_the_next_o
     keys = {k for k, _ in endpoint.requests}
     assert len(keys) == 1  # the hung try and the delivery: one key, taken once by the receiver
     assert [a["seq"] for a in endpoint.taken.values()] == [0]
+
+
+def test_an_alert_still_firing_when_its_run_ended_is_delivered_after_an_outage(settings):
+    """A run ended with its NaN loss: "ended" is not a resolution. The endpoint, down while both
+    were raised, gets the firing alert, then the end (it got only the "ended" one: make chaos)."""
+    endpoint = _Endpoint(lambda n, t: "fail" if n < 3 else "ok")
+    firing = {**ALERT, "seq": 0}
+    ended = {**ALERT, "seq": 1, "state": "ended", "message": "the run ended while firing"}
+    try:
+        publish(settings, [firing, ended])
+        hook = WebhookAlerts(endpoint.url, backoff_s=0.2, max_backoff_s=0.5)
+        stats = run_consumer(settings, hook, "w-end", lambda st: st.written >= 2)
+    finally:
+        endpoint.close()
+    assert [a["state"] for a in endpoint.taken.values()] == ["firing", "ended"]
+    assert stats.deadlettered == 0 and stats.duplicates == 0
