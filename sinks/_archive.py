@@ -124,6 +124,7 @@ def read_table(
     kinds: Collection[str] | None = None,
     since: Mapping[str, int] | None = None,
     dictionary: Collection[str] = (),
+    logged: bool = False,
 ) -> pa.Table:
     """Read the archive (or one run / project of it) as one Arrow table, sorted by producer and seq.
 
@@ -133,6 +134,7 @@ def read_table(
     rows can match is skipped by its statistics). ``dictionary``: string columns read
     dictionary-encoded (a few distinct values, each row an index: ``name`` and ``fingerprint``
     took 36 of a row's ~95 bytes as strings); not ``producer_id``, which the order sorts by.
+    ``logged``: only the rows of logged events (not the stream worker's derived ones).
     """
     import pyarrow.dataset as ds
 
@@ -144,7 +146,7 @@ def read_table(
             if not paths:
                 return schema.empty_table() if columns is None else schema.empty_table().select(columns)
             dataset = ds.dataset([str(p) for p in paths], schema=schema, format=fmt)
-            table = dataset.to_table(columns=columns, filter=_row_filter(kinds, since))
+            table = dataset.to_table(columns=columns, filter=_row_filter(kinds, since, logged))
             break
         except FileNotFoundError:
             if attempt == 9:
@@ -194,11 +196,14 @@ def _paths(archive: Path, run_id: str | None = None, project: str | None = None)
     return sorted(archive.glob("project=*/run=*/*.parquet"))
 
 
-def _row_filter(kinds: Collection[str] | None, since: Mapping[str, int] | None) -> Any:
-    """The dataset filter of :func:`read_table`'s ``kinds`` and ``since`` (None: every row)."""
+def _row_filter(kinds: Collection[str] | None, since: Mapping[str, int] | None, logged: bool = False) -> Any:
+    """The dataset filter of :func:`read_table`'s ``kinds``, ``since`` and ``logged`` (None: every row)."""
     import pyarrow.dataset as ds
 
     only = None if kinds is None else ds.field("kind").isin(sorted(kinds))
+    if logged:
+        mine = ds.field("producer_id") != DERIVED_PRODUCER
+        only = mine if only is None else only & mine
     if since:
         producer, seq = ds.field("producer_id"), ds.field("seq")
         later = ~producer.isin(sorted(since))

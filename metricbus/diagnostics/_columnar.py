@@ -20,7 +20,6 @@ import numpy as np
 from metricbus.diagnostics._health import Seen
 from metricbus.diagnostics._series import Points, Series, labelled
 from metricbus.schemas import (
-    DERIVED_PRODUCER,
     METRICS,
     RUN_FINISHED,
     RUN_STARTED,
@@ -41,22 +40,31 @@ def read_logged(archive: Path, run_id: str, samples: bool = True) -> tuple[Seen,
     ``samples``: sample arrays as series of their means, as ``scalars(..., samples=True)``.
     MetricbusError when the archive holds nothing of the run.
     """
-    import pyarrow.compute as pc
-
     from metricbus.sinks import read_table
 
-    try:
-        table = read_table(archive, run_id, columns=COLUMNS, dictionary=("name",))
+    try:  # in the files' order: sorted below only when it is not (producer, seq) order already
+        table = read_table(
+            archive,
+            run_id,
+            columns=COLUMNS,
+            ordered=False,
+            logged=True,
+            dictionary=("name", "producer_id", "kind"),
+        )
     except (FileNotFoundError, ValueError) as exc:
         raise MetricbusError(f"run {run_id!r} is not in the archive at {archive}") from exc
-    table = table.filter(pc.not_equal(table["producer_id"], DERIVED_PRODUCER))
     if not len(table):
         raise MetricbusError(f"run {run_id!r} is not in the archive at {archive}")
     table = table.combine_chunks()
     n = len(table)
-    producers = table["producer_id"].chunk(0).dictionary_encode()
+    producers = table["producer_id"].chunk(0)
     producer = producers.indices.to_numpy(zero_copy_only=False)
     seq = table["seq"].to_numpy()
+    place = np.argsort(np.argsort(producers.dictionary.to_numpy(zero_copy_only=False)))[producer]
+    if not ((place[1:] > place[:-1]) | ((place[1:] == place[:-1]) & (seq[1:] >= seq[:-1]))).all():
+        order = np.lexsort((seq, place))  # stable: an event's rows keep their order
+        table = table.take(order)
+        producer, seq = producer[order], seq[order]
     ts = table["ts_ms"].to_numpy()
     has_payload = table["payload"].is_valid().to_numpy(zero_copy_only=False)
     # an event: consecutive rows of one (producer, seq) without a payload (a Metrics event's
@@ -73,9 +81,12 @@ def read_logged(archive: Path, run_id: str, samples: bool = True) -> tuple[Seen,
         seen.seqs[names[code]] = _ints(seq[starts][start_producer == code])
     seen.stamps = _ints(ts[starts])
 
-    kind = table["kind"].to_numpy(zero_copy_only=False)
-    metrics = kind == METRICS
-    seen.finished = bool((kind[starts] == RUN_FINISHED).any())
+    kinds = table["kind"].chunk(0)
+    kind = kinds.indices.to_numpy(zero_copy_only=False)
+    kind_names = kinds.dictionary.to_pylist()
+    metrics = kind == (kind_names.index(METRICS) if METRICS in kind_names else -1)
+    finished = kind_names.index(RUN_FINISHED) if RUN_FINISHED in kind_names else -1
+    seen.finished = bool((kind[starts] == finished).any())
     steps = table["step"].fill_null(0).to_numpy()
     ranks = table["rank"].fill_null(0).to_numpy()
     metric_starts = starts[metrics[starts]]
@@ -113,13 +124,22 @@ def _series(
     sampled = table["samples"].is_valid().to_numpy(zero_copy_only=False)
     every = np.flatnonzero(metrics & (codes >= 0))
     # one value (or array) a name in an event: the last; an event holding a name twice was
-    # archived twice (its rows read as one event), which the caller counts
-    pairs = (event[every].astype(np.int64) * (len(names) + 1) + codes[every]) * 2 + sampled[every]
-    _, last = np.unique(pairs[::-1], return_index=True)
-    kept = np.sort(every[::-1][last])
-    repeated = np.setdiff1d(every, kept, assume_unique=True)
-    twice = repeated[np.unique(event[repeated], return_index=True)[1]] if len(repeated) else repeated
-    every = kept
+    # archived twice (its rows read as one event), which the caller counts. A copy starts again
+    # with its event's first name: only events where one does are looked at
+    first = np.r_[True, event[every][1:] != event[every][:-1]]
+    again = ~first & (
+        codes[every] == codes[every][np.maximum.accumulate(np.where(first, np.arange(len(every)), 0))]
+    )
+    twice = every[:0]
+    if again.any():
+        doubled = np.isin(event[every], event[every][again])
+        suspect = every[doubled]
+        pairs = (event[suspect].astype(np.int64) * (len(names) + 1) + codes[suspect]) * 2 + sampled[suspect]
+        _, last = np.unique(pairs[::-1], return_index=True)
+        kept = np.sort(suspect[::-1][last])
+        repeated = np.setdiff1d(suspect, kept, assume_unique=True)
+        twice = repeated[np.unique(event[repeated], return_index=True)[1]]
+        every = np.sort(np.concatenate([every[~doubled], kept]))
     rows = every[~sampled[every]]
     row_values = values[rows]
     if samples:  # a sample array: its mean of finite samples, a point where there is one
@@ -140,7 +160,8 @@ def _series(
     # in the order the events first show each series: an event's samples, then each of its
     # scalars followed by its per-label series (as scalars() adds them)
     found: list[tuple[tuple[int, int, int, int], str, Points]] = []
-    grouped = np.lexsort((rows, codes[rows]))
+    # by name, in event order within a name (a stable sort of small codes is a radix sort)
+    grouped = np.argsort(codes[rows].astype(np.int16 if len(names) < 1 << 15 else np.int64), kind="stable")
     rows, row_values = rows[grouped], row_values[grouped]
     bounds = np.flatnonzero(np.r_[True, codes[rows][1:] != codes[rows][:-1], True])
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):

@@ -33,6 +33,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from metricbus.diagnostics._series import Series, on_axis, scalars, split, up_to
 from metricbus.schemas import Event, run_config
 from metricbus.stream_jobs import StreamConfig
@@ -80,9 +82,20 @@ def config_diff(configs: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str,
 
 def final_window(values: Sequence[float], window: int | None = None) -> list[float]:
     """The last ``window`` finite values (default: the last tenth, at least 5)."""
-    finite = [v for v in values if math.isfinite(v)]
+    array = np.asarray(values, dtype=np.float64)
+    finite = array[np.isfinite(array)]
     size = window or max(5, len(finite) // 10)
-    return finite[-size:]
+    return finite[-size:].tolist()
+
+
+def stdev(values: Sequence[float]) -> float:
+    """The sample standard deviation; inf past float's range, as the arithmetic gives.
+
+    numpy's two passes: ``statistics.stdev``'s exact fractions took half a second for a
+    10,000-value window.
+    """
+    with np.errstate(all="ignore"):
+        return float(np.std(np.asarray(values, dtype=np.float64), ddof=1))
 
 
 @dataclasses.dataclass
@@ -129,7 +142,7 @@ def welch(
     """``(p, Hedges' g, verdict)`` of ``b`` against ``a`` (Welch's t-test, scipy)."""
     from scipy import stats
 
-    sa, sb = statistics.stdev(a), statistics.stdev(b)
+    sa, sb = stdev(a), stdev(b)
     if sa == 0 and sb == 0:  # two constant windows: the t statistic is undefined, the answer is not
         p = 0.0 if statistics.fmean(a) != statistics.fmean(b) else 1.0
     else:
@@ -161,7 +174,7 @@ def compare_metric(
         return None
     p, g, verdict = welch(metric, a, b, alpha)
     return MetricComparison(
-        metric, other[0], statistics.fmean(b), statistics.stdev(b), len(b), statistics.fmean(a), p, g, verdict
+        metric, other[0], statistics.fmean(b), stdev(b), len(b), statistics.fmean(a), p, g, verdict
     )
 
 

@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import statistics
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from metricbus.diagnostics._compare import final_window
-from metricbus.diagnostics._series import Series, scalars, split
+from metricbus.diagnostics._series import Points, Series, scalars, split
 from metricbus.schemas import (
     LOSS_ALIASES,
     METRICS,
@@ -182,13 +183,32 @@ def _completeness(part: Part, seen: Seen) -> None:
                 part.deduct(10, f"rank {rank} stopped reporting at step {last[rank]}; others reached {top}")
 
 
+def _columns(points: Sequence[tuple[int, float, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(steps, values, times) of a series as numpy arrays (views of :class:`Points`' arrays)."""
+    if isinstance(points, Points):
+        return (
+            np.frombuffer(points.steps, dtype=np.int64),
+            np.frombuffer(points.values, dtype=np.float64),
+            np.frombuffer(points.stamps, dtype=np.int64),
+        )
+    steps, values, stamps = zip(*points, strict=True) if points else ((), (), ())
+    return (
+        np.array(steps, dtype=np.int64),
+        np.array(values, dtype=np.float64),
+        np.array(stamps, dtype=np.int64),
+    )
+
+
 def _validity(part: Part, series: Series) -> None:
     for name, points in sorted(series.items()):
-        bad = [(s, v) for s, v, _ in points if not math.isfinite(v)]
-        if bad:
+        steps, values, _ = _columns(points)
+        bad = ~np.isfinite(values)
+        count = int(bad.sum())
+        if count:
             part.deduct(
-                5 + 10 * len(bad) / len(points),
-                f"{name}: {len(bad)} of {len(points)} values NaN or infinite, first at step {bad[0][0]}",
+                5 + 10 * count / len(values),
+                f"{name}: {count} of {len(values)} values NaN or infinite, first at step "
+                f"{int(steps[np.argmax(bad)])}",
             )
 
 
@@ -196,8 +216,9 @@ def _role(series: Series, catalog: Sequence[str]) -> str | None:
     return next((n for n in catalog if n in series), None)
 
 
-def _finite(points: Iterable[tuple[int, float, int]]) -> list[float]:
-    return [v for _, v, _ in points if math.isfinite(v)]
+def _finite(points: Sequence[tuple[int, float, int]]) -> list[float]:
+    values = _columns(points)[1]
+    return values[np.isfinite(values)].tolist()
 
 
 def _progress(part: Part, series: Series) -> None:
@@ -258,16 +279,18 @@ def _stability(part: Part, series: Series) -> None:
     name = _role(series, LOSS_ALIASES)
     if name is None:
         return
-    points = [(s, v) for s, v, _ in series[name] if math.isfinite(v)]
-    spikes = []
-    for i, (step, value) in enumerate(points):
-        if i < 10 or i + 10 >= len(points):
-            continue  # no full window: the steep start of a loss curve is no spike
-        window = [v for _, v in points[i - 10 : i + 11]]
-        median = statistics.median(window)
-        mad = statistics.median(abs(v - median) for v in window) * 1.4826
-        if mad > 0 and abs(value - median) / mad > 6:
-            spikes.append(step)
+    steps, values, _ = _columns(series[name])
+    finite = np.isfinite(values)
+    steps, values = steps[finite], values[finite]
+    spikes: list[int] = []
+    if len(values) >= 21:  # each value with 10 on either side (the steep start is no spike)
+        windows = np.lib.stride_tricks.sliding_window_view(values, 21)
+        median = np.median(windows, axis=1)
+        mad = np.median(np.abs(windows - median[:, None]), axis=1) * 1.4826
+        centre = values[10:-10]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            spiked = (mad > 0) & (np.abs(centre - median) / mad > 6)
+        spikes = steps[10:-10][spiked].tolist()
     if spikes:
         part.deduct(
             5 + 2 * len(spikes), f"{name}: {len(spikes)} spike(s) (robust z > 6) at steps {_ranges(spikes)}"
@@ -276,23 +299,21 @@ def _stability(part: Part, series: Series) -> None:
 
 def _timing(part: Part, series: Series, every_ts: Sequence[int]) -> None:
     for name, points in sorted(series.items()):
-        stamps = [ts for _, _, ts in points]
-        gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+        gaps = np.diff(_columns(points)[2])
         if len(gaps) < 30:
             continue
         third = len(gaps) // 3
-        early, late = statistics.median(gaps[:third]), statistics.median(gaps[-third:])
+        early, late = float(np.median(gaps[:third])), float(np.median(gaps[-third:]))
         if early > 0 and late > 2 * early:
             part.deduct(
                 5,
                 f"{name}: logged every {late / 1000:.2f} s late in the run, every {early / 1000:.2f} s early "
                 "(a collection-frequency regression)",
             )
-    stamps = sorted(every_ts)
-    between = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    between = np.diff(np.sort(np.asarray(every_ts, dtype=np.int64)))
     if len(between) >= 10:
-        usual = statistics.median(between)
-        stalls = [g for g in between if g > max(10 * usual, 30_000)]
+        usual = float(np.median(between))
+        stalls = between[between > np.float64(max(10 * usual, 30_000))].tolist()
         for gap in stalls[:3]:
             part.deduct(
                 5, f"no event for {gap / 1000:.0f} s (the run's usual interval is {usual / 1000:.2f} s)"
