@@ -181,12 +181,18 @@ def test_a_wandb_script_gives_the_same_history_as_wandbs_own(settings, sink, tmp
     assert got == expected
     assert wb["config"]["epochs"] == 3 and wb["summary"]["best"] == 0.99
 
-    table = read_table(settings.archive_dir, our_id, columns=["kind", "name", "step", "payload"])
-    names = [
-        (n, s)
-        for k, n, s in zip(*(table[c].to_pylist() for c in ("kind", "name", "step")))
-        if "Histogram" in k
-    ]
+    # the histogram was logged after the last scalar: it may reach the archive a flush later
+    deadline = time.monotonic() + 30
+    while True:
+        table = read_table(settings.archive_dir, our_id, columns=["kind", "name", "step", "payload"])
+        names = [
+            (n, s)
+            for k, n, s in zip(*(table[c].to_pylist() for c in ("kind", "name", "step")))
+            if "Histogram" in k
+        ]
+        if names or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
     assert names == [("hist", 42)]
     assert not [n for k, n in zip(*(table[c].to_pylist() for c in ("kind", "name"))) if "Table" in k]
     config = run_config(read_events(settings.archive_dir, our_id))  # config changed after init: an update
