@@ -60,6 +60,19 @@ def rank_events(world, steps, values, step_ms=10):
     return out
 
 
+def interleaved(per_rank, rng, most):
+    """The ranks' events as records of 1 to ``most`` events, randomly interleaved, each
+    producer's events in order."""
+    cursors = dict.fromkeys(per_rank, 0)
+    records = []
+    while any(cursors[r] < len(per_rank[r]) for r in per_rank):
+        r = int(rng.choice([r for r in per_rank if cursors[r] < len(per_rank[r])]))
+        n = int(rng.integers(1, most))
+        records.append(per_rank[r][cursors[r] : cursors[r] + n])
+        cursors[r] += n
+    return records
+
+
 def merged_series(processor_output_points):
     return {
         name: {p.step: p.value for p in processor_output_points if p.name == name}
@@ -97,14 +110,7 @@ def test_the_merge_depends_on_the_events_only_not_on_batching_or_arrival_order()
     assert run_through([per_rank[r] for r in (2, 0, 1)]) == expected
     # random record sizes, randomly interleaved, each producer's events in order
     for trial in range(5):
-        cursors = {r: 0 for r in range(world)}
-        records = []
-        while any(cursors[r] < len(per_rank[r]) for r in range(world)):
-            r = int(rng.choice([r for r in range(world) if cursors[r] < len(per_rank[r])]))
-            n = int(rng.integers(1, 80))
-            records.append(per_rank[r][cursors[r] : cursors[r] + n])
-            cursors[r] += n
-        assert run_through(records) == expected, trial
+        assert run_through(interleaved(per_rank, rng, 80)) == expected, trial
 
 
 def test_a_dead_rank_is_left_out_after_the_timeout_in_event_time_and_the_straggler_alert_fires_once():
@@ -237,11 +243,4 @@ def test_lag_steps_depends_on_the_events_only_not_on_how_far_the_first_ranks_rec
     assert {whole[s] for s in range(steps - behind)} == {float(behind)}
     assert lags([per_rank[1], per_rank[0]]) == whole
     for trial in range(8):
-        cursors = {r: 0 for r in range(world)}
-        records = []
-        while any(cursors[r] < len(per_rank[r]) for r in range(world)):
-            r = int(rng.choice([r for r in range(world) if cursors[r] < len(per_rank[r])]))
-            n = int(rng.integers(1, 30))
-            records.append(per_rank[r][cursors[r] : cursors[r] + n])
-            cursors[r] += n
-        assert lags(records) == whole, trial
+        assert lags(interleaved(per_rank, rng, 30)) == whole, trial
