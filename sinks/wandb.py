@@ -89,6 +89,9 @@ SEQS_DIR = ".metricbus-seqs"
 #: A run file that has not grown for this long while more than two blocks of rows wait to be
 #: seen in it: W&B has stopped writing it.
 STALLED_AFTER_S = 10.0
+#: Rows handed to W&B and not seen in its files past which a flush fails (retried with backoff,
+#: nothing more consumed): each is held in memory until W&B has written it.
+MAX_WAITING_ROWS = 200_000
 
 
 @dataclasses.dataclass
@@ -251,6 +254,9 @@ class WandbSink(Sink):
         self._pending = 0
         for run_id in list(self._waiting):
             self._see(run_id)
+        waiting = sum(len(w.rows) for w in self._waiting.values())
+        if waiting > MAX_WAITING_ROWS:  # a W&B that takes rows and writes none: stop taking more
+            raise RuntimeError(f"W&B has not written {waiting} rows handed to it; waiting for it")
 
     def release(self) -> None:
         """A rebalance: finish the W&B runs this instance has open and drop its ledgers.

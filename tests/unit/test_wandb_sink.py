@@ -697,3 +697,29 @@ def test_the_ledgers_of_runs_not_open_are_not_kept_in_memory_after_a_flush(tmp_p
     again.flush()
     assert again._ledgers == {}
     assert again.recover("run-wb1") == {"p1": [(0, 1)]}  # read again, from its files and ledger
+
+
+def test_rows_wandb_takes_but_does_not_write_are_held_up_to_a_bound_then_the_flush_fails(
+    tmp_path, offline, monkeypatch
+):
+    """Each row waits in memory until W&B's file shows it: a W&B that never writes (its disk
+    full, a stalled service) must not make the sink hold rows without end."""
+    from metricbus.sinks import wandb as module
+
+    reads = module.logged_ids_from
+    monkeypatch.setattr(module, "MAX_WAITING_ROWS", 50)
+    monkeypatch.setattr(module, "logged_ids_from", lambda path, key, start: ([], start))  # writes nothing
+    sink = WandbSink(tmp_path)
+    sink.open()
+    sink.write(
+        [ev(0, RUN_STARTED, run_started("p", "n")), *(metrics(i, i, {"x": 1.0}) for i in range(1, 41))]
+    )
+    sink.flush()  # 40 rows waiting: under the bound
+    assert sink.confirmed() == (41, 1)  # only RunStarted (ledgered) is durable
+    sink.write([metrics(i, i, {"x": 1.0}) for i in range(41, 61)])
+    with pytest.raises(RuntimeError, match="has not written 60 rows"):
+        sink.flush()
+    monkeypatch.setattr(module, "logged_ids_from", reads)  # W&B's file is read again: the rows are there
+    sink.close_run("run-wb1")
+    sink.flush()
+    assert sink.confirmed() == (61, 61) and sink.pending() == 0
