@@ -116,6 +116,8 @@ class LoopMetrics:
             multiprocess_mode="livemax",
         ).labels(group)
         self._failing_now = False
+        self._failing.set(0.0)
+        back_files()  # every sample this loop writes exists now
 
     def failing(self, now: bool) -> bool:
         """Whether the loop's destination refuses now (set on a change only); True on a change."""
@@ -141,8 +143,41 @@ class LoopMetrics:
         self._stamp.set(time.time() if at is None else at)
 
 
-def count_restart(process: str) -> None:
-    """One restart of ``process`` by ``metricbus up``."""
+def count_restart(process: str, by: int = 1) -> None:
+    """One restart of ``process`` by ``metricbus up`` (``by=0``: its counter made, at start)."""
     _metric(
         "Counter", "metricbus_process_restarts", "restarts of a process by metricbus up", ("process",)
-    ).labels(process).inc()
+    ).labels(process).inc(by)
+    if not by:
+        back_files()
+
+
+_backed: set[str] = set()
+
+
+def back_files() -> None:
+    """Give this process's metrics files real blocks, once each, while the disk has room.
+
+    prometheus_client keeps them as sparse files written through mmap: a write to a page the
+    disk has no block for is a SIGBUS, which killed `metricbus up` and every child with it the
+    first time a full data disk met a new sample (a restart counted). Called once the samples a
+    process will write exist; a later new one in the same (already backed) file is safe.
+    """
+    shared = multiprocess_dir()
+    if not shared:
+        return
+    suffix = f"_{os.getpid()}.db"
+    try:
+        names = [n for n in os.listdir(shared) if n.endswith(suffix) and n not in _backed]
+    except OSError:
+        return
+    for name in names:
+        try:
+            fd = os.open(os.path.join(shared, name), os.O_RDWR)
+            try:
+                os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+            _backed.add(name)
+        except OSError:  # a full disk already: nothing to back them with now; tried again later
+            continue

@@ -176,6 +176,8 @@ class Stack:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)  # ours: samples of a previous stack
         self.metrics_dir.mkdir(parents=True, exist_ok=True)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)  # our own restart counter
+        for name in [c.name for c in self.children] + ["broker", "broker (planned)"]:
+            count_restart(name, 0)  # the sample and its file exist now: a full disk later is no SIGBUS
         if self.broker is not None:
             self.broker.start()
         ensure_topics(self.settings)
