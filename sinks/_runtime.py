@@ -650,7 +650,10 @@ class SinkRunner(ConsumerLoop):
                 self.stats.rejected += 1
                 await self._deadletter(self._event_bytes(event), event.run_id.encode(), reason, None)
         for run_id in closing:
-            self.sink.derived_complete(run_id)
+            try:
+                self.sink.derived_complete(run_id)
+            except OSError as exc:  # its output cannot be closed now (a full disk): read it again later
+                raise Unavailable(f"run {run_id} cannot be closed ({exc})") from exc
         if alerts or self._held_alerts:
             await self._alerts(alerts)
 

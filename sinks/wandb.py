@@ -386,9 +386,13 @@ class WandbSink(Sink):
     def _finish(self, run_id: str) -> None:
         run = self._runs.pop(run_id, None)
         self._written.pop(run_id, None)
-        ledger = self._ledgers.pop(run_id, None)  # loaded again with the run's next event
+        ledger = self._ledgers.get(run_id)
         if ledger is not None:
-            ledger.save()
+            try:
+                ledger.save()
+                del self._ledgers[run_id]  # loaded again with the run's next event
+            except OSError as exc:  # a full disk: kept, saved by the next flush (retried until it is)
+                log.warning("run %s: its ledger is not saved yet (%s); the next flush saves it", run_id, exc)
         if run is not None:
             _, code = self._finished.get(run_id, (0.0, 0))
             finish(run, exit_code=code)  # the file is the ledger the run's next opening reads
