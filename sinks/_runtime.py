@@ -292,6 +292,7 @@ class ConsumerLoop:
         self._consumer: Any = None
         self._producer: Any = None
         self._uncommitted: dict[Any, int] = {}
+        self._committed: dict[Any, int] = {}  #: what this process last committed, per partition
         self._last_flush = time.monotonic()
         self._flush_lock = asyncio.Lock()
         self._unavailable_backoff = 0.0  #: seconds to wait after the destination was unavailable
@@ -336,6 +337,7 @@ class ConsumerLoop:
         class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
             async def on_partitions_revoked(self, revoked: Any) -> None:
                 await loop._flush_and_commit()
+                loop._committed.clear()  # another member may commit them next
                 loop._released()
 
             async def on_partitions_assigned(self, assigned: Any) -> None:
@@ -489,11 +491,14 @@ class ConsumerLoop:
             log.warning("%s: writes again; committing what it took", self.name)
         limits = self._commit_limits()
         offsets = {tp: min(offset, limits.get(tp, offset)) for tp, offset in self._uncommitted.items()}
-        # what may not be committed yet stays, for a later commit
+        # what may not be committed yet stays, for a later commit; what this process committed
+        # already is not committed again (a sink waiting on its destination flushes every interval)
         self._uncommitted = {tp: o for tp, o in self._uncommitted.items() if o > offsets[tp]}
+        offsets = {tp: o for tp, o in offsets.items() if self._committed.get(tp) != o}
         if offsets:
             try:
                 await self._consumer.commit(offsets)
+                self._committed.update(offsets)
                 self.stats.commits += 1
                 self.metrics.stamp()
             except Exception as exc:  # noqa: BLE001 - a lost commit only means harmless re-delivery

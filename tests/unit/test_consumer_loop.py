@@ -192,6 +192,8 @@ def test_no_record_is_committed_past_events_the_destination_has_not_confirmed():
     sink.durable = 25  # the destination holds the first 25: the first slice is not all there
     asyncio.run(runner._flush_and_commit())
     assert runner._consumer.commits == [{tp0: 0, tp1: 0}]
+    asyncio.run(runner._flush_and_commit())  # nothing new is durable: nothing committed again
+    assert runner._consumer.commits == [{tp0: 0, tp1: 0}]
     sink.durable = 30  # the first slice's events are all held
     asyncio.run(runner._flush_and_commit())
     assert runner._consumer.commits[-1] == {tp0: 2, tp1: 1}
