@@ -233,7 +233,7 @@ def unreachable(settings: Settings, error: str) -> dict[str, Any]:
 def collect(
     settings: Settings, window_s: float = 3.0, stop_after_s: float = 30.0, since_s: float | None = None
 ) -> dict[str, Any]:
-    """One status: two lag samples ``window_s`` apart, the runs, the dead letters, the spools.
+    """One status: two lag samples ``window_s`` apart, the runs, then the dead letters, the spools.
 
     Raises BrokerError when Kafka cannot be reached (``status`` then exits 2 with the reason).
     """
@@ -250,9 +250,11 @@ def collect(
             board = RunBoard(settings, since_s=since_s).read_once()
         except KafkaError as exc:
             raise BrokerError(f"cannot read the topics on {settings.bootstrap_servers}: {exc}") from exc
-        deadletters = dead_letters(settings)
         time.sleep(max(0.0, window_s - (time.monotonic() - started)))
         groups = watch.sample()
+        # after the commits just read: a consumer commits past a record only once its dead
+        # letter is acknowledged, so every dead letter of what the groups show as read is counted
+        deadletters = dead_letters(settings)
         mark_failing(groups, sink_failures(settings))
     finally:
         watch.close()
