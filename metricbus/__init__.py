@@ -74,6 +74,13 @@ def history(run: str, metrics: Any = None, derived: bool = True, wide: bool = Tr
     return read(run, metrics=metrics, derived=derived, wide=wide, **kw)
 
 
+def curves(project: str | None, metric: str, **kw: Any) -> Any:
+    """One metric of a project's runs as group means and bands (see ``metricbus._history``)."""
+    from metricbus._history import curves as read
+
+    return read(project, metric, **kw)
+
+
 def runs(project: str | None = None, **kw: Any) -> Any:
     """Every run in the archive as a pandas DataFrame (see ``metricbus._history``)."""
     from metricbus._history import runs as read
@@ -93,6 +100,7 @@ __all__ = [
     "SchemaError",
     "Settings",
     "__version__",
+    "curves",
     "finish",
     "history",
     "init",

@@ -75,10 +75,13 @@ def history(
 def runs(project: str | None = None, settings: Settings | None = None) -> Any:
     """Every run in the archive (or one project's): id, project, name, state, steps, times, config.
 
-    ``config`` is the run's config (its starts and updates merged); the ``summary`` column holds
-    what ``finish(summary=...)`` recorded.
+    ``config`` is the run's config (its starts and updates merged) and ``summary`` what
+    ``finish(summary=...)`` recorded, each also one column per key: ``config/lr``,
+    ``config/model/width`` (nested keys flattened as compare names them), ``summary/<key>``:
+    ``frame[frame["config/lr"] == 1e-3]``, ``frame.groupby("config/lr")``.
     """
     from metricbus._runs import run_rows
+    from metricbus.diagnostics._compare import flatten
 
     pandas = _pandas()
     columns = ["run_id", "project", "name", "state", "first_step", "last_step", "events", "started", "ended"]
@@ -87,10 +90,48 @@ def runs(project: str | None = None, settings: Settings | None = None) -> Any:
             **row,
             "started": _when(row["first_ts_ms"]) if row["first_ts_ms"] is not None else None,
             "ended": _when(row["last_ts_ms"]) if row["finished"] else None,
+            **{f"config/{k}": v for k, v in flatten(row["config"]).items()},
+            **{f"summary/{k}": v for k, v in row["summary"].items()},
         }
         for row in run_rows(_archive(settings), project)
     ]
-    return pandas.DataFrame(rows, columns=[*columns, "config", "summary"])
+    keys = sorted({k for row in rows for k in row if k.startswith(("config/", "summary/"))})
+    return pandas.DataFrame(rows, columns=[*columns, "config", "summary", *keys])
+
+
+def curves(
+    project: str | None,
+    metric: str,
+    group_by: Sequence[str] | None = None,
+    band: str = "std",
+    runs: Sequence[str] | None = None,
+    settings: Settings | None = None,
+) -> Any:
+    """One metric of a project's runs (or of ``runs``), grouped: the dashboard's grouped chart.
+
+    Rows: group, step, mean, lower, upper, runs (how many runs the group's mean is over). Runs
+    are grouped by the config keys ``group_by`` (default: every key that differs but seeds);
+    ``band`` "std" (mean ± sample std) or "minmax". Runs that logged at other steps are
+    interpolated onto shared ones (see ``metricbus.diagnostics._groups``).
+    """
+    from metricbus._runs import find_run, run_rows
+    from metricbus.diagnostics._columnar import metric_points
+    from metricbus.diagnostics._compare import group_runs
+    from metricbus.diagnostics._groups import bands, curve
+
+    pandas = _pandas()
+    archive = _archive(settings)
+    chosen = [find_run(archive, r) for r in runs] if runs is not None else None
+    rows = [r for r in run_rows(archive, project) if chosen is None or r["run_id"] in chosen]
+    groups = group_runs({r["run_id"]: r["config"] for r in rows}, group_by)
+    points = metric_points(archive, metric, [r["run_id"] for r in rows], project)
+    found = {run: curve(p.steps, p.values) for run, p in points.items()}
+    out = [
+        {"group": b.group, "step": step, "mean": m, "lower": lo, "upper": hi, "runs": len(b.runs)}
+        for b in bands(found, groups, band)
+        for step, m, lo, hi in zip(b.steps, b.mean, b.lower, b.upper, strict=True)
+    ]
+    return pandas.DataFrame(out, columns=["group", "step", "mean", "lower", "upper", "runs"])
 
 
 def _when(ts_ms: int) -> Any:

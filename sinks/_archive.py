@@ -125,6 +125,7 @@ def read_table(
     since: Mapping[str, int] | None = None,
     dictionary: Collection[str] = (),
     logged: bool = False,
+    names: Collection[str] | None = None,
 ) -> pa.Table:
     """Read the archive (or one run / project of it) as one Arrow table, sorted by producer and seq.
 
@@ -135,6 +136,7 @@ def read_table(
     dictionary-encoded (a few distinct values, each row an index: ``name`` and ``fingerprint``
     took 36 of a row's ~95 bytes as strings); not ``producer_id``, which the order sorts by.
     ``logged``: only the rows of logged events (not the stream worker's derived ones).
+    ``names``: only the rows of these scalar or sample names (one metric of many runs).
     """
     import pyarrow.dataset as ds
 
@@ -146,7 +148,7 @@ def read_table(
             if not paths:
                 return schema.empty_table() if columns is None else schema.empty_table().select(columns)
             dataset = ds.dataset([str(p) for p in paths], schema=schema, format=fmt)
-            table = dataset.to_table(columns=columns, filter=_row_filter(kinds, since, logged))
+            table = dataset.to_table(columns=columns, filter=_row_filter(kinds, since, logged, names))
             break
         except FileNotFoundError:
             if attempt == 9:
@@ -196,11 +198,19 @@ def _paths(archive: Path, run_id: str | None = None, project: str | None = None)
     return sorted(archive.glob("project=*/run=*/*.parquet"))
 
 
-def _row_filter(kinds: Collection[str] | None, since: Mapping[str, int] | None, logged: bool = False) -> Any:
-    """The dataset filter of :func:`read_table`'s ``kinds``, ``since`` and ``logged`` (None: every row)."""
+def _row_filter(
+    kinds: Collection[str] | None,
+    since: Mapping[str, int] | None,
+    logged: bool = False,
+    names: Collection[str] | None = None,
+) -> Any:
+    """The dataset filter of :func:`read_table`'s ``kinds``, ``since``, ``logged`` and ``names``."""
     import pyarrow.dataset as ds
 
     only = None if kinds is None else ds.field("kind").isin(sorted(kinds))
+    if names is not None:
+        named = ds.field("name").isin(sorted(names))
+        only = named if only is None else only & named
     if logged:
         mine = ds.field("producer_id") != DERIVED_PRODUCER
         only = mine if only is None else only & mine

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import math
@@ -161,16 +162,26 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from metricbus._runs import run_rows
     from metricbus.diagnostics import compare_series, read_logged
     from metricbus.schemas import run_config
 
     settings = _settings(args)
     runs = [_find(settings, r) for r in args.runs]
-    baseline = _find(settings, args.baseline) if args.baseline else runs[0]
-    if baseline not in runs:
+    if args.project:
+        project = [row["run_id"] for row in run_rows(settings.archive_dir, args.project)]
+        if not project:
+            raise MetricbusError(f"no run of project {args.project!r} in the archive {settings.archive_dir}")
+        runs += [r for r in project if r not in runs]
+    keys = [k.strip() for given in args.group_by or () for k in given.split(",") if k.strip()] or None
+    as_group = args.baseline if args.baseline and "=" in args.baseline else None
+    baseline: str | None = runs[0] if runs else None
+    if args.baseline and not as_group:
+        baseline = _find(settings, args.baseline)
+    if baseline is not None and baseline not in runs:
         runs.insert(0, baseline)
     if len(runs) < 2:
-        raise MetricbusError("compare needs at least two runs")
+        raise MetricbusError("compare needs at least two runs (name them, or give --project P)")
     readings = {run: read_logged(settings.archive_dir, run) for run in runs}
     try:
         result = compare_series(
@@ -180,43 +191,100 @@ def cmd_compare(args: argparse.Namespace) -> int:
             args.metric,
             args.window,
             args.x,
+            group_by=keys,
+            baseline_group=as_group,
         )
     except KeyError as exc:
+        if as_group and exc.args == (as_group,):
+            raise MetricbusError(f"--baseline {as_group}: no such group") from None
         raise MetricbusError(
             f"--x {args.x}: a run never logged {exc}; use step, time or a shared metric"
         ) from None
     if args.json:
         print(strict_json(result.as_dict(), indent=2))
         return 1 if result.regressions() else 0
-    cut = f", every run cut at {args.x} = {result.budget:.6g}" if result.budget is not None else ""
-    print(f"baseline {baseline}; runs on the {args.x} axis{cut}")
+    names = {run: _run_name(carried) or run for run, (_, carried) in readings.items()}
+    if len(set(names.values())) < len(names):  # two runs of one name: their ids say which is which
+        names = {run: run for run in names}
+    print_comparison(
+        result, args.x, names, by_run=as_group is None, grouped=keys is not None, all_runs=args.per_run
+    )
+    return 1 if result.regressions() else 0
+
+
+def _run_name(events: list[Any]) -> str | None:
+    from metricbus.schemas import RUN_STARTED
+
+    return next((str(e.body["name"]) for e in events if e.kind == RUN_STARTED), None)
+
+
+def _interval(low: float, high: float) -> str:
+    return "" if math.isnan(low) else f" [{low:.4g}, {high:.4g}]"
+
+
+def print_comparison(
+    result: Any,
+    axis: str,
+    names: dict[str, str],
+    by_run: bool = True,
+    grouped: bool = False,
+    all_runs: bool = False,
+) -> None:
+    """``compare``'s answer for a terminal: config diff, groups with their IQMs, runs (by name).
+
+    Groups are shown when one holds several runs (seeds) or the user grouped (``grouped``);
+    then the runs one by one only with ``all_runs`` (they do not decide the exit status).
+    """
+    cut = f", every run cut at {axis} = {result.budget:.6g}" if result.budget is not None else ""
+    baseline = names[result.baseline] if by_run else result.baseline_group
+    shown = grouped or any(len(members) > 1 for members in result.groups.values())
+    said = f"{result.baseline_group} (the group of {baseline})" if shown and by_run else baseline
+    print(printable(f"{len(names)} runs; baseline {said}; runs on the {axis} axis{cut}"))
     print("config keys that differ:" if result.config_diff else "configs are identical")
     for key, values in result.config_diff.items():
-        print(printable(f"  {key}: " + ", ".join(f"{run}={value!r}" for run, value in values.items())))
-    if result.group_metrics:
-        print("groups of seeds (runs that differ only in seed keys):")
+        if len(values) > 4:  # the values, not every run
+            counts = collections.Counter(repr(v) for v in values.values())
+            line = ", ".join(f"{v} ({n} runs)" if n > 1 else v for v, n in counts.items())
+        else:
+            line = ", ".join(f"{names[run]}={value!r}" for run, value in values.items())
+        print(printable(f"  {key}: {line}"))
+    if shown:
+        by = ", ".join(result.group_by) or "every key but seeds"
+        print(printable(f"groups (by {by}):"))
         for group, members in result.groups.items():
-            print(printable(f"  {group}: {', '.join(members)}"))
-        print("across seeds: Welch's t-test on each run's final-window mean (effect size: Hedges' g)")
-        for r in result.group_metrics:
-            flag = "REGRESSION" if r.verdict == "worse" else r.verdict
-            print(
-                printable(
-                    f"  {r.metric:<32} {r.group}: {r.mean:.4g} vs {r.baseline_mean:.4g}  "
-                    f"(n={len(r.means)} vs {len(r.baseline_means)})  p={r.p_value:.3g}  "
-                    f"g={r.effect_size:+.2f}  {flag}"
-                )
-            )
-    print("per run: final windows compared with Welch's t-test (effect size: Hedges' g)")
+            home = " (baseline)" if group == result.baseline_group else ""
+            print(printable(f"  {group}{home}: {', '.join(names[r] for r in members)}"))
+        print("each group: the IQM of its runs' final-window means [95% bootstrap interval]")
+        against = {(c.metric, c.group): c for c in result.group_metrics}
+        for metric in dict.fromkeys(sc.metric for sc in result.group_scores):
+            scores = [sc for sc in result.group_scores if sc.metric == metric]
+            way = "higher" if scores[0].higher_is_better else "lower"
+            print(printable(f"  {metric} ({way} is better)"))
+            for sc in scores:
+                line = f"    {sc.group:<28} IQM {sc.iqm:.4g}{_interval(*sc.interval)}  n={len(sc.runs)}"
+                c = against.get((metric, sc.group))
+                if c is not None:
+                    flag = "REGRESSION" if c.verdict == "worse" else c.verdict
+                    line += (
+                        f"  vs baseline: {c.iqm - c.baseline_iqm:+.4g}{_interval(*c.difference_interval)}"
+                        f"  Welch p={c.p_value:.3g} g={c.effect_size:+.2f}  {flag}"
+                    )
+                elif sc.group == result.baseline_group:
+                    line += "  (baseline)"
+                print(printable(line + ("  <- best" if sc.best else "")))
+    if not by_run or (shown and not all_runs):
+        if result.metrics:
+            print("(each run against the baseline run: --per-run)")
+        return
+    print(f"per run, against {baseline}: final windows compared with Welch's t-test (effect size: Hedges' g)")
     for m in result.metrics:
         flag = "REGRESSION" if m.verdict == "worse" and not result.group_metrics else m.verdict
         print(
             printable(
-                f"  {m.metric:<32} {m.run}: {m.mean:.4g} vs {m.baseline_mean:.4g}  p={m.p_value:.3g}  "
+                f"  {m.metric:<32} {names[m.run]}: {m.mean:.4g} vs {m.baseline_mean:.4g}  p={m.p_value:.3g}  "
                 f"g={m.effect_size:+.2f}  {flag}"
             )
         )
-    return 1 if result.regressions() else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -65,14 +65,10 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-
-
 def _wait_for_broker(settings: Settings, args: argparse.Namespace) -> None:
     from metricbus.schemas import wait_for_broker
 
     wait_for_broker(settings, args.wait_s, f"metricbus {args.command}")
-
-
 
 
 WAIT_HELP = "no broker yet: wait at most S seconds, then exit 2 (default: no limit)"

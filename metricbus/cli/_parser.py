@@ -207,10 +207,24 @@ def build_parser() -> argparse.ArgumentParser:
         "compare",
         help="runs side by side: config diff, final-window statistics, Welch's t-test (exit 1: regression)",
     )
-    s.add_argument("runs", nargs="+", metavar="RUN", help="run ids, id prefixes or names")
-    s.add_argument("--baseline", help="the run the others are compared with (default: the first)")
+    s.add_argument("runs", nargs="*", metavar="RUN", help="run ids, id prefixes or names")
+    s.add_argument("--project", help="every run of this project (with any RUNs named)")
+    s.add_argument(
+        "--group-by",
+        action="append",
+        metavar="KEY",
+        help="group runs by these config keys (repeatable or comma-separated; nested keys as a/b; "
+        "default: every key that differs but seeds)",
+    )
+    s.add_argument(
+        "--baseline",
+        help="the run the others are compared with (default: the first), or a group (lr=0.001)",
+    )
     s.add_argument("--metric", action="append", help="only these metrics (repeatable; default: all shared)")
     s.add_argument("--window", type=int, help="values in the final window (default: the last tenth, >= 5)")
+    s.add_argument(
+        "--per-run", action="store_true", help="with groups, also each run against the baseline run"
+    )
     s.add_argument(
         "--x",
         default="step",
@@ -262,9 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_status)
 
-    s = command(
-        "dashboard", help="the live web dashboard, /metrics (Prometheus), /healthz and /readyz"
-    )
+    s = command("dashboard", help="the live web dashboard, /metrics (Prometheus), /healthz and /readyz")
     s.add_argument(
         "--host", default="127.0.0.1", help="address to bind (anything but loopback needs --token)"
     )
@@ -277,9 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", help="stream config those rules' derived series follow (YAML)")
     s.set_defaults(func=cmd_dashboard)
 
-    s = command(
-        "demo", help="embedded stack + a short real PPO run on CartPole, read back from the archive"
-    )
+    s = command("demo", help="embedded stack + a short real PPO run on CartPole, read back from the archive")
     s.add_argument("--updates", type=int, default=30, help="PPO updates (each 512 environment steps)")
     s.add_argument("--port", type=int, help="port of the embedded broker (default 9092)")
     s.set_defaults(func=cmd_demo)

@@ -91,8 +91,6 @@ def up_consumers(args: argparse.Namespace) -> dict[str, list[str]]:
     return consumers
 
 
-
-
 def cmd_topics(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _wait_for_broker(settings, args)
@@ -102,8 +100,6 @@ def cmd_topics(args: argparse.Namespace) -> int:
         + (f" (created {', '.join(created)})" if created else "")
     )
     return 0
-
-
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

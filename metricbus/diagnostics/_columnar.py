@@ -189,3 +189,45 @@ def _ints(values: np.ndarray) -> array[int]:
     out = array("q")
     out.frombytes(np.ascontiguousarray(values, dtype=np.int64).tobytes())
     return out
+
+
+def metric_points(
+    archive: Path, metric: str, runs: list[str] | None = None, project: str | None = None
+) -> dict[str, Points]:
+    """One metric of many runs, each run's points in event order, in one read of the archive.
+
+    The runs of ``project`` (or of the whole archive), or only ``runs``. A metric logged as
+    sample arrays is the mean of each event's finite samples, as :func:`read_logged` reads it,
+    so :func:`~metricbus.diagnostics.compare_series` over these points answers as ``compare``.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from metricbus.sinks import read_table
+
+    columns = ["run_id", "producer_id", "seq", "ts_ms", "step", "value", "samples"]
+    if runs is not None and len(runs) == 1:
+        table = read_table(archive, runs[0], columns=columns, logged=True, names=[metric])
+    else:
+        table = read_table(archive, project=project, columns=columns, logged=True, names=[metric])
+        if runs is not None:
+            table = table.filter(pc.is_in(table["run_id"], value_set=pa.array(runs, pa.string())))
+    ids = table["run_id"].to_numpy(zero_copy_only=False)
+    steps = table["step"].to_numpy(zero_copy_only=False)
+    stamps = table["ts_ms"].to_numpy(zero_copy_only=False)
+    values = table["value"].to_numpy(zero_copy_only=False).astype(np.float64)  # null: NaN
+    keep = np.ones(len(table), dtype=bool)
+    if table["samples"].null_count < len(table):
+        for i, samples in enumerate(table["samples"].to_pylist()):
+            if samples is not None:
+                finite = [v for v in samples if math.isfinite(v)]
+                values[i] = sum(finite) / len(finite) if finite else math.nan
+                keep[i] = bool(finite)  # no finite sample: no point, as read_logged has it
+    out = {}
+    for run in np.unique(ids) if len(ids) else []:
+        mine = (ids == run) & keep
+        points = Points()
+        points.steps, points.stamps = _ints(steps[mine]), _ints(stamps[mine])
+        points.values.frombytes(np.ascontiguousarray(values[mine]).tobytes())
+        out[str(run)] = points
+    return out

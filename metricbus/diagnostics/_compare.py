@@ -13,11 +13,14 @@ says whether the two windows differ beyond their own noise, which is what "did t
 the metric" asks of one seed each.
 
 Across seeds: runs whose configs differ only in seed keys (``seed``, ``env_seed``, ...) form a
-group, named by the config keys that do differ (``lr=0.001``). When the baseline's group and
-another hold two or more runs each, each run's final-window mean is one observation and the
-groups are compared with Welch's t-test on those means: seeds are independent runs, so here the
-test's assumption holds, and with three to five seeds per group a bootstrap interval would rest
-on too few values to resample. The groups' verdicts then decide the exit status.
+group, named by the config keys that do differ (``lr=0.001``); ``group_by`` names the keys
+instead. Each run's final-window mean is one observation. Each group gets its interquartile
+mean with a bootstrap interval (``_groups``), and the best group by the metric's direction is
+named. When the baseline's group and another hold two or more runs each, they are compared
+with Welch's t-test on those means (seeds are independent runs, so here the test's assumption
+holds; with three to five seeds a bootstrap alone would rest on too few values to resample),
+beside the bootstrap interval of the difference of IQMs. The groups' Welch verdicts then
+decide the exit status.
 
 Runs are aligned on an axis: the step, the wall time since each run's start, or a logged
 metric such as env steps or tokens; every run is cut at the largest x that all of them reached
@@ -35,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from metricbus.diagnostics._groups import difference_interval, grouped, iqm, iqm_interval
 from metricbus.diagnostics._series import Series, on_axis, scalars, split, up_to
 from metricbus.schemas import Event, run_config
 from metricbus.stream_jobs import StreamConfig
@@ -113,6 +117,25 @@ class GroupComparison:
     p_value: float
     effect_size: float
     verdict: str
+    iqm: float = math.nan
+    baseline_iqm: float = math.nan
+    difference_interval: tuple[float, float] = (math.nan, math.nan)  #: of IQM - baseline IQM, 95%
+
+
+@dataclasses.dataclass
+class GroupScore:
+    """One metric of one group: its runs' final-window means and their IQM with its interval."""
+
+    metric: str
+    group: str
+    runs: list[str]
+    means: list[float]
+    mean: float
+    std: float  #: sample std of the runs' means (NaN for one run)
+    iqm: float
+    interval: tuple[float, float]  #: 95% percentile bootstrap of the IQM over the runs
+    higher_is_better: bool
+    best: bool = False  #: the best IQM of the metric's groups, in its direction
 
 
 @dataclasses.dataclass
@@ -126,6 +149,9 @@ class Comparison:
     metrics: list[MetricComparison]
     groups: dict[str, list[str]]  #: group name -> its runs (one group per distinct config)
     group_metrics: list[GroupComparison]
+    group_scores: list[GroupScore] = dataclasses.field(default_factory=list)
+    group_by: list[str] = dataclasses.field(default_factory=list)  #: the keys grouped by
+    baseline_group: str = ""
 
     def regressions(self) -> list[MetricComparison | GroupComparison]:
         """The worse verdicts that decide the exit status: the groups', when there are groups."""
@@ -178,14 +204,17 @@ def compare_metric(
     )
 
 
-def group_runs(configs: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
-    """Runs whose configs are equal but for seed keys, named by the keys that differ (``lr=0.001``)."""
-    diff = {k: v for k, v in config_diff(configs).items() if not SEED_KEY.search(k)}
-    groups: dict[str, list[str]] = {}
-    for run in configs:
-        name = ", ".join(f"{k}={values[run]!r}" for k, values in diff.items()) or "all runs"
-        groups.setdefault(name, []).append(run)
-    return groups
+def group_keys(configs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The config keys that differ between the runs, seed keys left out."""
+    return [k for k in config_diff(configs) if not SEED_KEY.search(k)]
+
+
+def group_runs(
+    configs: Mapping[str, Mapping[str, Any]], keys: Sequence[str] | None = None
+) -> dict[str, list[str]]:
+    """Runs by the values of ``keys`` (default: the keys that differ but seeds), named ``lr=0.001``."""
+    chosen = group_keys(configs) if keys is None else keys
+    return grouped({run: flatten(c) for run, c in configs.items()}, chosen)
 
 
 def compare_runs(
@@ -195,6 +224,8 @@ def compare_runs(
     window: int | None = None,
     axis: str = "step",
     alpha: float = 0.05,
+    group_by: Sequence[str] | None = None,
+    baseline_group: str | None = None,
 ) -> Comparison:
     """Compare archived runs (``runs``: run id -> its logged events) against ``baseline``.
 
@@ -203,7 +234,7 @@ def compare_runs(
     """
     configs = {run: run_config(events) for run, events in runs.items()}
     series = {run: scalars(events, samples=True) for run, events in runs.items()}
-    return compare_series(configs, series, baseline, metrics, window, axis, alpha)
+    return compare_series(configs, series, baseline, metrics, window, axis, alpha, group_by, baseline_group)
 
 
 def compare_series(
@@ -214,8 +245,14 @@ def compare_series(
     window: int | None = None,
     axis: str = "step",
     alpha: float = 0.05,
+    group_by: Sequence[str] | None = None,
+    baseline_group: str | None = None,
 ) -> Comparison:
-    """:func:`compare_runs` of runs already read: each one's config and :func:`scalars` series."""
+    """:func:`compare_runs` of runs already read: each one's config and :func:`scalars` series.
+
+    ``group_by``: the config keys runs are grouped by (default: those that differ but seeds);
+    ``baseline_group``: the group the others are compared with (default: the baseline run's).
+    """
     names = list(series)
     baseline = baseline or names[0]
     budget = None
@@ -239,26 +276,50 @@ def compare_series(
             )
             if found is not None:
                 results.append(found)
-    groups = group_runs(configs)
-    home = next(g for g, members in groups.items() if baseline in members)
-    grouped = []
+    keys = list(group_by) if group_by else group_keys(configs)
+    groups = group_runs(configs, keys)
+    if baseline_group is not None and baseline_group not in groups:
+        raise KeyError(baseline_group)
+    home = baseline_group or next(g for g, members in groups.items() if baseline in members)
+    compared, scores = [], []
     for metric in chosen:
         means = {
             run: statistics.fmean(w)
             for run in names
             if metric in values[run] and (w := final_window(values[run][metric], window))
         }
-        base = [means[r] for r in groups[home] if r in means]
-        for group, members in groups.items():
-            mine = [means[r] for r in members if r in means]
+        up = StreamConfig().higher_is_better(split(metric)[0])
+        mine_of = {g: [r for r in members if r in means] for g, members in groups.items()}
+        metric_scores = [
+            GroupScore(
+                metric,
+                group,
+                members,
+                [means[r] for r in members],
+                statistics.fmean(means[r] for r in members),
+                stdev([means[r] for r in members]) if len(members) > 1 else math.nan,
+                iqm([means[r] for r in members]),
+                iqm_interval([means[r] for r in members]),
+                up,
+            )
+            for group, members in mine_of.items()
+            if members
+        ]
+        finite = [sc for sc in metric_scores if math.isfinite(sc.iqm)]
+        if len(finite) > 1:
+            (max if up else min)(finite, key=lambda sc: sc.iqm).best = True
+        scores.extend(metric_scores)
+        base = [means[r] for r in mine_of.get(home, [])]
+        for group, members in mine_of.items():
+            mine = [means[r] for r in members]
             if group == home or len(mine) < 2 or len(base) < 2:
                 continue
             p, g, verdict = welch(metric, base, mine, alpha)
-            grouped.append(
+            compared.append(
                 GroupComparison(
                     metric,
                     group,
-                    [r for r in members if r in means],
+                    members,
                     mine,
                     home,
                     base,
@@ -267,6 +328,11 @@ def compare_series(
                     p,
                     g,
                     verdict,
+                    iqm(mine),
+                    iqm(base),
+                    difference_interval(base, mine),
                 )
             )
-    return Comparison(baseline, axis, budget, config_diff(configs), results, groups, grouped)
+    return Comparison(
+        baseline, axis, budget, config_diff(configs), results, groups, compared, scores, keys, home
+    )
