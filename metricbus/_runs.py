@@ -21,28 +21,41 @@ class AmbiguousRun(MetricbusError):
     """A run reference that names several runs (the candidates are in the message)."""
 
 
-def run_rows(archive: Path, project: str | None = None) -> list[dict[str, Any]]:
+def run_rows(
+    archive: Path, project: str | None = None, cache: dict[str, tuple[Any, dict[str, Any]]] | None = None
+) -> list[dict[str, Any]]:
     """A row per archived run (of ``project`` only, if given), oldest first.
 
     Keys: run_id, project, name, state, first_step, last_step, events, first_ts_ms,
     last_ts_ms, config, summary. ``state`` is the RunFinished status, else "running or crashed".
+    ``cache`` (run id -> (its files' names and times, its row)), kept by a long-lived caller
+    such as the dashboard: a run whose files did not change is not read again.
     """
     from metricbus.sinks import iter_events, run_extent
-    from metricbus.sinks._archive import might_be_of, project_of, run_folders
+    from metricbus.sinks._archive import might_be_of, project_of, run_files, run_folders
 
     rows = []
     for run_id, folders in run_folders(archive).items():
         if project is not None and not might_be_of(folders, project):
             continue
+        stamp = None
+        if cache is not None:
+            stamp = tuple((p.name, p.stat().st_mtime_ns) for p in run_files(archive, run_id))
+            kept = cache.get(run_id)
+            if kept is not None and kept[0] == stamp:
+                if project is None or kept[1]["project"] == project:
+                    rows.append(kept[1])
+                continue
         try:
             control = [e for c in iter_events(archive, run_id, kinds=CONTROL) for e in c]
             run_project = project_of(folders, [e for e in control if e.kind == RUN_STARTED])
-            if project is not None and run_project != project:
-                continue
-            extent = run_extent(archive, run_id)
+            row = _row(run_id, run_project, run_extent(archive, run_id), control)
         except (OSError, ValueError):
             continue  # a run directory being written right now
-        rows.append(_row(run_id, run_project, extent, control))
+        if cache is not None:
+            cache[run_id] = (stamp, row)
+        if project is None or run_project == project:
+            rows.append(row)
     return sorted(rows, key=lambda r: (r["first_ts_ms"] is None, r["first_ts_ms"] or 0, r["run_id"]))
 
 

@@ -188,6 +188,11 @@ def _read_format(dictionary: Collection[str] = ()) -> tuple[pa.Schema, Any]:
     return schema, ds.ParquetFileFormat(read_options=read)
 
 
+def run_files(archive: Path, run_id: str) -> list[Path]:
+    """A run's Parquet files as listed now (every project directory it has)."""
+    return _paths(archive, run_id)
+
+
 def _paths(archive: Path, run_id: str | None = None, project: str | None = None) -> list[Path]:
     """The archive's files (or one run's, or one project's), as listed now."""
     archive = Path(archive)

@@ -212,7 +212,8 @@ def metric_points(
         table = read_table(archive, project=project, columns=columns, logged=True, names=[metric])
         if runs is not None:
             table = table.filter(pc.is_in(table["run_id"], value_set=pa.array(runs, pa.string())))
-    ids = table["run_id"].to_numpy(zero_copy_only=False)
+    coded = table["run_id"].combine_chunks().dictionary_encode()
+    ids = coded.indices.to_numpy(zero_copy_only=False)
     steps = table["step"].to_numpy(zero_copy_only=False)
     stamps = table["ts_ms"].to_numpy(zero_copy_only=False)
     values = table["value"].to_numpy(zero_copy_only=False).astype(np.float64)  # null: NaN
@@ -223,11 +224,15 @@ def metric_points(
                 finite = [v for v in samples if math.isfinite(v)]
                 values[i] = sum(finite) / len(finite) if finite else math.nan
                 keep[i] = bool(finite)  # no finite sample: no point, as read_logged has it
+    order = np.argsort(ids, kind="stable")  # each run's rows together, in the order read
+    order = order[keep[order]]
+    bounds = np.searchsorted(ids[order], np.arange(len(coded.dictionary) + 1))
     out = {}
-    for run in np.unique(ids) if len(ids) else []:
-        mine = (ids == run) & keep
-        points = Points()
-        points.steps, points.stamps = _ints(steps[mine]), _ints(stamps[mine])
-        points.values.frombytes(np.ascontiguousarray(values[mine]).tobytes())
-        out[str(run)] = points
+    for code, run in enumerate(coded.dictionary.to_pylist()):
+        mine = order[bounds[code] : bounds[code + 1]]
+        if len(mine):
+            points = Points()
+            points.steps, points.stamps = _ints(steps[mine]), _ints(stamps[mine])
+            points.values.frombytes(np.ascontiguousarray(values[mine]).tobytes())
+            out[str(run)] = points
     return out

@@ -247,11 +247,13 @@ def compare_series(
     alpha: float = 0.05,
     group_by: Sequence[str] | None = None,
     baseline_group: str | None = None,
+    per_run: bool = True,
 ) -> Comparison:
     """:func:`compare_runs` of runs already read: each one's config and :func:`scalars` series.
 
     ``group_by``: the config keys runs are grouped by (default: those that differ but seeds);
-    ``baseline_group``: the group the others are compared with (default: the baseline run's).
+    ``baseline_group``: the group the others are compared with (default: the baseline run's);
+    ``per_run=False``: the groups only, no run against the baseline run.
     """
     names = list(series)
     baseline = baseline or names[0]
@@ -267,7 +269,7 @@ def compare_series(
     common = set.intersection(*(set(v) for v in values.values()))
     chosen = list(metrics) if metrics else sorted(m for m in common if not m.startswith("System/"))
     results = []
-    for metric in chosen:
+    for metric in chosen if per_run else ():
         for run in names:
             if run == baseline or metric not in values[run] or metric not in values[baseline]:
                 continue

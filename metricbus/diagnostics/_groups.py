@@ -172,9 +172,7 @@ def difference_interval(base: Sequence[float], other: Sequence[float], seed: int
     return float(found.confidence_interval.low), float(found.confidence_interval.high)
 
 
-def bands(
-    curves: Mapping[str, Curve], groups: Mapping[str, Sequence[str]], band: str = "std"
-) -> list[Band]:
+def bands(curves: Mapping[str, Curve], groups: Mapping[str, Sequence[str]], band: str = "std") -> list[Band]:
     """Each group's :func:`band_of`, over the runs of it that have the curve."""
     out = []
     for group, members in groups.items():

@@ -45,6 +45,7 @@ SAMPLE_EVERY_S = 5.0
 STREAM_TICK_S = 0.5
 TB_LOOK_S = 5.0  #: how often a run's page looks for its TensorBoard directory until it exists
 KEEPALIVE_S = 15.0
+MAX_COMPARED = 1000  #: runs one grouped chart takes
 #: A run's health is computed from the archive at most this often (per run).
 HEALTH_EVERY_S = 10.0
 #: ... and no sooner than this many times what it took: a long run's health reads the whole run
@@ -139,6 +140,7 @@ def build_app(
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 
+    from metricbus.ops._experiments import grouped_chart, metric_names, runs_table
     from metricbus.ops._metrics import render_metrics
 
     shell = (WEB / "app.html").read_text()
@@ -243,6 +245,38 @@ def build_app(
             health_cache[run_id] = (time.monotonic(), time.monotonic() - started, found)
         return JSONResponse(found)
 
+    def api_experiments(request: Request) -> Response:
+        """The archive's runs table (of ``?project=``), with its config keys."""
+        project = request.query_params.get("project") or None
+        return JSONResponse(runs_table(archive.run_rows(), project[:200] if project else None))
+
+    def _chosen(request: Request) -> list[str] | JSONResponse:
+        runs = [r for r in request.query_params.get("runs", "").split(",") if r][:MAX_COMPARED]
+        bad = [r for r in runs if not _valid(r)]
+        if bad or not runs:
+            return JSONResponse({"error": f"runs: {', '.join(bad)[:200] or 'none chosen'}"}, status_code=400)
+        return runs
+
+    def api_experiment_metrics(request: Request) -> Response:
+        runs = _chosen(request)
+        if isinstance(runs, JSONResponse):
+            return runs
+        return JSONResponse({"metrics": metric_names(settings.archive_dir, runs)})
+
+    def api_experiment_chart(request: Request) -> Response:
+        """One metric of the chosen runs, grouped (``?group_by=lr,batch``; empty: none)."""
+        runs = _chosen(request)
+        if isinstance(runs, JSONResponse):
+            return runs
+        q = request.query_params
+        metric, band = q.get("metric", "")[:500], q.get("band", "std")
+        if not metric or band not in ("std", "minmax"):
+            return JSONResponse({"error": "metric=NAME and band=std|minmax"}, status_code=400)
+        keys = None if "group_by" not in q else [k[:200] for k in q["group_by"].split(",") if k][:20]
+        baseline = q.get("baseline") or None
+        chart = grouped_chart(settings.archive_dir, archive.run_rows(), runs, metric, keys, band, baseline)
+        return JSONResponse(chart)
+
     def metrics(request: Request) -> Response:
         body, content_type = render_metrics(board, pipeline)
         return Response(body, media_type=content_type)
@@ -268,6 +302,10 @@ def build_app(
         Route("/", page),
         Route("/alerts", page),
         Route("/pipeline", page),
+        Route("/experiments", page),
+        Route("/api/experiments", api_experiments),
+        Route("/api/experiments/metrics", api_experiment_metrics),
+        Route("/api/experiments/chart", api_experiment_chart),
         Route("/runs/{run_id:str}", page),
         Route("/runs/{run_id:str}/report", report),
         Route("/api/status", api_status),

@@ -19,53 +19,9 @@ import pytest
 from metricbus.ops._board import MAX_POINTS
 from metricbus.producers import Run
 
-from .conftest import cli, free_port
+from .conftest import CHROMIUM, cli, free_port, get
 
 pytestmark = pytest.mark.integration
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def get(url: str, timeout: float = 10.0, headers: dict | None = None) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - our own server
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-@pytest.fixture
-def dashboard(settings, tmp_path):
-    port = free_port()
-    log = open(tmp_path / "dashboard.log", "wb")
-    env = {**os.environ, **settings.to_env(), "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prom")}
-    (tmp_path / "prom").mkdir()
-    proc = subprocess.Popen(
-        cli(settings, "dashboard", "--port", str(port)), stdout=log, stderr=subprocess.STDOUT, env=env
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if get(f"{base}/readyz", 2)[0] == 200:
-                break
-        except OSError:
-            pass
-        assert proc.poll() is None, (tmp_path / "dashboard.log").read_text()
-        time.sleep(0.3)
-    else:
-        raise AssertionError("dashboard never ready: " + (tmp_path / "dashboard.log").read_text())
-    yield base
-    proc.terminate()
-    try:
-        assert proc.wait(20) == 0, (tmp_path / "dashboard.log").read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
-        assert "Traceback" not in (tmp_path / "dashboard.log").read_text()
-
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: `make test` installs it")
 def test_a_live_run_in_the_browser_gains_points_and_shows_a_nan_alert(

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +17,7 @@ from scipy import stats
 from metricbus.producers import Run
 from metricbus.sinks import read_table
 
-from .conftest import cli
+from .conftest import CHROMIUM, cli, get
 
 pytestmark = pytest.mark.integration
 
@@ -155,3 +158,121 @@ def test_compare_groups_a_sweep_by_learning_rate_names_the_best_and_flags_the_br
         assert mine["mean"].to_numpy() == pytest.approx(lines.mean(axis=0))
         assert mine["upper"].to_numpy() == pytest.approx(lines.mean(axis=0) + lines.std(axis=0, ddof=1))
         assert (mine["runs"] == 3).all()
+
+
+def archive_sweep(archive, rng) -> dict[str, tuple[float, int]]:
+    """Six runs of project sweep (lr 0.001 and 0.01, three seeds each) and one of another project."""
+    from metricbus.schemas import METRICS, RUN_FINISHED, RUN_STARTED, Event, default_codec, run_started
+    from metricbus.sinks import ParquetArchive
+
+    fp = default_codec().newest("EventBatch").fingerprint
+    sink = ParquetArchive(archive)
+    sink.open()
+    runs = {}
+    plan = (
+        [(0.001, s, "sweep") for s in range(3)] + [(0.01, s, "sweep") for s in range(3)] + [(0.1, 0, "other")]
+    )
+    for k, (lr, seed, project) in enumerate(plan):
+        run_id = f"20261101-00000{k}-sweep{k:03d}"
+        config = {"lr": lr, "seed": seed, "model": {"width": 64}}
+        events = [
+            Event(
+                run_id,
+                "p",
+                0,
+                1_700_000_000_000 + k,
+                RUN_STARTED,
+                run_started(project, f"lr{lr:g}-s{seed}", config),
+                fp,
+            )
+        ]
+        level = 100.0 if lr == 0.001 else 60.0
+        for step in range(50):
+            value = level * (1 - math.exp(-step / 10)) + rng.normal(0, 3)
+            body = {
+                "step": step,
+                "epoch": None,
+                "rank": 0,
+                "samples": {},
+                "labels": {},
+                "scalars": {REWARD: value, "Train/Loss": 1 / (step + 1)},
+            }
+            events.append(Event(run_id, "p", step + 1, 1_700_000_001_000 + step, METRICS, body, fp))
+        events.append(
+            Event(
+                run_id,
+                "p",
+                51,
+                1_700_000_002_000,
+                RUN_FINISHED,
+                {"status": "finished", "summary": {"score": level}},
+                fp,
+            )
+        )
+        sink.write(events)
+        if project == "sweep":
+            runs[run_id] = (lr, seed)
+    sink.flush()
+    sink.close()
+    return runs
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: `make test` installs it")
+def test_the_experiments_page_sorts_filters_groups_six_runs_by_lr_and_remembers(
+    settings, dashboard, tmp_path
+):
+    from playwright.sync_api import expect, sync_playwright
+
+    runs = archive_sweep(settings.archive_dir, np.random.default_rng(0))
+    deadline = time.monotonic() + 30
+    while len(json.loads(get(f"{dashboard}/api/experiments")[1])["runs"]) < 7 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    table = json.loads(get(f"{dashboard}/api/experiments?project=sweep")[1])
+    assert sorted(r["run_id"] for r in table["runs"]) == sorted(runs) and table["differ"] == ["lr"]
+    shots = Path(os.environ.get("METRICBUS_SCREENSHOTS") or tmp_path)
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1280, "height": 1100})
+        page.goto(f"{dashboard}/experiments")
+        expect(page.locator("#runs-table")).to_have_attribute("data-rows", "7", timeout=30_000)
+        # sort by a config column (lr), then the other way
+        page.locator('th[data-sort="config/lr"]').click()
+        first = page.locator("#runs tbody tr").first
+        expect(first).to_contain_text("lr0.001")
+        page.locator('th[data-sort="config/lr"]').click()
+        expect(first).to_contain_text("lr0.1-s0")
+        # filter: a config value
+        page.locator("#runs-filter").fill("lr=0.01")
+        expect(page.locator("#runs-table")).to_have_attribute("data-rows", "3")
+        page.locator("#runs-filter").fill("")
+        # a project: its six runs chosen, grouped by the key that differs (lr; seeds are not a group)
+        page.locator("#project").select_option("sweep")
+        expect(page.locator("#runs-table")).to_have_attribute("data-rows", "6")
+        chart = page.locator("#group-chart")
+        expect(chart).to_have_attribute("data-groups", "2", timeout=30_000)
+        expect(chart).to_have_attribute("data-bands", "2")
+        expect(page.locator("#metric")).to_have_value(REWARD)
+        expect(page.locator("#group-table")).to_contain_text("lr=0.001")
+        best = page.locator("#group-table tr", has_text="best")
+        expect(best).to_contain_text("lr=0.001")
+        expect(page.locator("#group-table")).to_contain_text("REGRESSION")  # lr 0.01 against lr 0.001
+        drawn = page.evaluate("window.mbExperiment")
+        assert {b["group"] for b in drawn["bands"]} == {"lr=0.001", "lr=0.01"}
+        assert all(
+            len(b["runs"]) == 3 and b["upper"][-1] > b["mean"][-1] > b["lower"][-1] for b in drawn["bands"]
+        )
+        page.locator("#smoothing").fill("0.6")
+        page.screenshot(path=str(shots / "experiments-grouped.png"), full_page=True)
+        # the view is remembered: the page opened again, with no address, shows it
+        page.goto(f"{dashboard}/experiments")
+        expect(chart).to_have_attribute("data-groups", "2", timeout=30_000)
+        expect(page.locator("#project")).to_have_value("sweep")
+        expect(page.locator("#smoothing")).to_have_value("0.6")
+        # no grouping: a curve per run
+        for box in page.locator("#group-by input:checked").all():
+            box.uncheck()
+        expect(chart).to_have_attribute("data-groups", "6", timeout=30_000)
+        expect(chart).to_have_attribute("data-bands", "0")
+        page.screenshot(path=str(shots / "experiments-runs.png"), full_page=False)
+        browser.close()
