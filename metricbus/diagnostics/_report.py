@@ -259,6 +259,8 @@ def build(
                 reward_rows.append([epoch, len(values), *_quantiles(values)])
 
     comparison_rows, group_rows = [], []
+    group_bands: list[dict[str, Any]] = []
+    score_rows: list[list[Any]] = []
     diff: dict[str, dict[str, Any]] = {}
     groups: dict[str, list[str]] = {}
     if others:
@@ -273,6 +275,9 @@ def build(
             shared,
         )
         diff, groups = result.config_diff, result.groups
+        if any(len(members) > 1 for members in groups.values()):
+            group_bands = _group_bands(result, runs)
+            score_rows = _score_rows(result)
         for m in result.metrics:
             comparison_rows.append(
                 [m.metric, m.run, m.baseline_mean, m.mean, m.p_value, m.effect_size, m.verdict]
@@ -307,7 +312,7 @@ def build(
         for what, by_value in per_title.items():
             chart("Per label", f"{key}: {what}", by_value)
 
-    data = {"charts": charts}
+    data = {"charts": charts, "groups": group_bands}
     page = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>metricbus report: {html.escape(title)}</title>",
@@ -368,6 +373,20 @@ def build(
                 ["metric", "run", "baseline", "run mean", "p", "g", "verdict"], comparison_rows, "comparison"
             ),
         ]
+        if score_rows:
+            page += [
+                "<h3>Groups across seeds</h3>",
+                "<p class='muted'>each group: the mean of its runs at each step with a band of one "
+                "sample std either side (runs interpolated onto shared steps); the IQM of its runs' "
+                "final-window means with a 95% bootstrap interval, and against the baseline group the "
+                "difference of IQMs with its interval and Welch's t-test on the runs' means</p>",
+                "<div id='group-charts'></div>",
+                _table(
+                    ["metric", "group", "runs", "IQM [95% CI]", "vs baseline [95% CI]", "Welch p", "verdict"],
+                    score_rows,
+                    "group-scores",
+                ),
+            ]
         if group_rows:
             page += [
                 "<h3>Across seeds</h3>",
@@ -392,6 +411,72 @@ def build(
         "</body></html>",
     ]
     return "\n".join(page)
+
+
+#: metrics drawn as group bands in a report (the first compared: the role catalog's come first)
+_GROUP_CHARTS = 4
+
+
+def _group_bands(result: Any, runs: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each compared metric's groups as mean curves with bands, for the report's full-width charts."""
+    from metricbus.diagnostics._groups import bands, curve
+
+    out = []
+    for metric in list(dict.fromkeys(sc.metric for sc in result.group_scores))[:_GROUP_CHARTS]:
+        curves = {
+            r: curve(reading.seen.series[metric].steps, reading.seen.series[metric].values)
+            for r, reading in runs.items()
+            if metric in reading.seen.series
+        }
+        drawn = [
+            {
+                "group": b.group,
+                "runs": len(b.runs),
+                "steps": b.steps,
+                "mean": b.mean,
+                "lower": b.lower,
+                "upper": b.upper,
+            }
+            for b in bands(curves, result.groups)
+        ]
+        out.append({"metric": metric, "bands": _json_safe(drawn)})
+    return out
+
+
+def _score_rows(result: Any) -> list[list[Any]]:
+    """A row per metric and group: IQM with its interval, and against the baseline group."""
+    against = {(c.metric, c.group): c for c in result.group_metrics}
+
+    def interval(low: float, high: float) -> str:
+        return "" if math.isnan(low) else f" [{low:.4g}, {high:.4g}]"
+
+    rows = []
+    for sc in result.group_scores:
+        c = against.get((sc.metric, sc.group))
+        base = "baseline" if sc.group == result.baseline_group else "-"
+        rows.append(
+            [
+                sc.metric,
+                sc.group + (" (best)" if sc.best else ""),
+                len(sc.runs),
+                f"{sc.iqm:.4g}{interval(*sc.interval)}",
+                f"{c.iqm - c.baseline_iqm:+.4g}{interval(*c.difference_interval)}" if c else base,
+                f"{c.p_value:.3g}" if c else "-",
+                ("REGRESSION" if c.verdict == "worse" else c.verdict) if c else "-",
+            ]
+        )
+    return rows
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities as null (the page's JSON is strict)."""
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def _asset(name: str) -> str:
@@ -456,6 +541,9 @@ th { background: #f2f4f7; text-align: left; } td { font-variant-numeric: tabular
 .charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 12px; }
 .chart { border: 1px solid #d8dce3; border-radius: 6px; padding: 6px; }
 .chart h3 { font-size: 13px; margin: 2px 4px 6px; }
+.chart.wide { margin: 10px 0; }
+.legend { display: flex; gap: 14px; justify-content: center; font-size: 12px; margin: 4px 0; }
+.legend i { display: inline-block; width: 14px; height: 3px; margin-right: 5px; vertical-align: middle; }
 """
 
 _JS = """
@@ -510,6 +598,54 @@ function draw(mode) {
   }
   document.body.dataset.xaxis = mode;
 }
+// groups across seeds: each metric full width, each group's mean with its band
+function drawGroups() {
+  const root = document.getElementById("group-charts");
+  if (!root) return;
+  for (const g of DATA.groups) {
+    const box = document.createElement("div");
+    box.className = "chart wide";
+    box.dataset.metric = g.metric;
+    const h = document.createElement("h3");
+    h.textContent = g.metric;
+    box.appendChild(h);
+    root.appendChild(box);
+    const xs = [...new Set(g.bands.flatMap((b) => b.steps))].sort((a, b) => a - b);
+    const at = (b, ys) => {
+      const m = new Map(b.steps.map((s, i) => [s, ys[i]]));
+      return xs.map((x) => (m.has(x) ? m.get(x) : null));
+    };
+    const series = [{ label: "step" }], values = [xs], bands = [];
+    g.bands.forEach((b, i) => {
+      const color = COLORS[i % COLORS.length];
+      values.push(at(b, b.mean));
+      const line = { stroke: color, width: 2, spanGaps: true, points: { show: false } };
+      series.push({ ...line, label: `${b.group} (${b.runs})` });
+      if (b.runs > 1) {
+        values.push(at(b, b.upper), at(b, b.lower));
+        const edge = { stroke: color + "55", width: 1, spanGaps: true, points: { show: false } };
+        series.push({ ...edge, label: `${b.group} +std` }, { ...edge, label: `${b.group} -std` });
+        bands.push({ series: [values.length - 2, values.length - 1], fill: color + "26" });
+      }
+    });
+    const axes = [{ label: "step", labelSize: 18, size: 40 }, { size: 56 }];
+    const width = Math.max(400, root.clientWidth - 16);
+    const scales = { x: { time: false } };
+    new uPlot({ width, height: 300, series, bands, axes, scales, legend: { show: false } }, values, box);
+    const legend = document.createElement("p"); // a group an entry: its band's edges are no lines to read
+    legend.className = "legend";
+    g.bands.forEach((b, i) => {
+      const entry = document.createElement("span");
+      const swatch = document.createElement("i");
+      swatch.style.background = COLORS[i % COLORS.length];
+      entry.append(swatch, `${b.group} (${b.runs} run${b.runs > 1 ? "s" : ""})`);
+      legend.appendChild(entry);
+    });
+    box.appendChild(legend);
+    box.dataset.groups = String(g.bands.length);
+  }
+}
+drawGroups();
 const asked = new URLSearchParams(location.hash.slice(1)).get("x");
 choice.value = asked in AXES ? asked : "step";
 choice.addEventListener("change", () => { location.hash = "x=" + choice.value; draw(choice.value); });

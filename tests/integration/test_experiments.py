@@ -276,3 +276,34 @@ def test_the_experiments_page_sorts_filters_groups_six_runs_by_lr_and_remembers(
         expect(chart).to_have_attribute("data-bands", "0")
         page.screenshot(path=str(shots / "experiments-runs.png"), full_page=False)
         browser.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: `make test` installs it")
+def test_the_reports_groups_are_drawn_full_width_with_their_bands_and_iqms(settings, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    runs = archive_sweep(settings.archive_dir, np.random.default_rng(1))
+    first, *others = runs
+    out = tmp_path / "report.html"
+    args = ["report", first, *(a for r in others for a in ("--compare", r)), "--out", str(out)]
+    done = subprocess.run(cli(settings, *args), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1300, "height": 900})
+        page.goto(out.as_uri())
+        page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+        charts = page.locator("#group-charts .chart")
+        assert charts.count() == 2  # the two metrics the six runs share, reward and loss
+        reward = page.locator(f"#group-charts .chart[data-metric='{REWARD}']")
+        assert reward.get_attribute("data-groups") == "2"
+        width = page.evaluate(
+            f"document.querySelector(\"#group-charts .chart[data-metric='{REWARD}'] canvas\").clientWidth"
+        )
+        assert width > 1000  # the page's width, not a 400 px column
+        scores = page.locator("#group-scores").inner_text()
+        assert "lr=0.001 (best)" in scores and "REGRESSION" in scores
+        reward.screenshot(
+            path=str(Path(os.environ.get("METRICBUS_SCREENSHOTS") or tmp_path) / "report-groups.png")
+        )
+        browser.close()
