@@ -8,8 +8,8 @@ A group's *curve* is the mean of its runs at each step of a common grid, with a 
 sample standard deviation either side, or the runs' minimum and maximum. Runs that logged at
 the same steps keep those steps; otherwise each run is interpolated linearly onto the steps
 any of them logged within the range every run covers (from the latest first step to the
-earliest last step: nothing is extrapolated, so a run that stopped early cuts the grid), at
-most :data:`GRID_POINTS` of them, evenly thinned.
+earliest last step: nothing is extrapolated, so a run that stopped early cuts the grid).
+Either way at most :data:`GRID_POINTS` steps, evenly thinned, the ends kept.
 
 A group's *score* on a metric is the interquartile mean (IQM) of its runs' final-window
 means, with a 95% percentile-bootstrap interval over the runs (Agarwal et al., 2021,
@@ -72,15 +72,22 @@ def aligned(curves: Sequence[Curve], points: int = GRID_POINTS) -> tuple[np.ndar
         return np.zeros(0), np.zeros((0, 0))
     first = curves[0][0]
     if all(len(c[0]) == len(first) and np.array_equal(c[0], first) for c in curves):
-        return first, np.vstack([c[1] for c in curves])
+        keep = _thinned(len(first), points)
+        return first[keep], np.vstack([c[1][keep] for c in curves])
     lo, hi = max(c[0][0] for c in curves), min(c[0][-1] for c in curves)
     if hi < lo:  # no step that every run covers
         return np.zeros(0), np.zeros((len(curves), 0))
     union = np.unique(np.concatenate([c[0] for c in curves]))
     grid = union[(union >= lo) & (union <= hi)]
-    if len(grid) > points:  # thinned evenly, the ends kept
-        grid = grid[np.unique(np.linspace(0, len(grid) - 1, points).round().astype(np.int64))]
+    grid = grid[_thinned(len(grid), points)]
     return grid, np.vstack([np.interp(grid, s, v) for s, v in curves])
+
+
+def _thinned(n: int, points: int) -> np.ndarray:
+    """Indices of at most ``points`` of ``n`` steps, evenly spread, the first and last kept."""
+    if n <= points:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, points).round().astype(np.int64))
 
 
 @dataclasses.dataclass

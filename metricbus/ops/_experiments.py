@@ -17,11 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-#: Points of each run's own curve sent for the overlay (evenly thinned, the ends kept).
-RUN_POINTS = 400
-
 
 def runs_table(every: list[dict[str, Any]], project: str | None = None) -> dict[str, Any]:
     """The runs table of ``every`` run row (``_runs.run_rows``; of ``project`` only, if given).
@@ -63,14 +58,21 @@ def metric_names(archive: Path, runs: Sequence[str], project: str | None = None)
     from metricbus.schemas import METRICS
     from metricbus.sinks import read_table
 
+    coded = ("run_id", "name")  # a few distinct values each: read as indices, compared as such
     if len(runs) == 1:
         table = read_table(archive, runs[0], columns=["name"], ordered=False, kinds={METRICS}, logged=True)
     else:
         table = read_table(
-            archive, project=project, columns=["run_id", "name"], ordered=False, kinds={METRICS}, logged=True
+            archive,
+            project=project,
+            columns=["run_id", "name"],
+            ordered=False,
+            kinds={METRICS},
+            logged=True,
+            dictionary=coded,
         )
         table = table.filter(pc.is_in(table["run_id"], value_set=_strings(runs)))
-    names = [n for n in pc.unique(table["name"]).to_pylist() if n]
+    names = [n for n in pc.unique(table["name"].combine_chunks()).to_pylist() if n]
     return sorted(names, key=lambda n: (n.startswith("System/"), n))
 
 
@@ -101,31 +103,17 @@ def grouped_chart(
     have = [r for r in chosen if r in points and len(points[r])]
     configs = {r: rows[r]["config"] for r in have}
     keys = list(group_by) if group_by is not None else None
-    if keys == []:  # no grouping: every run its own group
-        keys = None if len(have) < 2 else []
     result: dict[str, Any] = {
         "metric": metric,
-        "runs": {},
+        "runs": {r: rows[r]["name"] for r in have},
         "bands": [],
         "scores": [],
         "compared": [],
         "groups": {},
     }
     curves = {r: curve(points[r].steps, points[r].values) for r in have}
-    for r in have:
-        steps, values = curves[r]
-        keep = (
-            np.unique(np.linspace(0, len(steps) - 1, RUN_POINTS).round().astype(np.int64))
-            if len(steps)
-            else np.zeros(0, dtype=np.int64)
-        )
-        result["runs"][r] = {
-            "name": rows[r]["name"],
-            "steps": steps[keep].tolist(),
-            "values": _finite(values[keep]),
-        }
-    if len(have) < 2:
-        return result
+    if len(have) < 2:  # one run (or none): its curve, nothing to compare
+        keys = []
     if keys == []:
         groups = {rows[r]["name"] + f" ({r})": [r] for r in have}
         comparison = None
@@ -152,7 +140,11 @@ def grouped_chart(
         result["scores"] = [_clean(vars(s)) for s in comparison.group_scores]
         result["compared"] = [_clean(vars(c)) for c in comparison.group_metrics]
     result["groups"] = groups
-    result["bands"] = [_clean(vars(b)) for b in bands(curves, groups, band)]
+    drawn = bands(curves, groups, band)
+    for b in drawn:
+        if len(b.runs) == 1:  # a run alone: its band is its curve, not sent three times
+            b.lower = b.upper = []
+    result["bands"] = [_clean(vars(b)) for b in drawn]
     return result
 
 

@@ -261,7 +261,10 @@ def build_app(
         runs = _chosen(request)
         if isinstance(runs, JSONResponse):
             return runs
-        return JSONResponse({"metrics": metric_names(settings.archive_dir, runs)})
+        chosen = set(runs)
+        projects = {r["project"] for r in archive.run_rows() if r["run_id"] in chosen}
+        project = projects.pop() if len(projects) == 1 else None  # one project's files, not all
+        return JSONResponse({"metrics": metric_names(settings.archive_dir, runs, project)})
 
     def api_experiment_chart(request: Request) -> Response:
         """One metric of the chosen runs, grouped (``?group_by=lr,batch``; empty: none)."""

@@ -54,6 +54,8 @@ def test_runs_at_other_steps_are_interpolated_onto_the_steps_all_of_them_cover()
     assert same.tolist() == [0.0, 10.0, 20.0, 30.0] and rows.shape == (2, 4)  # shared steps kept
     wide, _ = aligned([curve(range(10_000), np.ones(10_000)), curve(range(0, 10_000, 3), np.ones(3334))])
     assert len(wide) == 400 and wide[0] == 0 and wide[-1] == 9999  # thinned evenly, ends kept
+    shared, rows = aligned([curve(range(10_000), np.arange(10_000.0))] * 2)
+    assert len(shared) == 400 and shared[-1] == 9999 and rows[0].tolist() == shared.tolist()
 
 
 def test_a_curve_keeps_the_last_value_at_a_step_and_drops_non_finite_values():

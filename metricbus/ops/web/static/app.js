@@ -545,7 +545,7 @@ function experimentsView() {
     if (ask !== asked) return; // a newer choice is being drawn
     delete chartBox.dataset.loading;
     if (!r.ok) return chartBox.replaceChildren(el("p", { class: "muted" }, chart.error || "cannot draw"));
-    const bands = chart.bands.length ? chart.bands : Object.entries(chart.runs).map(([id, c]) => ({ group: c.name, runs: [id], steps: c.steps, mean: c.values, lower: c.values, upper: c.values }));
+    const bands = chart.bands;
     const xs = [...new Set(bands.flatMap((b) => b.steps))].sort((a, b) => a - b);
     const at = (b, ys) => { const m = new Map(b.steps.map((s, i) => [s, ys[i]])); return xs.map((x) => (m.has(x) ? m.get(x) : null)); };
     const series = [{ label: "step" }], values = [xs], fills = [];
@@ -561,7 +561,8 @@ function experimentsView() {
       }
     });
     if (plot) plot.destroy();
-    chartBox.replaceChildren(el("div", { class: "title" }, `${chart.metric}: ${chart.bands.length ? `${bands.length} group(s), ${st.band === "std" ? "mean ± std" : "mean, min to max"}` : "each run"}`));
+    const grouped = chart.scores.length > 0;
+    chartBox.replaceChildren(el("div", { class: "title" }, `${chart.metric}: ${grouped ? `${bands.length} group(s), ${st.band === "std" ? "mean ± std" : "mean, min to max"}` : "each run"}`));
     plot = new uPlot({ width: Math.max(400, chartBox.clientWidth - 14), height: 320, series, bands: fills, legend: { show: false }, axes: [{}, { size: 60 }], scales: { x: { time: false } } }, values, chartBox);
     // the legend: one entry a group (its band's edges are not series of their own to a reader)
     chartBox.append(el("div", { class: "legend", id: "group-legend" }, ...bands.map((b, i) => el("span", {}, el("i", { style: `background:${GROUP_COLORS[i % GROUP_COLORS.length]}` }), `${b.group} (${b.runs.length} run${b.runs.length > 1 ? "s" : ""})`))));
