@@ -232,14 +232,18 @@ def print_comparison(
 ) -> None:
     """``compare``'s answer for a terminal: config diff, groups with their IQMs, runs (by name).
 
-    Groups are shown when one holds several runs (seeds) or the user grouped (``grouped``);
-    then the runs one by one only with ``all_runs`` (they do not decide the exit status).
+    Groups are shown when there are several and one holds several runs (seeds), or the user
+    grouped (``grouped``). When groups were compared, the runs one by one are shown only with
+    ``all_runs`` (they do not decide the exit status).
     """
     cut = f", every run cut at {axis} = {result.budget:.6g}" if result.budget is not None else ""
     baseline = names[result.baseline] if by_run else result.baseline_group
-    shown = grouped or any(len(members) > 1 for members in result.groups.values())
+    several = len(result.groups) > 1 and any(len(members) > 1 for members in result.groups.values())
+    shown = grouped or several
     said = f"{result.baseline_group} (the group of {baseline})" if shown and by_run else baseline
     print(printable(f"{len(names)} runs; baseline {said}; runs on the {axis} axis{cut}"))
+    if len(names) <= 12 and any(name != run for run, name in names.items()):  # which run each name is
+        print(printable("runs: " + ", ".join(f"{name} = {run}" for run, name in names.items())))
     print("config keys that differ:" if result.config_diff else "configs are identical")
     for key, values in result.config_diff.items():
         if len(values) > 4:  # the values, not every run
@@ -272,7 +276,7 @@ def print_comparison(
                 elif sc.group == result.baseline_group:
                     line += "  (baseline)"
                 print(printable(line + ("  <- best" if sc.best else "")))
-    if not by_run or (shown and not all_runs):
+    if not by_run or (shown and result.group_metrics and not all_runs):
         if result.metrics:
             print("(each run against the baseline run: --per-run)")
         return

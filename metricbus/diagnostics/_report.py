@@ -37,6 +37,7 @@ from metricbus.schemas import (
     Event,
     describe_alert,
     run_config,
+    strict_json,
 )
 
 _LOSS_PARTS = ("policy", "value", "entropy", "kl", "clip")
@@ -439,7 +440,7 @@ def _group_bands(result: Any, runs: dict[str, Any]) -> list[dict[str, Any]]:
             }
             for b in bands(curves, result.groups)
         ]
-        out.append({"metric": metric, "bands": _json_safe(drawn)})
+        out.append({"metric": metric, "bands": json.loads(strict_json(drawn))})  # NaN: null
     return out
 
 
@@ -466,17 +467,6 @@ def _score_rows(result: Any) -> list[list[Any]]:
             ]
         )
     return rows
-
-
-def _json_safe(value: Any) -> Any:
-    """NaN and infinities as null (the page's JSON is strict)."""
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def _asset(name: str) -> str:

@@ -12,7 +12,6 @@ reads a run again only once its files changed.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,8 +42,8 @@ def runs_table(every: list[dict[str, Any]], project: str | None = None) -> dict[
                 "last_step": r["last_step"],
                 "events": r["events"],
                 "started_ms": r["first_ts_ms"],
-                "config": {k: _plain(v) for k, v in flat[r["run_id"]].items()},
-                "summary": {k: _plain(v) for k, v in r["summary"].items()},
+                "config": flat[r["run_id"]],
+                "summary": r["summary"],
             }
             for r in rows
         ],
@@ -85,8 +84,9 @@ def grouped_chart(
     band: str = "std",
     baseline_group: str | None = None,
 ) -> dict[str, Any]:
-    """One metric of ``runs``: each group's mean and band, each run's curve, the statistics.
+    """One metric of ``runs``: each group's mean and band, and the groups' statistics.
 
+    For JSON through ``schemas.strict_json`` (an IQM of one run has no interval: NaN, null).
     ``every``: the run rows (``_runs.run_rows``), for the runs' names and configs.
 
     ``group_by``: config keys (None: every key that differs but seeds; empty: a group per run).
@@ -134,17 +134,15 @@ def grouped_chart(
         groups = comparison.groups
         result["group_by"] = comparison.group_by
         result["baseline_group"] = comparison.baseline_group
-        result["config_diff"] = {
-            k: {r: _plain(v) for r, v in vs.items()} for k, vs in comparison.config_diff.items()
-        }
-        result["scores"] = [_clean(vars(s)) for s in comparison.group_scores]
-        result["compared"] = [_clean(vars(c)) for c in comparison.group_metrics]
+        result["config_diff"] = comparison.config_diff
+        result["scores"] = [vars(s) for s in comparison.group_scores]
+        result["compared"] = [vars(c) for c in comparison.group_metrics]
     result["groups"] = groups
     drawn = bands(curves, groups, band)
     for b in drawn:
         if len(b.runs) == 1:  # a run alone: its band is its curve, not sent three times
             b.lower = b.upper = []
-    result["bands"] = [_clean(vars(b)) for b in drawn]
+    result["bands"] = [vars(b) for b in drawn]
     return result
 
 
@@ -152,27 +150,3 @@ def _strings(values: Sequence[str]) -> Any:
     import pyarrow as pa
 
     return pa.array(list(values), pa.string())
-
-
-def _plain(value: Any) -> Any:
-    """A config or summary value as JSON has it (NaN and infinities as text)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
-
-
-def _finite(values: Any) -> list[float | None]:
-    return [float(v) if math.isfinite(v) else None for v in values]
-
-
-def _clean(obj: Any) -> Any:
-    """NaN and infinities as None, tuples as lists: strict JSON for the page."""
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    return obj

@@ -34,7 +34,7 @@ from metricbus.ops._status import (
     sink_failures,
     spools,
 )
-from metricbus.schemas import MetricbusError, Settings, check_run_id
+from metricbus.schemas import MetricbusError, Settings, check_run_id, strict_json
 
 log = logging.getLogger("metricbus.dashboard")
 
@@ -248,7 +248,7 @@ def build_app(
     def api_experiments(request: Request) -> Response:
         """The archive's runs table (of ``?project=``), with its config keys."""
         project = request.query_params.get("project") or None
-        return JSONResponse(runs_table(archive.run_rows(), project[:200] if project else None))
+        return _strict(runs_table(archive.run_rows(), project[:200] if project else None))
 
     def _chosen(request: Request) -> list[str] | JSONResponse:
         runs = [r for r in request.query_params.get("runs", "").split(",") if r][:MAX_COMPARED]
@@ -278,7 +278,7 @@ def build_app(
         keys = None if "group_by" not in q else [k[:200] for k in q["group_by"].split(",") if k][:20]
         baseline = q.get("baseline") or None
         chart = grouped_chart(settings.archive_dir, archive.run_rows(), runs, metric, keys, band, baseline)
-        return JSONResponse(chart)
+        return _strict(chart)
 
     def metrics(request: Request) -> Response:
         body, content_type = render_metrics(board, pipeline)
@@ -355,6 +355,13 @@ def build_app(
 
 
 _NO_CACHE = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _strict(data: Any) -> Any:
+    """A JSON response any parser reads (NaN and infinities null: ``schemas.strict_json``)."""
+    from starlette.responses import Response
+
+    return Response(strict_json(data), media_type="application/json")
 
 
 def _sse(event: str, data: Any) -> str:
