@@ -253,7 +253,7 @@ def print_comparison(
             line = ", ".join(f"{names[run]}={value!r}" for run, value in values.items())
         print(printable(f"  {key}: {line}"))
     if shown:
-        by = ", ".join(result.group_by) or "every key but seeds"
+        by = ", ".join(result.group_by) or "nothing: the configs agree but for seeds"
         print(printable(f"groups (by {by}):"))
         for group, members in result.groups.items():
             home = " (baseline)" if group == result.baseline_group else ""

@@ -46,6 +46,7 @@ STREAM_TICK_S = 0.5
 TB_LOOK_S = 5.0  #: how often a run's page looks for its TensorBoard directory until it exists
 KEEPALIVE_S = 15.0
 MAX_COMPARED = 1000  #: runs one grouped chart takes
+STOP_S = 5.0  #: the longest the dashboard waits for its threads at a stop
 #: A run's health is computed from the archive at most this often (per run).
 HEALTH_EVERY_S = 10.0
 #: ... and no sooner than this many times what it took: a long run's health reads the whole run
@@ -357,6 +358,22 @@ def build_app(
 _NO_CACHE = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+def _stop_all(parts: list[Any], within_s: float) -> None:
+    """Stop the dashboard's threads together, waiting at most ``within_s`` for all of them.
+
+    Each stop joins its thread (the board 5 s, the pipeline 10 s, the archive reader 5 s); one
+    after the other, with a broker gone at the same moment (``up`` killed), they took over ten
+    seconds and the dashboard outlived ``up``. What has not stopped by then is a daemon thread:
+    it ends with the process.
+    """
+    stoppers = [threading.Thread(target=part.stop, daemon=True) for part in parts]
+    for stopper in stoppers:
+        stopper.start()
+    deadline = time.monotonic() + within_s
+    for stopper in stoppers:
+        stopper.join(max(0.0, deadline - time.monotonic()))
+
+
 def _strict(data: Any) -> Any:
     """A JSON response any parser reads (NaN and infinities null: ``schemas.strict_json``)."""
     from starlette.responses import Response
@@ -492,6 +509,4 @@ def serve(
         if not server.started:
             raise MetricbusError(f"the dashboard cannot listen on {host}:{port} (in use? try another --port)")
     finally:
-        board.stop()
-        pipeline.stop()
-        archived.stop()
+        _stop_all([board, pipeline, archived], STOP_S)

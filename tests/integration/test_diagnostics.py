@@ -89,7 +89,7 @@ def test_two_configs_three_seeds_of_the_demo_ppo_give_scipys_verdict(settings, s
     text = subprocess.run(
         cli(settings, "compare", *ids, "--metric", "Train/AvgReward"), capture_output=True, text=True
     )
-    assert "groups of seeds" in text.stdout and "REGRESSION" in text.stdout
+    assert "groups (by learning_rate)" in text.stdout and "REGRESSION" in text.stdout
     # on the environment-steps axis (global_step) every run is cut at the same budget
     steps = subprocess.run(
         cli(settings, "compare", *ids, "--metric", "Train/AvgReward", "--x", "global_step", "--json"),

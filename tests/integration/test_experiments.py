@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 RATES = (2.5e-3, 1e-3, 1e-1)  # the demo's default, another, and one too large to learn with
 SEEDS = (1, 2, 3)
 REWARD = "Train/AvgReward"
+HOSTILE = "<img src=x onerror=alert(1)></script><script>alert(2)</script>"
 
 
 class Logged:
@@ -175,6 +176,8 @@ def archive_sweep(archive, rng) -> dict[str, tuple[float, int]]:
     for k, (lr, seed, project) in enumerate(plan):
         run_id = f"20261101-00000{k}-sweep{k:03d}"
         config = {"lr": lr, "seed": seed, "model": {"width": 64}}
+        if project == "other":  # config keys and values are untrusted: they stay text on the page
+            config[HOSTILE] = HOSTILE
         events = [
             Event(
                 run_id,
@@ -234,8 +237,14 @@ def test_the_experiments_page_sorts_filters_groups_six_runs_by_lr_and_remembers(
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1280, "height": 1100})
+        dialogs: list[str] = []
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
         page.goto(f"{dashboard}/experiments")
         expect(page.locator("#runs-table")).to_have_attribute("data-rows", "7", timeout=30_000)
+        expect(page.locator("#columns")).to_contain_text(HOSTILE)  # a config key, as text
+        page.locator("#runs-filter").fill("script")  # its value too: found by the filter, as text
+        expect(page.locator("#runs-table")).to_have_attribute("data-rows", "1")
+        page.locator("#runs-filter").fill("")
         # sort by a config column (lr), then the other way
         page.locator('th[data-sort="config/lr"]').click()
         first = page.locator("#runs tbody tr").first
@@ -276,6 +285,7 @@ def test_the_experiments_page_sorts_filters_groups_six_runs_by_lr_and_remembers(
         expect(chart).to_have_attribute("data-bands", "0")
         page.screenshot(path=str(shots / "experiments-runs.png"), full_page=False)
         browser.close()
+    assert dialogs == []  # nothing of a run's config ran
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: `make test` installs it")
