@@ -545,6 +545,10 @@ function experimentsView() {
     if (ask !== asked) return; // a newer choice is being drawn
     delete chartBox.dataset.loading;
     if (!r.ok) return chartBox.replaceChildren(el("p", { class: "muted" }, chart.error || "cannot draw"));
+    render(chart);
+  }
+  // the chart drawn from what the server sent: smoothing is the page's own, no new request
+  function render(chart) {
     const bands = chart.bands;
     const xs = [...new Set(bands.flatMap((b) => b.steps))].sort((a, b) => a - b);
     const at = (b, ys) => { const m = new Map(b.steps.map((s, i) => [s, ys[i]])); return xs.map((x) => (m.has(x) ? m.get(x) : null)); };
@@ -619,7 +623,7 @@ function experimentsView() {
   metric.addEventListener("change", () => { st.metric = metric.value; remember(); drawChart(); });
   band.addEventListener("change", () => { st.band = band.value; remember(); drawChart(); });
   baseline.addEventListener("change", () => { st.baseline = baseline.value; remember(); drawChart(); });
-  smoothing.addEventListener("input", () => { st.smooth = Number(smoothing.value); smoothLabel.textContent = st.smooth.toFixed(2); remember(); if (window.mbExperiment) drawChart(); });
+  smoothing.addEventListener("input", () => { st.smooth = Number(smoothing.value); smoothLabel.textContent = st.smooth.toFixed(2); remember(); if (window.mbExperiment) render(window.mbExperiment); });
   window.addEventListener("resize", () => plot && plot.setSize({ width: Math.max(400, chartBox.clientWidth - 14), height: 320 }));
   async function load() {
     const r = await fetch(`/api/experiments${st.project ? `?project=${encodeURIComponent(st.project)}` : ""}`);
