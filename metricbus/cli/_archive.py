@@ -164,6 +164,7 @@ def cmd_health(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from metricbus._runs import run_rows
     from metricbus.diagnostics import compare_series, read_logged
+    from metricbus.diagnostics._compare import flatten, group_runs
     from metricbus.schemas import run_config
 
     settings = _settings(args)
@@ -183,9 +184,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if len(runs) < 2:
         raise MetricbusError("compare needs at least two runs (name them, or give --project P)")
     readings = {run: read_logged(settings.archive_dir, run) for run in runs}
+    configs = {run: run_config(carried) for run, (_, carried) in readings.items()}
+    have = sorted({k for c in configs.values() for k in flatten(c)})
+    for key in keys or ():
+        if key not in have:
+            raise MetricbusError(
+                f"--group-by {key}: no run's config has it; their keys: {', '.join(have) or 'none'}"
+            )
     try:
         result = compare_series(
-            {run: run_config(carried) for run, (_, carried) in readings.items()},
+            configs,
             {run: seen.series for run, (seen, _) in readings.items()},
             baseline,
             args.metric,
@@ -196,7 +204,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
     except KeyError as exc:
         if as_group and exc.args == (as_group,):
-            raise MetricbusError(f"--baseline {as_group}: no such group") from None
+            groups = group_runs(configs, keys)
+            raise MetricbusError(
+                f"--baseline {as_group}: no such group; the groups: {', '.join(groups)}"
+            ) from None
         raise MetricbusError(
             f"--x {args.x}: a run never logged {exc}; use step, time or a shared metric"
         ) from None

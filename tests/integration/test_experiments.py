@@ -317,3 +317,26 @@ def test_the_reports_groups_are_drawn_full_width_with_their_bands_and_iqms(setti
             path=str(Path(os.environ.get("METRICBUS_SCREENSHOTS") or tmp_path) / "report-groups.png")
         )
         browser.close()
+
+
+def test_compare_says_which_keys_and_groups_there_are_when_asked_for_others(settings):
+    archive_sweep(settings.archive_dir, np.random.default_rng(2))
+
+    def compare(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(cli(settings, "compare", *args), capture_output=True, text=True, timeout=120)
+
+    wrong_key = compare("--project", "sweep", "--group-by", "learning_rate")
+    assert wrong_key.returncode == 2
+    assert (
+        "--group-by learning_rate: no run's config has it; their keys: lr, model/width, seed"
+        in wrong_key.stderr
+    )
+    wrong_group = compare("--project", "sweep", "--baseline", "lr=5")
+    assert wrong_group.returncode == 2 and "the groups: lr=0.001, lr=0.01" in wrong_group.stderr
+    none = compare("--project", "nope")
+    assert none.returncode == 2 and "no run of project 'nope'" in none.stderr
+    by_group = compare("--project", "sweep", "--baseline", "lr=0.01", "--metric", REWARD)
+    assert (
+        by_group.returncode == 0 and "baseline lr=0.01;" in by_group.stdout
+    )  # the better group: no regression
+    assert "lr=0.001" in next(line for line in by_group.stdout.splitlines() if "<- best" in line)
