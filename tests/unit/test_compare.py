@@ -129,3 +129,31 @@ def test_two_sb3_runs_are_compared_on_their_rewards_logged_as_episode_returns():
     result = compare_runs(runs, baseline="a")
     (reward,) = [m for m in result.metrics if m.metric == "rollout/episode_return"]
     assert reward.verdict == "worse" and reward.mean < reward.baseline_mean  # higher is better
+
+
+def test_welchs_p_equals_scipys_ttest_over_sizes_spreads_and_a_constant_side():
+    from metricbus.diagnostics._compare import stdev, welch_p
+
+    rng = np.random.default_rng(7)
+    cases = [
+        (rng.normal(0, sa, na), rng.normal(shift, sb, nb))
+        for na, nb, sa, sb, shift in (
+            (2, 2, 1.0, 1.0, 0.5),
+            (3, 5, 0.1, 2.0, 1.0),
+            (10_000, 9_000, 1.0, 1.5, 0.01),
+            (5, 5, 1e-9, 1e9, 3.0),
+        )
+    ]
+    cases.append((np.full(5, 2.0), rng.normal(2.5, 1.0, 7)))  # one side constant
+    for a, b in cases:
+        want = stats.ttest_ind(b, a, equal_var=False).pvalue
+        assert welch_p(list(a), list(b), stdev(a), stdev(b)) == pytest.approx(want, rel=1e-9, abs=1e-300)
+
+
+def test_the_iqm_equals_scipys_trimmed_mean_at_every_small_size():
+    from metricbus.diagnostics._groups import iqm
+
+    rng = np.random.default_rng(8)
+    for n in range(1, 14):
+        values = rng.normal(0, 1, n).tolist()
+        assert iqm(values) == pytest.approx(stats.trim_mean(values, 0.25))
