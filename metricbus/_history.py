@@ -115,7 +115,7 @@ def curves(
     interpolated onto shared ones (see ``metricbus.diagnostics._groups``).
     """
     from metricbus._runs import find_run, run_rows
-    from metricbus.diagnostics._columnar import metric_points
+    from metricbus.diagnostics._columnar import rows_metric_points
     from metricbus.diagnostics._compare import group_runs
     from metricbus.diagnostics._groups import bands, curve
 
@@ -124,7 +124,7 @@ def curves(
     chosen = [find_run(archive, r) for r in runs] if runs is not None else None
     rows = [r for r in run_rows(archive, project) if chosen is None or r["run_id"] in chosen]
     groups = group_runs({r["run_id"]: r["config"] for r in rows}, group_by)
-    points = metric_points(archive, metric, [r["run_id"] for r in rows], project)
+    points = rows_metric_points(archive, metric, rows)
     found = {run: curve(p.steps, p.values) for run, p in points.items()}
     out = [
         {"group": b.group, "step": step, "mean": m, "lower": lo, "upper": hi, "runs": len(b.runs)}

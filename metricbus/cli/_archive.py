@@ -229,10 +229,6 @@ def _run_name(events: list[Any]) -> str | None:
     return next((str(e.body["name"]) for e in events if e.kind == RUN_STARTED), None)
 
 
-def _interval(low: float, high: float) -> str:
-    return "" if math.isnan(low) else f" [{low:.4g}, {high:.4g}]"
-
-
 def print_comparison(
     result: Any,
     axis: str,
@@ -247,6 +243,8 @@ def print_comparison(
     grouped (``grouped``). When groups were compared, the runs one by one are shown only with
     ``all_runs`` (they do not decide the exit status).
     """
+    from metricbus.diagnostics._groups import interval_text
+
     cut = f", every run cut at {axis} = {result.budget:.6g}" if result.budget is not None else ""
     baseline = names[result.baseline] if by_run else result.baseline_group
     several = len(result.groups) > 1 and any(len(members) > 1 for members in result.groups.values())
@@ -276,12 +274,12 @@ def print_comparison(
             way = "higher" if scores[0].higher_is_better else "lower"
             print(printable(f"  {metric} ({way} is better)"))
             for sc in scores:
-                line = f"    {sc.group:<28} IQM {sc.iqm:.4g}{_interval(*sc.interval)}  n={len(sc.runs)}"
+                line = f"    {sc.group:<28} IQM {sc.iqm:.4g}{interval_text(*sc.interval)}  n={len(sc.runs)}"
                 c = against.get((metric, sc.group))
                 if c is not None:
                     flag = "REGRESSION" if c.verdict == "worse" else c.verdict
                     line += (
-                        f"  vs baseline: {c.iqm - c.baseline_iqm:+.4g}{_interval(*c.difference_interval)}"
+                        f"  vs baseline: {c.iqm - c.baseline_iqm:+.4g}{interval_text(*c.difference_interval)}"
                         f"  Welch p={c.p_value:.3g} g={c.effect_size:+.2f}  {flag}"
                     )
                 elif sc.group == result.baseline_group:

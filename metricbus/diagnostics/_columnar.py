@@ -191,6 +191,16 @@ def _ints(values: np.ndarray) -> array[int]:
     return out
 
 
+def rows_metric_points(archive: Path, metric: str, rows: list[dict[str, Any]]) -> dict[str, Points]:
+    """:func:`metric_points` of the runs of these run rows (``_runs.run_rows``).
+
+    Only their project's files are read when they share one.
+    """
+    projects = {r["project"] for r in rows}
+    project = projects.pop() if len(projects) == 1 else None
+    return metric_points(archive, metric, [r["run_id"] for r in rows], project)
+
+
 def metric_points(
     archive: Path, metric: str, runs: list[str] | None = None, project: str | None = None
 ) -> dict[str, Points]:

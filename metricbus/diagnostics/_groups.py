@@ -130,6 +130,11 @@ def iqm(values: Sequence[float]) -> float:
     return float(np.mean(data[cut : len(data) - cut])) if len(data) else math.nan
 
 
+def interval_text(low: float, high: float) -> str:
+    """`` [low, high]`` for a terminal or a page; nothing for no interval (NaN: one run)."""
+    return "" if math.isnan(low) else f" [{low:.4g}, {high:.4g}]"
+
+
 def _iqm_along(x: np.ndarray, axis: int = -1) -> Any:
     from scipy import stats
 
@@ -144,6 +149,7 @@ def iqm_interval(values: Sequence[float], seed: int = 0) -> tuple[float, float]:
     if np.all(data == data[0]):
         return float(data[0]), float(data[0])
     from scipy import stats  # half a second: only where there is something to resample
+
     found = stats.bootstrap(
         (data,),
         _iqm_along,
@@ -168,6 +174,7 @@ def difference_interval(base: Sequence[float], other: Sequence[float], seed: int
     if np.all(a == a[0]) and np.all(b == b[0]):
         return float(b[0] - a[0]), float(b[0] - a[0])
     from scipy import stats  # half a second: only where there is something to resample
+
     found = stats.bootstrap(
         (a, b),
         _iqm_difference,

@@ -446,11 +446,9 @@ def _group_bands(result: Any, runs: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _score_rows(result: Any) -> list[list[Any]]:
     """A row per metric and group: IQM with its interval, and against the baseline group."""
+    from metricbus.diagnostics._groups import interval_text as interval
+
     against = {(c.metric, c.group): c for c in result.group_metrics}
-
-    def interval(low: float, high: float) -> str:
-        return "" if math.isnan(low) else f" [{low:.4g}, {high:.4g}]"
-
     rows = []
     for sc in result.group_scores:
         c = against.get((sc.metric, sc.group))

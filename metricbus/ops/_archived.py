@@ -67,7 +67,6 @@ class ArchivedRuns:
         self._rows: dict[str, dict[str, Any]] = {}
         self._read: dict[str, tuple[Any, dict[str, Any]]] = {}  #: run_rows' cache
         self._listing = threading.Lock()
-        self._warmed = False
         self._pages: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -88,10 +87,6 @@ class ArchivedRuns:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self.refresh()
-            if not self._warmed:  # the experiments page's statistics: not paid by its first chart
-                import scipy.stats  # noqa: F401
-
-                self._warmed = True
             self._stop.wait(self.refresh_s)
 
     def run_rows(self) -> list[dict[str, Any]]:

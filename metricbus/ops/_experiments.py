@@ -91,15 +91,14 @@ def grouped_chart(
 
     ``group_by``: config keys (None: every key that differs but seeds; empty: a group per run).
     """
-    from metricbus.diagnostics._columnar import metric_points
-    from metricbus.diagnostics._compare import compare_series
+    from metricbus.diagnostics._columnar import rows_metric_points
+    from metricbus.diagnostics._compare import compare_series, group_runs
     from metricbus.diagnostics._groups import bands, curve
 
     archive = Path(archive)
     rows = {r["run_id"]: r for r in every if r["run_id"] in set(runs)}
     chosen = [r for r in runs if r in rows]
-    projects = {rows[r]["project"] for r in chosen}
-    points = metric_points(archive, metric, chosen, next(iter(projects)) if len(projects) == 1 else None)
+    points = rows_metric_points(archive, metric, [rows[r] for r in chosen])
     have = [r for r in chosen if r in points and len(points[r])]
     configs = {r: rows[r]["config"] for r in have}
     keys = list(group_by) if group_by is not None else None
@@ -118,19 +117,17 @@ def grouped_chart(
         groups = {rows[r]["name"] + f" ({r})": [r] for r in have}
         comparison = None
     else:
-        series = {r: {metric: points[r]} for r in have}
-        try:
-            comparison = compare_series(
-                configs,
-                series,
-                have[0],
-                [metric],
-                group_by=keys,
-                baseline_group=baseline_group,
-                per_run=False,
-            )
-        except KeyError:  # the baseline group asked for is not among these runs: the first run's
-            comparison = compare_series(configs, series, have[0], [metric], group_by=keys, per_run=False)
+        if baseline_group not in group_runs(configs, keys):  # not among these runs: the first run's
+            baseline_group = None
+        comparison = compare_series(
+            configs,
+            {r: {metric: points[r]} for r in have},
+            have[0],
+            [metric],
+            group_by=keys,
+            baseline_group=baseline_group,
+            per_run=False,
+        )
         groups = comparison.groups
         result["group_by"] = comparison.group_by
         result["baseline_group"] = comparison.baseline_group
