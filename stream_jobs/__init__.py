@@ -5,7 +5,7 @@ The statistics and rules are plain Python objects; ``build_app`` wraps them in a
 """
 
 from ._alerts import AlertEngine
-from ._app import build_app, group_id
+from ._app import build_app, group_id, settle_heap
 from ._checkpoint import checkpoint_dir, offsets, rebase, retire_single_file
 from ._config import METRIC_STATS, StreamConfig, load_config, parse_config
 from ._derive import Point, RunDeriver, derive_all
@@ -34,6 +34,7 @@ __all__ = [
     "rebase",
     "offsets",
     "retire_single_file",
+    "settle_heap",
     "PartitionedState",
     "committed_offsets",
     "group_id",

@@ -8,6 +8,7 @@ produces at most one AggregateBatch record per run; the statistics are plain Pyt
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from pathlib import Path
@@ -70,6 +71,25 @@ def _patch_fetch_wait() -> None:
 
     create_worker_consumer.metricbus = True  # type: ignore[attr-defined]
     AIOKafkaConsumerThread._create_worker_consumer = create_worker_consumer  # type: ignore[method-assign]
+
+
+#: the cyclic collector's thresholds in the worker (CPython's are 700, 10, 10)
+COLLECTOR_THRESHOLDS = (10_000, 10, 10)
+
+
+def settle_heap() -> None:
+    """Keep CPython's cyclic collector off what the worker built before its first record.
+
+    The worker allocates a tuple per derived point (hundreds of thousands a second), each
+    young collection of 700 of them paid for, and every full collection walked Faust's and
+    aiokafka's import-time objects too. Called once the app is built: those move to the
+    permanent generation (``gc.freeze``), and young collections come every 10,000
+    allocations. Reference counting frees all the worker makes; the collector remains for
+    cycles. Measured on the bench's records in one process: 366-474k events/s before,
+    480-560k after.
+    """
+    gc.freeze()
+    gc.set_threshold(*COLLECTOR_THRESHOLDS)
 
 
 def group_id(settings: Settings) -> str:

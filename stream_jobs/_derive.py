@@ -9,6 +9,7 @@ import logging
 import math
 import operator
 from collections.abc import Iterable
+from functools import partial
 from itertools import islice, repeat
 from typing import Any, NamedTuple
 
@@ -54,6 +55,10 @@ class Point(NamedTuple):
     def as_record(self) -> dict[str, Any]:
         """The Aggregate Avro record."""
         return self._asdict()
+
+
+#: a Point from a tuple of its fields, all in C (``Point._make`` is a Python call a point)
+_point_of = partial(tuple.__new__, Point)
 
 
 class Column(NamedTuple):
@@ -487,9 +492,8 @@ class RunDeriver:
                 windows = (joined[max(0, off + i + 1 - size) : off + i + 1] for i in at)
                 found = [sum(x) / len(x) for x in windows]
             derived, kind = repeat(f"{name}_{stat}", k), repeat(STATISTICS[stat].kind, k)
-            # Point._make: tuple.__new__ in C, a third of the cost of Point(...) a point
             columns = zip(derived, repeat(name, k), kind, at_steps, same, found, at_stamps, strict=True)
-            out.extend(map(Point._make, columns))
+            out.extend(map(_point_of, columns))
             same = repeat(epoch, k)
         for x in values[start:]:
             last = last * w + c * x

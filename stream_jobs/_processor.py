@@ -30,6 +30,7 @@ log = logging.getLogger("metricbus.stream")
 
 _RUN_AND_PRODUCER = operator.attrgetter("run_id", "producer_id")
 _SEQ = operator.attrgetter("seq")
+_STEP_EPOCH = operator.itemgetter(3, 4)  # a Point's (step, epoch)
 
 
 @dataclasses.dataclass
@@ -233,7 +234,7 @@ class StreamProcessor:
     def _number_derived(self, out: Output, run: str) -> None:
         """Give the run's derived events in ``out`` their seqs (the derived identity)."""
         count = derived_event_count(
-            [(p.step, p.epoch) for p in out.points.get(run, ())],
+            map(_STEP_EPOCH, out.points.get(run, ())),
             out.histograms.get(run, ()),
             out.tables.get(run, ()),
         )

@@ -63,6 +63,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         load_config,
         load_rules,
         retire_single_file,
+        settle_heap,
     )
 
     settings = _settings(args)
@@ -82,6 +83,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     stream_log.propagate = False
     log.info("stream worker: %d alert rules from %s", len(rules), args.rules or DEFAULT_RULES)
     worker = faust.Worker(app, loglevel="WARN", quiet=True)
+    settle_heap()
     worker.execute_from_commandline()  # handles SIGINT/SIGTERM itself; exits the process
     return 0
 
