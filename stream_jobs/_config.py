@@ -32,6 +32,9 @@ SEED_004_REWARD_SAMPLES = {
 }
 
 
+#: the ``<M>_<stat>`` a catalog throughput M gets from its own definitions (``_derive``)
+_THROUGHPUT_STATS = frozenset({"avg", "p99"})
+
 #: The per-metric statistics ``metric_stats`` can name (``_statistics.STATISTICS``).
 METRIC_STATS = tuple(STATISTICS)
 
@@ -175,6 +178,17 @@ class StreamConfig:
     def smoothed(self, name: str) -> bool:
         """Whether ``name`` gets the per-metric statistics (not a counter or a schedule)."""
         return not any(fnmatch.fnmatchcase(name, glob) for glob in self.unsmoothed)
+
+    def stats_of(self, name: str) -> tuple[str, ...]:
+        """The ``metric_stats`` series a :meth:`smoothed` ``name`` gets.
+
+        No two definitions share a name: a catalog throughput's own ``<M>_p99`` (over
+        ``p99_window``) is its only one, so ``metric_stats``' p99 (over ``window``) is not made
+        for it.
+        """
+        if name in self.throughput_aliases:
+            return tuple(s for s in self.metric_stats if s not in _THROUGHPUT_STATS)
+        return self.metric_stats
 
     def higher_is_better(self, name: str) -> bool:
         """Direction of a metric: loss falling is improving, reward rising is improving."""

@@ -423,12 +423,12 @@ class RunDeriver:
         Counted over the run, so where the points fall depends on the values alone, not on how
         they were batched into records.
         """
-        stats = self.cfg.metric_stats
         known = self._smoothed.get(name)
         if known is None:
             known = self._smoothed[name] = (self.cfg.smoothed(name), self.cfg.higher_is_better(name))
         keep, up = known
-        if keep and stats and series.counter and self.cfg.detect_counters:  # whole numbers, never falling
+        stats = self.cfg.stats_of(name) if keep else ()
+        if stats and series.counter and self.cfg.detect_counters:  # whole numbers, never falling
             counting = _counting(series.recent.values[-1] if series.recent.values else None, values)
             if counting:
                 series.extend(values[:counting])  # into its EMA too: smoothed from any value on
@@ -437,17 +437,17 @@ class RunDeriver:
                 self._fold(name, series, values[counting:], steps[counting:], epoch, stamps[counting:], out)
             series.last = (steps[-1], epoch, stamps[-1])
             return
-        if not (stats and keep):
+        if not stats:
             series.extend(values, smooth=False)
         elif _COLUMN_STATS.issuperset(stats) and math.isfinite(sum(values)):
-            self._fold_finite(name, series, values, steps, epoch, stamps, out)
+            self._fold_finite(name, series, stats, values, steps, epoch, stamps, out)
         else:
             every = self.cfg.smooth_every
             start = 0
             for i in range(every - 1 - series.seen % every, len(values), every):
                 series.extend(values[start : i + 1])
                 start = i + 1
-                self._stat_points(name, series, up, steps[i], epoch, stamps[i], out)
+                self._stat_points(name, series, stats, up, steps[i], epoch, stamps[i], out)
             if start < len(values):
                 series.extend(values[start:])
         series.last = (steps[-1], epoch, stamps[-1])
@@ -456,6 +456,7 @@ class RunDeriver:
         self,
         name: str,
         series: Series,
+        stats: tuple[str, ...],
         values: list[float],
         steps: list[int],
         epoch: int | None,
@@ -466,7 +467,7 @@ class RunDeriver:
 
         The same bits: each point's window is read from the column, no state updated per point.
         """
-        every, stats = self.cfg.smooth_every, self.cfg.metric_stats
+        every = self.cfg.smooth_every
         recent, ema = series.recent, series.ema
         tail = list(recent.values)
         joined, off, size = tail + values, len(tail), recent.size
@@ -503,9 +504,17 @@ class RunDeriver:
         series.trend.values.extend(values)
 
     def _stat_points(
-        self, name: str, series: Series, up: bool, step: int, epoch: int | None, ts: int, out: list[Point]
+        self,
+        name: str,
+        series: Series,
+        stats: tuple[str, ...],
+        up: bool,
+        step: int,
+        epoch: int | None,
+        ts: int,
+        out: list[Point],
     ) -> None:
-        for stat in self.cfg.metric_stats:
+        for stat in stats:
             statistic = STATISTICS[stat]
             value = statistic.value(series, up)
             out.append(Point(f"{name}_{stat}", name, statistic.kind, step, epoch, value, ts))
@@ -522,9 +531,10 @@ class RunDeriver:
         every = self.cfg.smooth_every
         for name, series in self._series.items():
             keep, up = self._smoothed.get(name, (False, True))
+            stats = self.cfg.stats_of(name) if keep else ()
             counting = series.counter and self.cfg.detect_counters
-            if series.seen % every and series.last is not None and keep and not counting:
-                self._stat_points(name, series, up, *series.last, out)
+            if series.seen % every and series.last is not None and stats and not counting:
+                self._stat_points(name, series, stats, up, *series.last, out)
         return out
 
     def _samples(self, body: dict[str, Any], ts: int, out: list[Point]) -> None:

@@ -477,3 +477,22 @@ def test_a_series_is_a_counter_until_a_value_says_otherwise_in_any_batching():
     assert [(p.step, p.value) for p in whole if p.name == "episode/length_ema"] == [
         (p.step, p.value) for p in points
     ]
+
+
+def test_no_two_definitions_share_a_derived_name():
+    """Every series the worker can derive (every feature, every metric_stat, a catalog throughput
+    that is smoothed) has one definition: one source and kind per name, one point per step."""
+    from metricbus.stream_jobs._config import METRIC_STATS
+    from tests.every_feature import every_feature_run
+
+    points = derive_all(every_feature_run(), cfg=StreamConfig(metric_stats=METRIC_STATS))
+    definitions: dict[str, set[tuple[str, str]]] = {}
+    at: dict[tuple[str, int, int | None], int] = {}
+    for p in points:
+        definitions.setdefault(p.name, set()).add((p.source, p.kind))
+        at[p.name, p.step, p.epoch] = at.get((p.name, p.step, p.epoch), 0) + 1
+    assert "time/fps_recent_mean" in definitions and "time/fps_p99" in definitions  # the run smooths fps
+    assert {n: d for n, d in definitions.items() if len(d) > 1} == {}
+    assert {k: n for k, n in at.items() if n > 1} == {}
+    assert definitions["time/fps_p99"] == {("time/fps", "p99")}
+    assert [p.value for p in points if p.name == "time/fps_p99"][-1] == 51.0  # over p99_window: all 40 values

@@ -8,13 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
-from metricbus.schemas import METRICS, RUN_FINISHED, RUN_STARTED, run_started
 from metricbus.stream_jobs import StreamConfig
 from metricbus.stream_jobs._config import METRIC_STATS
 from metricbus.stream_jobs._derive import derive_all
 from tests import docs_reference
+from tests.every_feature import every_feature_run
 
 ROOT = Path(__file__).resolve().parents[2]
 DERIVED = ROOT / "docs" / "reference" / "derived-series.md"
@@ -34,20 +32,8 @@ def test_the_generated_reference_pages_are_current():
 
 
 def every_derived_name() -> set[str]:
-    """What the worker derives from a run that uses every feature: all metric_stats, arrays,
-    rubric criteria, throughputs, epochs, labels and two ranks."""
-    rng = np.random.default_rng(0)
-    events = [(RUN_STARTED, run_started("p", "n", world_size=2), 0)]
-    for step in range(40):
-        for rank in (0, 1):
-            body = {"step": step, "epoch": step // 10, "rank": rank, "scalars": {"Train/Loss": 1.0 / (step + 1)}, "samples": {}}
-            if rank == 0:
-                body["scalars"].update({"Train/AvgReward": step / 40, "Generation_TokensPerSec": 100.0 + step, "time/fps": 50.0, "Train/NumSamples": 8.0, "Teacher_APITokens": 10.0})
-                body["samples"] = {k: rng.random(8).tolist() for k in ("rewards/format", "criteria/rubric/clarity", "Train/Reward", "scores")}
-                body["labels"] = {"task": "logo_a" if step % 2 else "logo_b"}
-            events.append((METRICS, body, 1000 + step * 10 + rank))
-    events.append((RUN_FINISHED, {"status": "finished", "summary": {}}, 99999))
-    return {p.name for p in derive_all(events, cfg=StreamConfig(metric_stats=METRIC_STATS))}
+    """What the worker derives from a run that uses every feature, with every metric_stat."""
+    return {p.name for p in derive_all(every_feature_run(), cfg=StreamConfig(metric_stats=METRIC_STATS))}
 
 
 def documented_patterns() -> dict[str, re.Pattern[str]]:
@@ -66,7 +52,9 @@ def test_every_derived_name_is_documented_and_every_documented_name_is_derived()
     patterns = documented_patterns()
     undocumented = sorted(n for n in names if not any(p.match(n) for p in patterns.values()))
     assert not undocumented, f"derived but not in {DERIVED.name}: {undocumented}"
-    stale = sorted(d for d, p in patterns.items() if d not in NOT_MADE_HERE and not any(p.match(n) for n in names))
+    stale = sorted(
+        d for d, p in patterns.items() if d not in NOT_MADE_HERE and not any(p.match(n) for n in names)
+    )
     assert not stale, f"documented but never derived: {stale}"
 
 
@@ -90,8 +78,15 @@ def test_the_readme_is_a_front_page():
 
 
 def test_no_page_or_comment_tells_the_story_of_the_work():
-    story = re.compile(r"\b(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|fourteenth|fifteenth)\s+session\b|\b20\d\d-\d\d-\d\d\b", re.I)
+    story = re.compile(
+        r"\b(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|fourteenth|fifteenth)\s+session\b|\b20\d\d-\d\d-\d\d\b",
+        re.I,
+    )
     paths = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
-    paths += [p for folder in ("metricbus", "schemas", "producers", "sinks", "stream_jobs") for p in (ROOT / folder).rglob("*.py")]
+    paths += [
+        p
+        for folder in ("metricbus", "schemas", "producers", "sinks", "stream_jobs")
+        for p in (ROOT / folder).rglob("*.py")
+    ]
     found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in paths for m in story.finditer(p.read_text())]
     assert not found, found
