@@ -18,12 +18,13 @@ from ._bodies import (
 from ._catalog import LOSS_ALIASES, REWARD_ALIASES, THROUGHPUT_ALIASES, UNSMOOTHED
 from ._codec import HEADER_SIZE, MAGIC, Codec, default_codec
 from ._deadletter import DeadLetter, dead_letter
-from ._dedupe import Deduper, Interval, SeqSet
+from ._dedupe import DIGESTS_KEPT, Deduper, Interval, RecordDigests, SeqSet, record_span
 from ._errors import (
     BadMagicError,
     BrokerError,
     ConfigError,
     EncodeError,
+    ForgedRepeatError,
     InvalidNameError,
     MetricbusError,
     MetricValueError,
@@ -114,7 +115,10 @@ __all__ = [
     "Codec",
     "ConfigError",
     "DeadLetter",
+    "DIGESTS_KEPT",
     "Deduper",
+    "RecordDigests",
+    "record_span",
     "DerivedRecord",
     "Ledger",
     "LoopMetrics",
@@ -125,6 +129,7 @@ __all__ = [
     "Interval",
     "SeqSet",
     "EncodeError",
+    "ForgedRepeatError",
     "InvalidNameError",
     "MetricValueError",
     "MetricbusError",

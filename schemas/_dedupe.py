@@ -3,12 +3,19 @@
 Per producer, a sorted list of disjoint closed intervals of seen seqs. In-order delivery
 (the normal case) only ever extends the last interval, so the check is O(1); a redelivery
 after a crash or a reordered retry lands in the slow path and is still exact.
+
+:class:`RecordDigests` tells a repeated record from a forged one with the same identities.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ._errors import ForgedRepeatError
 
 Interval = tuple[int, int]
 
@@ -137,3 +144,61 @@ class Deduper:
     def gaps(self) -> dict[str, int]:
         """Producers with seqs missing below their highest seen seq, and how many."""
         return {p: n for p, s in self.sets.items() if (n := s.missing())}
+
+
+#: records whose digests a consumer keeps (the most recent; ~100 bytes each)
+DIGESTS_KEPT = 65_536
+
+
+def record_span(events: Sequence[Any], columns: Any) -> tuple[str, int, int, int] | None:
+    """A decoded EventBatch record's (producer_id, first seq, last seq, count); None if mixed.
+
+    ``events`` and ``columns`` as :func:`schemas.decode_record` gives them.
+    """
+    producers = {e.producer_id for e in events}
+    seqs = [e.seq for e in events]
+    if columns is not None:
+        producers.add(columns.producer_id)
+        seqs += columns.seqs
+    if len(producers) != 1 or not seqs:
+        return None
+    return next(iter(producers)), min(seqs), max(seqs), len(seqs)
+
+
+class RecordDigests:
+    """The digests of the records a consumer took, by their span of one producer's seqs.
+
+    A producer encodes a record once and sends those bytes again on any retry (its spool
+    keeps them), so a true repeat of a record, resent or read again, has the same bytes. A
+    record with the span of one taken before but other bytes is no repeat: :meth:`check`
+    raises :class:`ForgedRepeatError` for it, before anything of it is taken, so the consumer
+    dead-letters it and what it took first stays. Kept for the last :data:`DIGESTS_KEPT`
+    records (a consumer's memory, not its checkpoint): an older or a partly overlapping
+    repeat is dropped by the seqs alone, as a duplicate.
+    """
+
+    def __init__(self, kept: int = DIGESTS_KEPT) -> None:
+        self.kept = kept
+        self._digests: OrderedDict[tuple[str, int], tuple[int, int, bytes]] = OrderedDict()
+        self.forged = 0
+
+    def check(self, value: bytes, span: tuple[str, int, int, int] | None) -> None:
+        """Remember a record's digest, or raise ForgedRepeatError for a changed repeat."""
+        if span is None:
+            return
+        producer, first, last, count = span
+        digest = hashlib.blake2b(value, digest_size=16).digest()
+        key = (producer, first)
+        known = self._digests.get(key)
+        if known is None:
+            self._digests[key] = (last, count, digest)
+            if len(self._digests) > self.kept:
+                self._digests.popitem(last=False)
+            return
+        if known == (last, count, digest):
+            return
+        self.forged += 1
+        raise ForgedRepeatError(
+            f"producer {producer!r} seqs {first}-{last}: a record with these events was taken "
+            "before with other content (forged or corrupted); the first one is kept"
+        )

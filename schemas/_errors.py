@@ -37,6 +37,15 @@ class SchemaError(MetricbusError):
     """Bytes or values that do not fit the event contract."""
 
 
+class ForgedRepeatError(SchemaError):
+    """A record whose events were all taken before, from a record with other bytes.
+
+    A producer encodes a record once and sends those same bytes on every retry, so this is no
+    repeat: it is forged (someone else writing as that producer) or corrupted. Dead-lettered;
+    what was taken first stays.
+    """
+
+
 class EncodeError(SchemaError):
     """A value of the wrong type for the schema field it was given to."""
 

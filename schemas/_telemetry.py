@@ -40,6 +40,7 @@ CONSUMER_COUNTERS = (
     "written",
     "duplicates",
     "deadlettered",
+    "forged",
     "rejected",
     "flushes",
     "flush_failures",
@@ -47,7 +48,8 @@ CONSUMER_COUNTERS = (
     "commits",
 )
 #: forgotten_runs: runs whose derivation state was dropped to keep within max_partition_series
-WORKER_COUNTERS = ("records", "events", "outputs", "alerts", "deadlettered", "forgotten_runs")
+#: forged: records repeating taken events with other bytes (schemas.RecordDigests), dead-lettered
+WORKER_COUNTERS = ("records", "events", "outputs", "alerts", "deadlettered", "forged", "forgotten_runs")
 FLUSH_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 _metrics: dict[str, Any] = {}

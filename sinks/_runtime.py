@@ -28,6 +28,7 @@ from metricbus.schemas import (
     Event,
     Interval,
     LoopMetrics,
+    RecordDigests,
     ScalarColumns,
     SchemaError,
     SeqSet,
@@ -41,6 +42,7 @@ from metricbus.schemas import (
     encode_event,
     make_consumer,
     make_producer,
+    record_span,
 )
 
 from ._protocol import Sink, Unavailable
@@ -82,6 +84,7 @@ class SinkStats:
     written: int = 0
     duplicates: int = 0
     deadlettered: int = 0
+    forged: int = 0  #: records repeating taken events with other bytes (dead-lettered too)
     rejected: int = 0
     flushes: int = 0
     flush_failures: int = 0
@@ -573,6 +576,7 @@ class SinkRunner(ConsumerLoop):
         self.max_pending_events = max_pending_events
         self.codec = codec or default_codec()
         self.feeder = Feeder(sink, self.codec)
+        self.digests = RecordDigests()  #: a record repeated with other bytes is forged: dead-lettered
         #: derived records of runs whose logged events (RunStarted first) this sink has not seen
         #: yet: they come from another topic and can overtake them; written once the run is
         #: known, and their partition is not committed past them meanwhile
@@ -631,7 +635,9 @@ class SinkRunner(ConsumerLoop):
                     alerts.append((record, self._alert_event(record.value)))
                     continue
                 events, columns = decode_record(self.codec, record.value)
+                self.digests.check(record.value, record_span(events, columns))  # a forged repeat
             except SchemaError as exc:
+                self.stats.forged = self.digests.forged
                 await self._deadletter(record.value, record.key, f"{type(exc).__name__}: {exc}", record)
                 continue
             if columns is not None and self.sink.columnar and feeder.fresh_columns(columns):

@@ -17,12 +17,14 @@ from typing import Any
 from metricbus.schemas import (
     MAX_RECORD_BYTES,
     LoopMetrics,
+    RecordDigests,
     SchemaError,
     Settings,
     dead_letter,
     decode_record,
     default_codec,
     encode_aggregates,
+    record_span,
     ssl_context,
 )
 
@@ -138,6 +140,7 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
     )
     app.partition_state = state  # type: ignore[attr-defined]  # for tests and status
     unacked: set[Any] = set()  # outputs not yet acknowledged by the broker
+    digests = RecordDigests()  # a record repeated with other bytes is forged: not a repeat
     _patch_fetch_wait()
     app.fetch_max_wait_ms = settings.fetch_max_wait_ms  # type: ignore[attr-defined]
     events = app.topic(topics.events, value_serializer="raw", key_serializer="raw")
@@ -200,7 +203,9 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
         async for event in stream.events():
             try:
                 batch, columns = decode_record(codec, event.value)
+                digests.check(event.value, record_span(batch, columns))  # a forged repeat: buried
             except SchemaError as exc:
+                counts["forged"] = digests.forged
                 await bury(event, exc)
             else:
                 message = event.message

@@ -408,3 +408,66 @@ def test_replay_to_kafka_republishes_every_archived_event_once_in_records_that_f
     assert sorted(logged) == list(range(600))
     assert logged[599]["scalars"] == {"loss": 1.0 / 600}
     assert logged[599]["samples"]["grads"] == [599 + i / 2000 for i in range(2000)]
+
+
+def test_a_forged_repeat_of_a_runs_events_is_dead_lettered_by_the_sink_and_the_worker_and_replaces_nothing(
+    settings, sink, worker
+):
+    """Someone writes a record with a real run's (producer_id, seqs) and other values: the sink
+    and the worker each dead-letter it with the reason and count it; the genuine values stay,
+    once; the genuine record sent again (a producer's retry) is a plain repeat."""
+    from kafka import KafkaProducer
+
+    from metricbus.schemas import METRICS, RUN_FINISHED
+
+    codec = default_codec()
+    body = {"step": 0, "epoch": None, "rank": 0, "samples": {}}  # x not a whole number: not a counter
+    genuine = encode_events(
+        codec,
+        "forged-run",
+        "prod",
+        [(0, 1, RUN_STARTED, run_started("p", "n")), (1, 2, METRICS, {**body, "scalars": {"x": 1.5}})],
+    )
+    forged = encode_events(
+        codec,
+        "forged-run",
+        "prod",
+        [(0, 1, RUN_STARTED, run_started("p", "n")), (1, 2, METRICS, {**body, "scalars": {"x": 666.5}})],
+    )
+    end = encode_events(
+        codec, "forged-run", "prod", [(2, 3, RUN_FINISHED, {"status": "finished", "summary": {}})]
+    )
+    proc = sink(flush_interval=0.2)
+    producer = KafkaProducer(**client_options(settings), enable_idempotence=False)
+    for value in (genuine, forged, genuine, end):
+        producer.send(settings.topics.events, key=b"forged-run", value=value)
+    producer.flush()
+    producer.close()
+    table = wait_for_rows(settings.archive_dir, "forged-run", lambda t: len(held_seqs(t)) >= 3)
+    assert held_seqs(table) == [("prod", 0), ("prod", 1), ("prod", 2)]
+    values = [
+        v for n, v in zip(table["name"].to_pylist(), table["value"].to_pylist(), strict=True) if n == "x"
+    ]
+    assert values == [1.5]
+    dead = read_topic(settings, settings.topics.deadletter, 2)
+    assert [r.value for r in dead] == [forged, forged]
+    headers = [dict(r.headers) for r in dead]
+    assert {h["metricbus.consumer"] for h in headers} == {
+        settings.groups.sink("parquet").encode(),
+        settings.groups.stream.encode(),
+    }
+    for h in headers:
+        assert h["metricbus.reason"].decode() == (
+            "ForgedRepeatError: producer 'prod' seqs 0-1: a record with these events was taken before "
+            "with other content (forged or corrupted); the first one is kept"
+        )
+    derived = wait_for_rows(
+        settings.archive_dir, "forged-run", lambda t: "x_recent_mean" in t["name"].to_pylist()
+    )
+    means = [
+        v
+        for n, v in zip(derived["name"].to_pylist(), derived["value"].to_pylist(), strict=True)
+        if n == "x_recent_mean"
+    ]
+    assert means == [1.5]  # the worker derived from the genuine value only
+    assert proc.proc.poll() is None and worker.poll() is None

@@ -1,5 +1,7 @@
 import random
 
+import pytest
+
 from metricbus.schemas import Deduper, SeqSet
 
 
@@ -43,3 +45,41 @@ def test_a_run_of_seqs_is_taken_whole_or_not_at_all():
     assert not d.add_run("p", [5, 6, 7]) and not d.add_run("p", [7, 8])  # seen, in whole or part
     assert not d.add_run("p", [9, 11]) and not d.add_run("p", []) and not d.add_run("p", [10, 9])
     assert [s for s in range(4, 12) if d.is_new("p", s)] == [4, 8, 9, 10, 11]  # nothing else recorded
+
+
+def test_a_repeated_record_passes_and_one_with_the_same_events_but_other_bytes_is_forged():
+    from metricbus.schemas import ForgedRepeatError, RecordDigests
+
+    digests = RecordDigests(kept=2)
+    digests.check(b"genuine", ("p", 0, 9, 10))
+    digests.check(b"genuine", ("p", 0, 9, 10))  # a resend: the same bytes
+    digests.check(b"other producer", ("q", 0, 9, 10))
+    with pytest.raises(ForgedRepeatError, match="producer 'p' seqs 0-9: a record with these events"):
+        digests.check(b"forged", ("p", 0, 9, 10))
+    with pytest.raises(ForgedRepeatError):
+        digests.check(b"genuine", ("p", 0, 8, 9))  # the same start, other boundaries
+    assert digests.forged == 2
+    digests.check(b"newer", ("p", 10, 19, 10))
+    digests.check(b"newest", ("p", 20, 29, 10))  # past kept=2: the first record's digest is gone
+    digests.check(b"forged", ("p", 0, 9, 10))  # so this is left to the seqs (a duplicate)
+    digests.check(b"anything", None)  # a record of several producers: not checked
+    assert digests.forged == 2
+
+
+def test_a_records_span_is_its_one_producers_first_and_last_seq():
+    from metricbus.schemas import (
+        METRICS,
+        RUN_STARTED,
+        decode_record,
+        default_codec,
+        encode_events,
+        record_span,
+        run_started,
+    )
+
+    codec = default_codec()
+    body = {"step": 0, "epoch": None, "rank": 0, "scalars": {"x": 1.0}, "samples": {}}
+    rows = [(5, 1, RUN_STARTED, run_started("p", "n"))] + [
+        (6 + i, 2, METRICS, {**body, "step": i}) for i in range(3)
+    ]
+    assert record_span(*decode_record(codec, encode_events(codec, "r", "prod", rows))) == ("prod", 5, 8, 4)
