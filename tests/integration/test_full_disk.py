@@ -167,3 +167,31 @@ def test_the_wandb_sink_commits_only_what_wandbs_file_holds_through_a_full_disk(
         proc.terminate()
         proc.wait(60)
         log.close()
+
+
+def test_a_producer_whose_spool_disk_fills_mid_run_loses_nothing_and_says_so_until_it_has_room(
+    settings, sink, small_disk, caplog
+):
+    """The producer's spool on a real 4 MB tmpfs that fills while the broker is up: what it logs
+    meanwhile is held, flush() is False (nothing it cannot spool is called sent), no torn spool;
+    once there is room every event is archived once and finish() is True."""
+    producing = dataclasses.replace(settings, data_dir=small_disk)  # the spool on the small disk
+    sink(flush_interval=0.2)  # the archive on the test's own disk
+    run = Run("spool-full", settings=producing, system_metrics=False)
+    for step in range(500):
+        run.log({"Train/Loss": 1 / (step + 1)}, step=step)
+    assert run.flush(timeout=30)
+    filler = fill(small_disk)  # the spool's disk is full now
+    for step in range(500, 3000):
+        run.log({"Train/Loss": 1 / (step + 1)}, step=step)
+    assert run.flush(timeout=2) is False  # not spooled, so not sent: not called done
+    assert run._publisher.backlog > 0
+    filler.unlink()  # room again
+    assert run.finish(timeout=30)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(archived_steps(settings, run.run_id)) < 3000:
+        time.sleep(0.5)
+    assert archived_steps(settings, run.run_id) == list(range(3000))  # every event, once
+    assert run._publisher.lost_events == 0
+    assert "held in memory" in caplog.text and "has room again" in caplog.text
+    assert "corrupt or torn" not in caplog.text
