@@ -17,6 +17,10 @@ dashboard) in a fresh data directory, with real producers, and reads the Parquet
 - the data disk full under `up` (its data directory on a 64 MB tmpfs that fills mid-run, then
   frees; root only, else SKIP with the reason): every sink (Parquet, TensorBoard, W&B) holds
   every step once after, no process restarted, `status` named the failing sinks meanwhile;
+- a training job's spool on an 8 MB tmpfs that fills mid-run with the broker up, then frees:
+  flush() says False while full, finish() True after, every step once in every sink;
+- a forged record (a real run's producer_id and seqs, other values) sent after the run, then
+  the genuine one again: dead-lettered as forged by the worker and each sink, nothing replaced;
 - a webhook down 60 s, then 30 s per answer: every critical alert raised meanwhile delivered,
   one idempotency key across its tries, the alert consumer gone within 10 s of SIGTERM.
 
@@ -469,22 +473,38 @@ def _steps_in_every_sink(up: Up, run_id: str) -> dict[str, list[int]]:
     return out
 
 
+def _mount_tmpfs(where: Path, size: str) -> str:
+    """Mount a tmpfs of ``size`` at ``where``; "" when mounted, else why not."""
+    where.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
+    )
+    if done.returncode == 0:
+        return ""
+    return done.stderr.decode()[:200] or f"mount exited {done.returncode}"
+
+
+def _fill(disk: Path) -> Path:
+    """Fill ``disk`` with one file; remove it to give the room back."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f:  # unbuffered: nothing left to refuse at close
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+        except OSError:
+            pass
+    return filler
+
+
 def full_disk(tmp: Path, n: int = 3_000, size: str = "64m") -> dict:
     """`metricbus up` with its whole data directory on a small tmpfs that fills mid-run, then frees."""
     from metricbus.producers import Run
 
     name = "data disk full under up"
     disk = tmp / "full-disk"
-    disk.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True
-    )
-    if mounted.returncode:
-        return {
-            "scenario": name,
-            "verdict": "SKIP",
-            "note": f"cannot mount a tmpfs: {mounted.stderr.decode()[:200]}",
-        }
+    refused = _mount_tmpfs(disk, size)
+    if refused:
+        return {"scenario": name, "verdict": "SKIP", "note": f"cannot mount a tmpfs: {refused}"}
     up = None
     try:
         up = Up(disk / "data")
@@ -495,13 +515,7 @@ def full_disk(tmp: Path, n: int = 3_000, size: str = "64m") -> dict:
             run.log({"x": float(step)}, step=step)
         assert run.flush(30)
         time.sleep(8)  # the sinks write the first third
-        filler = disk / "filler"
-        with open(filler, "wb") as f:
-            try:
-                while True:
-                    f.write(b"\0" * (1 << 20))
-            except OSError:
-                pass
+        filler = _fill(disk)
         for step in range(n // 3, n):
             run.log({"x": float(step)}, step=step)
             if step % 200 == 0:
@@ -534,6 +548,112 @@ def full_disk(tmp: Path, n: int = 3_000, size: str = "64m") -> dict:
         if up is not None:
             up.stop()
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def spool_disk_full(tmp: Path, n: int = 30_000, size: str = "8m") -> dict:
+    """A training job's spool on a small tmpfs that fills mid-run (broker up), then frees."""
+    from metricbus.producers import Run
+
+    name = "spool disk full"
+    disk = tmp / "spool-disk"
+    refused = _mount_tmpfs(disk, size)
+    if refused:
+        return {"scenario": name, "verdict": "SKIP", "note": f"cannot mount a tmpfs: {refused}"}
+    up = None
+    try:
+        up = Up(tmp / "spool-full" / "data")
+        producing = dataclasses.replace(up.settings, data_dir=disk)
+        run = Run("chaos", name="spool-full", settings=producing, system_metrics=False)
+        for step in range(n // 3):
+            run.log({"x": float(step)}, step=step)
+        assert run.flush(30)
+        filler = _fill(disk)
+        for step in range(n // 3, n):
+            run.log({"x": float(step)}, step=step)
+        said_done_while_full = run.flush(3)
+        filler.unlink()
+        finished = run.finish(timeout=60)
+        deadline = time.monotonic() + 180
+        while True:
+            held = _steps_in_every_sink(up, run.run_id)
+            if all(v == list(range(n)) for v in held.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        bad = {k: len(set(range(n)) - set(v)) + len(v) - len(set(v)) for k, v in held.items()}
+        ok = finished and not said_done_while_full and not any(bad.values())
+        result = row(name, n, held["parquet"], up.restarts(), ok_extra=ok)
+        result["note"] = (
+            f"flush() while full: {said_done_while_full}; finish() after: {finished}; "
+            f"lost or doubled per sink: {bad}"
+        )
+        return result
+    finally:
+        if up is not None:
+            up.stop()
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def forged_repeat(tmp: Path, n: int = 500) -> dict:
+    """A record forged with a real run's (producer_id, seqs) and other values, sent after the run."""
+    from kafka import KafkaProducer
+
+    from metricbus.producers import Run
+    from metricbus.schemas import all_events, decode_record, read_topic
+    from metricbus.sinks import read_table
+
+    up = Up(tmp / "forged" / "data")
+    try:
+        run = Run("chaos", name="forged", settings=up.settings, system_metrics=False)
+        for step in range(n):
+            run.log({"x": float(step)}, step=step)
+        assert run.finish(timeout=60)
+        codec = default_codec()
+        records = [
+            r for r in read_topic(up.settings, up.settings.topics.events) if r.key == run.run_id.encode()
+        ]
+        genuine = next(r.value for r in records if decode_record(codec, r.value)[1] is not None)
+        events = all_events(*decode_record(codec, genuine))
+        rows = [
+            (e.seq, e.ts_ms, e.kind, {**e.body, "scalars": {k: -v for k, v in e.body["scalars"].items()}})
+            if e.kind == METRICS
+            else (e.seq, e.ts_ms, e.kind, e.body)
+            for e in events
+        ]
+        forged = encode_events(codec, run.run_id, events[0].producer_id, rows)
+        producer = KafkaProducer(**client_options(up.settings), enable_idempotence=False)
+        for value in (forged, genuine):  # the forgery, then a genuine re-send
+            producer.send(up.settings.topics.events, key=run.run_id.encode(), value=value)
+        producer.flush()
+        producer.close()
+        deadline = time.monotonic() + 60
+        letters: list = []
+        while time.monotonic() < deadline and len(letters) < 4:  # three sinks and the worker
+            time.sleep(2)
+            letters = [
+                r
+                for r in read_topic(up.settings, up.settings.topics.deadletter)
+                if b"ForgedRepeatError" in dict(r.headers).get("metricbus.reason", b"")
+            ]
+        held = _steps_in_every_sink(up, run.run_id)
+        table = read_table(up.settings.archive_dir, run.run_id, columns=["name", "value"])
+        values = [
+            v for k, v in zip(table["name"].to_pylist(), table["value"].to_pylist(), strict=True) if k == "x"
+        ]
+        consumers = sorted(dict(r.headers)["metricbus.consumer"].decode().rsplit(".", 1)[-1] for r in letters)
+        ok = (
+            len(letters) == 4
+            and all(v >= 0 for v in values)
+            and all(v == list(range(n)) for v in held.values())
+        )
+        result = row("forged repeat", n, held["parquet"], up.restarts(), ok_extra=ok)
+        result["note"] = (
+            f"dead-lettered as forged by: {', '.join(consumers) or 'none'}; "
+            f"negated values archived: {sum(v < 0 for v in values)}; steps per sink: "
+            + ", ".join(f"{k} {len(v)}" for k, v in held.items())
+        )
+        return result
+    finally:
+        up.stop()
 
 
 class _Endpoint:
@@ -665,6 +785,8 @@ def main() -> int:
             ("fuzz", lambda: fuzz(tmp)),
             ("overload", lambda: overload(tmp)),
             ("full disk", lambda: full_disk(tmp)),
+            ("spool disk full", lambda: spool_disk_full(tmp)),
+            ("forged repeat", lambda: forged_repeat(tmp)),
             ("webhook", lambda: webhook_outage(tmp)),
         ]
         only = set(sys.argv[1:])
