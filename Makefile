@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(PY) bench/archive_size.py
 	$(PY) bench/stream_throughput.py
 	$(PY) bench/replay.py
+	$(PY) bench/sinks.py
 	$(PY) bench/report.py
 	$(PY) bench/ops_overhead.py
 
