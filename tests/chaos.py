@@ -473,6 +473,18 @@ def _steps_in_every_sink(up: Up, run_id: str) -> dict[str, list[int]]:
     return out
 
 
+def _held_everywhere(up: Up, run_id: str, n: int, timeout_s: float = 180.0) -> tuple[dict, dict]:
+    """Once every sink holds steps 0..n-1 of ``x`` (or the timeout): the steps each holds, and
+    how many each lost or holds twice."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        held = _steps_in_every_sink(up, run_id)
+        if all(v == list(range(n)) for v in held.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    return held, {k: len(set(range(n)) - set(v)) + len(v) - len(set(v)) for k, v in held.items()}
+
+
 def _mount_tmpfs(where: Path, size: str) -> str:
     """Mount a tmpfs of ``size`` at ``where``; "" when mounted, else why not."""
     where.mkdir()
@@ -526,14 +538,8 @@ def full_disk(tmp: Path, n: int = 3_000, size: str = "64m") -> dict:
         said = [g["group"].rsplit(".", 1)[-1] for g in failing["groups"] if g.get("failing")]
         filler.unlink()
         assert run.finish(timeout=60)
-        deadline = time.monotonic() + 180
-        while True:
-            held = _steps_in_every_sink(up, run.run_id)
-            if all(v == list(range(n)) for v in held.values()) or time.monotonic() > deadline:
-                break
-            time.sleep(2)
+        held, bad = _held_everywhere(up, run.run_id, n)
         after = _status(up)
-        bad = {k: len(set(range(n)) - set(v)) + len(v) - len(set(v)) for k, v in held.items()}
         ok = (
             not any(bad.values()) and up.restarts() == 0 and all(g["status"] == "OK" for g in after["groups"])
         )
@@ -573,13 +579,7 @@ def spool_disk_full(tmp: Path, n: int = 30_000, size: str = "8m") -> dict:
         said_done_while_full = run.flush(3)
         filler.unlink()
         finished = run.finish(timeout=60)
-        deadline = time.monotonic() + 180
-        while True:
-            held = _steps_in_every_sink(up, run.run_id)
-            if all(v == list(range(n)) for v in held.values()) or time.monotonic() > deadline:
-                break
-            time.sleep(2)
-        bad = {k: len(set(range(n)) - set(v)) + len(v) - len(set(v)) for k, v in held.items()}
+        held, bad = _held_everywhere(up, run.run_id, n)
         ok = finished and not said_done_while_full and not any(bad.values())
         result = row(name, n, held["parquet"], up.restarts(), ok_extra=ok)
         result["note"] = (
