@@ -343,12 +343,18 @@ class Publisher:
                         self._close_locked()
 
     def _spool_queue_locked(self, batches: int | None = None) -> bool:
-        """Spool what is queued (at most ``batches`` records' worth); True if some is left."""
+        """Spool what is queued (at most ``batches`` records' worth).
+
+        True if a whole record's worth (``max_batch_events``) is still queued: an overload,
+        spooled on at once. Less waits for the next linger interval, so that a busy loop's
+        events go in records of a linger's worth, not in a record per few events taken as
+        they arrive (each its own request then, and a backlog of them).
+        """
         queue = self._queue
         while len(queue) >= PER_EVENT:
             if batches is not None:
                 if batches == 0:
-                    return True
+                    return len(queue) // PER_EVENT >= self.max_batch_events
                 batches -= 1
             n = min(len(queue) // PER_EVENT, self.max_batch_events)
             items = list(starmap(queue.popleft, repeat((), n * PER_EVENT)))

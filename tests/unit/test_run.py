@@ -494,3 +494,20 @@ def test_under_overload_the_broker_keeps_receiving_while_the_loop_sheds(settings
     assert len({n for n in sent_during if n}) >= 2, sent_during
     assert run.finish(timeout=30)
     assert stats["events"] - stats["dropped_events"] <= len(fake.events())
+
+
+def test_a_steady_fast_loop_is_spooled_in_records_of_a_lingers_worth(settings):
+    """At 10,000 events/s (no overload) the spooler takes what a linger interval queued, once per
+    interval: not a record per few events as they arrive (each then its own request, the sender
+    falling behind: derived points half a second late)."""
+    fake = FakeTransport()
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    start, seconds, rate = time.perf_counter(), 1.0, 10_000
+    for i in range(int(seconds * rate)):
+        while time.perf_counter() < start + i / rate:
+            time.sleep(1 / rate / 4)  # as a training step waits on its GPU: the GIL is free meanwhile
+        run.log({"x": float(i)}, step=i)
+    assert run.finish(timeout=10)
+    assert len(metrics(fake.events())) == seconds * rate
+    # a record every 20 ms linger at most (and the run's start and end): ~50 records, not hundreds
+    assert len(fake.records) <= 2 * seconds / run._publisher.linger_s + 5, len(fake.records)
