@@ -10,13 +10,19 @@ files written with TensorBoard's writer, in a new process too. Targets: runs and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import free_port  # noqa: E402
 
 STEPS = int(os.environ.get("BENCH_STEPS", 100_000))
 METRICS = int(os.environ.get("BENCH_METRICS", 20))
@@ -67,6 +73,48 @@ def build(data_dir: Path) -> None:
     sink.close()
 
 
+@contextlib.contextmanager
+def running_stack(data_dir: Path, env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """A dashboard over ``data_dir`` announced as the running stack (as `metricbus up` does);
+    yields the environment of a client that joins it."""
+    import psutil
+
+    from metricbus.schemas._stack_file import StackInfo, announce, withdraw
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "metricbus", "dashboard", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(url + "healthz", timeout=1).close()  # noqa: S310 - ours
+                break
+            except OSError:
+                time.sleep(0.2)
+        os.environ["METRICBUS_RUNTIME_DIR"] = env["METRICBUS_RUNTIME_DIR"]  # where announce() writes
+        announce(
+            StackInfo(
+                pid=proc.pid,
+                created=psutil.Process(proc.pid).create_time(),
+                data_dir=str(data_dir),
+                topic_prefix="metricbus.",
+                bootstrap=env["METRICBUS_BOOTSTRAP"],
+                dashboard_url=url,
+            )
+        )
+        yield {k: v for k, v in env.items() if k not in ("METRICBUS_BOOTSTRAP", "METRICBUS_DATA_DIR")}
+    finally:
+        withdraw(proc.pid)
+        proc.terminate()
+        proc.wait(30)
+
+
 def timed(argv: list[str], env: dict[str, str]) -> float:
     t = time.perf_counter()
     subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -112,6 +160,14 @@ def main() -> None:
         for name, argv in commands.items():
             times = sorted(timed(argv, env) for _ in range(REPEATS))
             print(f"  {name:<46}{statistics.median(times):>16.2f}   {', '.join(f'{x:.2f}' for x in times)}")
+        with running_stack(data_dir, env) as stack_env:  # health asks the stack's dashboard
+            times = [timed([*mb, "health", RUNS[0]], stack_env) for _ in range(REPEATS)]
+        name = "metricbus health <run>, a stack running"
+        first, rest = times[0], sorted(times[1:])
+        print(
+            f"  {name:<46}{statistics.median(rest or times):>16.2f}   first {first:.2f} (judged there), then "
+            + ", ".join(f"{x:.2f}" for x in rest)
+        )
 
 
 if __name__ == "__main__":

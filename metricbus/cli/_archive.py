@@ -136,29 +136,52 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 86400:.0f} days ago"
 
 
-def cmd_health(args: argparse.Namespace) -> int:
-    from metricbus.diagnostics import dead_letters_of, judge, read_logged
+#: how long ``metricbus health`` waits for the running stack's dashboard to judge a run
+DASHBOARD_HEALTH_TIMEOUT_S = 30.0
 
+
+def cmd_health(args: argparse.Namespace) -> int:
     settings = _settings(args)
     run_id = _find(settings, str(_run_ref(args)))
-    seen, _ = read_logged(settings.archive_dir, run_id)
-    health = judge(run_id, seen, dead_letters_of(settings, run_id))
+    health = _health_of_stack(args, run_id)  # a stack's dashboard has the archive's reader warm
+    if health is None:
+        from metricbus.diagnostics import dead_letters_of, judge, read_logged
+
+        seen, _ = read_logged(settings.archive_dir, run_id)
+        health = judge(run_id, seen, dead_letters_of(settings, run_id)).as_dict()
     if args.json:
-        print(strict_json(health.as_dict(), indent=2))
+        print(strict_json(health, indent=2))
         return 0
-    print(f"run {run_id}: health {health.score:.0f}/100")
-    for part in health.parts:
-        print(f"  {part.name:<13} -{part.deducted:>4.1f} of {part.weight}")
-        for line in part.evidence:
+    source = f"  (as {health['source']} judged it)" if health.get("source") else ""
+    print(f"run {run_id}: health {health['score']:.0f}/100{source}")
+    for part in health["parts"]:
+        print(f"  {part['name']:<13} -{part['deducted']:>4.1f} of {part['weight']}")
+        for line in part["evidence"]:
             print(f"      {printable(line)}")
-    if health.labels:
+    if health["labels"]:
         print("  per label (final-window means; not scored but for progress above):")
-        for row in health.labels:
+        for row in health["labels"]:
             values = ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k not in ("label", "events"))
             print(
                 printable(f"      {row['label']}: {row['events']} events" + (f", {values}" if values else ""))
             )
     return 0
+
+
+def _health_of_stack(args: argparse.Namespace, run_id: str) -> dict[str, Any] | None:
+    """The run's health as the joined stack's dashboard judges it (dead letters too); None if none does."""
+    stack = args.joined_stack
+    if stack is None or not stack.dashboard_url:
+        return None
+    from urllib.parse import quote
+
+    from metricbus.ops import ask_dashboard
+
+    path = f"api/runs/{quote(run_id, safe='')}/health?dead_letters=1"
+    found = ask_dashboard(stack.dashboard_url, path, DASHBOARD_HEALTH_TIMEOUT_S)
+    if not isinstance(found, dict) or found.get("run_id") != run_id:
+        return None
+    return {**found, "source": f"the dashboard at {stack.dashboard_url}"}
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

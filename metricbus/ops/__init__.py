@@ -9,7 +9,7 @@ it never imports the supervisor (``metricbus.stack``).
 """
 
 from ._archived import RuleFiles
-from ._status import collect, format_status, from_dashboard, unreachable
+from ._status import ask_dashboard, collect, format_status, from_dashboard, unreachable
 from ._web import serve
 
-__all__ = ["RuleFiles", "collect", "format_status", "from_dashboard", "serve", "unreachable"]
+__all__ = ["RuleFiles", "ask_dashboard", "collect", "format_status", "from_dashboard", "serve", "unreachable"]

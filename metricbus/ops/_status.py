@@ -165,20 +165,31 @@ def snapshot(
     }
 
 
-def from_dashboard(settings: Settings, url: str, timeout_s: float = 1.0) -> dict[str, Any] | None:
-    """The status as the running dashboard sees it now (its sampler keeps a window of lag samples).
+def ask_dashboard(url: str, path: str, timeout_s: float) -> Any:
+    """The JSON the running stack's dashboard at ``url`` answers for ``path``; None if it does not.
 
-    Answers at once where :func:`collect` samples twice a window apart; None when the dashboard
-    does not answer, or has not sampled the groups yet (the caller then samples itself).
+    None for anything but a 200 with JSON (not running, a token it wants, a 404, a timeout):
+    the caller then works it out itself.
     """
     import json
     import urllib.error
     import urllib.request
 
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/api/status", timeout=timeout_s) as response:  # noqa: S310 - the stack's own
-            seen = json.loads(response.read())
+        with urllib.request.urlopen(url.rstrip("/") + "/" + path, timeout=timeout_s) as response:  # noqa: S310 - the stack's own
+            return json.loads(response.read())
     except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def from_dashboard(settings: Settings, url: str, timeout_s: float = 1.0) -> dict[str, Any] | None:
+    """The status as the running dashboard sees it now (its sampler keeps a window of lag samples).
+
+    Answers at once where :func:`collect` samples twice a window apart; None when the dashboard
+    does not answer, or has not sampled the groups yet (the caller then samples itself).
+    """
+    seen = ask_dashboard(url, "api/status", timeout_s)
+    if not isinstance(seen, dict):
         return None
     pipeline = seen.get("pipeline") or {}
     groups = pipeline.get("groups")

@@ -221,29 +221,35 @@ def build_app(
             page = _report(settings, run_id, archive.rules)
         return HTMLResponse(page)
 
-    health_cache: dict[str, tuple[float, float, dict[str, Any]]] = {}  # at, took, health
+    #: (run, with its dead letters) -> (at, took, health)
+    health_cache: dict[tuple[str, bool], tuple[float, float, dict[str, Any]]] = {}
     health_lock = threading.Lock()  # one at a time: each holds a whole run's events
 
-    def fresh_health(run_id: str) -> dict[str, Any] | None:
-        cached = health_cache.get(run_id)
+    def fresh_health(key: tuple[str, bool]) -> dict[str, Any] | None:
+        cached = health_cache.get(key)
         stale = cached is None or health_stale(cached[0], cached[1], time.monotonic())
         return None if stale or cached is None else cached[2]
 
     def api_health(request: Request) -> Response:
-        """The run's health from the archive (``metricbus health``), computed again only when stale."""
+        """The run's health from the archive (``metricbus health``), computed again only when stale.
+
+        ``?dead_letters=1``: with the run's dead letters counted, as ``metricbus health`` does
+        (which asks here when a stack runs: this process has the archive's reader warm).
+        """
         run_id = request.path_params["run_id"]
         if not _valid(run_id):
             return JSONResponse({"error": f"no run {run_id[:200]!r}"}, status_code=404)
-        if (fresh := fresh_health(run_id)) is not None:  # waits on no other run's computation
+        key = (run_id, request.query_params.get("dead_letters") == "1")
+        if (fresh := fresh_health(key)) is not None:  # waits on no other run's computation
             return JSONResponse(fresh)
         with health_lock:  # pages of one run asking together wait for one computation
-            if (fresh := fresh_health(run_id)) is not None:
+            if (fresh := fresh_health(key)) is not None:
                 return JSONResponse(fresh)
             started = time.monotonic()
-            found = _health(settings, run_id)
+            found = _health(settings, *key)
             if found is None:
                 return JSONResponse({"error": f"run {run_id!r} is not in the archive (yet)"}, status_code=404)
-            health_cache[run_id] = (time.monotonic(), time.monotonic() - started, found)
+            health_cache[key] = (time.monotonic(), time.monotonic() - started, found)
         return JSONResponse(found)
 
     def api_experiments(request: Request) -> Response:
@@ -397,18 +403,19 @@ def _known(board: RunBoard, run_id: str) -> bool:
     return _valid(run_id) and board.run(run_id) is not None
 
 
-def _health(settings: Settings, run_id: str) -> dict[str, Any] | None:
+def _health(settings: Settings, run_id: str, dead_letters: bool = False) -> dict[str, Any] | None:
     """``metricbus health`` of an archived run as JSON; None when the archive has none of its events.
 
-    Dead letters are not read here (the pipeline view shows them).
+    ``dead_letters``: the run's dead letters read and judged too (the run page leaves them to
+    the pipeline view).
     """
-    from metricbus.diagnostics import judge, read_logged
+    from metricbus.diagnostics import dead_letters_of, judge, read_logged
 
     try:
         seen, _ = read_logged(settings.archive_dir, run_id)  # its columns: no object per event
     except (OSError, ValueError, MetricbusError):
         return None
-    return judge(run_id, seen).as_dict()
+    return judge(run_id, seen, dead_letters_of(settings, run_id) if dead_letters else None).as_dict()
 
 
 async def _archived_stream(request: Any, page: dict[str, Any]) -> Any:

@@ -104,6 +104,11 @@ def test_a_plain_script_and_every_command_find_the_stack_up_started_and_a_dead_o
         assert run_id in sampled.stdout and "source" not in json.loads(sampled.stdout)
         health = metricbus("health", "my-first-run", env=env)  # by its name
         assert health.returncode == 0 and f"run {run_id}: health" in health.stdout, health.stderr
+        assert f"(as the dashboard at http://127.0.0.1:{web}/ judged it)" in health.stdout  # warm there
+        judged = json.loads(metricbus("health", run_id, "--json", env=env).stdout)
+        assert judged["source"] == f"the dashboard at http://127.0.0.1:{web}/"
+        pipeline = next(p for p in judged["parts"] if p["name"] == "pipeline")
+        assert pipeline["evidence"] == [] and pipeline["deducted"] == 0  # its dead letters were read: none
 
         # the NaN loss's alert, on up's own terminal, with the run's name
         wait_for(
