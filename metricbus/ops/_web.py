@@ -20,6 +20,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +53,25 @@ HEALTH_EVERY_S = 10.0
 #: ... and no sooner than this many times what it took: a long run's health reads the whole run
 #: from the archive (seconds, ~4.5 KB per event held), and an open run page asks every 15 s
 HEALTH_COST_FACTOR = 10.0
+#: A run's health whose archive files have not changed since it was judged is kept this long
+#: (only its dead letters could have changed meanwhile)
+HEALTH_UNCHANGED_KEEP_S = 600.0
 
 
 def health_stale(computed_at: float, took_s: float, now: float) -> bool:
     """Whether a run's cached health is due to be computed again."""
     return now - computed_at >= max(HEALTH_EVERY_S, HEALTH_COST_FACTOR * took_s)
+
+
+def health_fresh(computed_at: float, took_s: float, now: float, unchanged: Callable[[], bool]) -> bool:
+    """Whether a run's cached health may answer.
+
+    When it is not stale, or its archive files are ``unchanged`` since it was judged (asked only
+    then), for at most HEALTH_UNCHANGED_KEEP_S.
+    """
+    if not health_stale(computed_at, took_s, now):
+        return True
+    return now - computed_at < HEALTH_UNCHANGED_KEEP_S and unchanged()
 
 
 class Pipeline:
@@ -221,14 +236,17 @@ def build_app(
             page = _report(settings, run_id, archive.rules)
         return HTMLResponse(page)
 
-    #: (run, with its dead letters) -> (at, took, health)
-    health_cache: dict[tuple[str, bool], tuple[float, float, dict[str, Any]]] = {}
+    #: (run, with its dead letters) -> (at, took, health, its archive files when judged)
+    health_cache: dict[tuple[str, bool], tuple[float, float, dict[str, Any], Any]] = {}
     health_lock = threading.Lock()  # one at a time: each holds a whole run's events
 
     def fresh_health(key: tuple[str, bool]) -> dict[str, Any] | None:
         cached = health_cache.get(key)
-        stale = cached is None or health_stale(cached[0], cached[1], time.monotonic())
-        return None if stale or cached is None else cached[2]
+        if cached is None:
+            return None
+        at, took, found, files = cached
+        unchanged = lambda: _archive_files(settings, key[0]) == files  # noqa: E731
+        return found if health_fresh(at, took, time.monotonic(), unchanged) else None
 
     def api_health(request: Request) -> Response:
         """The run's health from the archive (``metricbus health``), computed again only when stale.
@@ -246,10 +264,11 @@ def build_app(
             if (fresh := fresh_health(key)) is not None:
                 return JSONResponse(fresh)
             started = time.monotonic()
+            files = _archive_files(settings, run_id)  # before the read: a change meanwhile is seen next time
             found = _health(settings, *key)
             if found is None:
                 return JSONResponse({"error": f"run {run_id!r} is not in the archive (yet)"}, status_code=404)
-            health_cache[key] = (time.monotonic(), time.monotonic() - started, found)
+            health_cache[key] = (time.monotonic(), time.monotonic() - started, found, files)
         return JSONResponse(found)
 
     def api_experiments(request: Request) -> Response:
@@ -401,6 +420,20 @@ def _valid(run_id: str) -> bool:
 
 def _known(board: RunBoard, run_id: str) -> bool:
     return _valid(run_id) and board.run(run_id) is not None
+
+
+def _archive_files(settings: Settings, run_id: str) -> frozenset[tuple[str, int, int]]:
+    """The run's archive files as (path, size, modified ns): what its health was judged from."""
+    from metricbus.sinks._archive import run_files
+
+    out = set()
+    for path in run_files(settings.archive_dir, run_id):
+        try:
+            stat = path.stat()
+        except OSError:  # compacted away meanwhile: the set differs anyway
+            continue
+        out.add((str(path), stat.st_size, stat.st_mtime_ns))
+    return frozenset(out)
 
 
 def _health(settings: Settings, run_id: str, dead_letters: bool = False) -> dict[str, Any] | None:
