@@ -245,7 +245,10 @@ def build_app(
         if cached is None:
             return None
         at, took, found, files = cached
-        unchanged = lambda: _archive_files(settings, key[0]) == files  # noqa: E731
+
+        def unchanged() -> bool:
+            return _archive_files(settings, key[0]) == files
+
         return found if health_fresh(at, took, time.monotonic(), unchanged) else None
 
     def api_health(request: Request) -> Response:
