@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -485,15 +486,20 @@ def _held_everywhere(up: Up, run_id: str, n: int, timeout_s: float = 180.0) -> t
     return held, {k: len(set(range(n)) - set(v)) + len(v) - len(set(v)) for k, v in held.items()}
 
 
-def _mount_tmpfs(where: Path, size: str) -> str:
-    """Mount a tmpfs of ``size`` at ``where``; "" when mounted, else why not."""
-    where.mkdir()
+def _on_tmpfs(name: str, disk: Path, size: str, scenario: Callable[[], dict]) -> dict:
+    """``scenario()`` with a tmpfs of ``size`` mounted at ``disk``, unmounted after; where none
+    can be mounted (not root), the scenario's row says SKIP and why."""
+    disk.mkdir()
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True
     )
-    if done.returncode == 0:
-        return ""
-    return done.stderr.decode()[:200] or f"mount exited {done.returncode}"
+    if done.returncode:
+        why = done.stderr.decode()[:200] or f"mount exited {done.returncode}"
+        return {"scenario": name, "verdict": "SKIP", "note": f"cannot mount a tmpfs: {why}"}
+    try:
+        return scenario()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def _fill(disk: Path) -> Path:
@@ -510,16 +516,16 @@ def _fill(disk: Path) -> Path:
 
 def full_disk(tmp: Path, n: int = 3_000, size: str = "64m") -> dict:
     """`metricbus up` with its whole data directory on a small tmpfs that fills mid-run, then frees."""
+    disk = tmp / "full-disk"
+    return _on_tmpfs("data disk full under up", disk, size, lambda: _full_disk(tmp, disk, n))
+
+
+def _full_disk(tmp: Path, disk: Path, n: int) -> dict:
     from metricbus.producers import Run
 
     name = "data disk full under up"
-    disk = tmp / "full-disk"
-    refused = _mount_tmpfs(disk, size)
-    if refused:
-        return {"scenario": name, "verdict": "SKIP", "note": f"cannot mount a tmpfs: {refused}"}
-    up = None
+    up = Up(disk / "data")
     try:
-        up = Up(disk / "data")
         # the producer's spool off the disk that fills: this scenario is about the stack's side
         producer = dataclasses.replace(up.settings, data_dir=tmp / "full-disk-producer")
         run = Run("chaos", name="full-disk", settings=producer, system_metrics=False)
@@ -551,23 +557,21 @@ def full_disk(tmp: Path, n: int = 3_000, size: str = "64m") -> dict:
         )
         return result
     finally:
-        if up is not None:
-            up.stop()
-        subprocess.run(["umount", "-l", str(disk)], check=False)
+        up.stop()
 
 
 def spool_disk_full(tmp: Path, n: int = 30_000, size: str = "8m") -> dict:
     """A training job's spool on a small tmpfs that fills mid-run (broker up), then frees."""
+    disk = tmp / "spool-disk"
+    return _on_tmpfs("spool disk full", disk, size, lambda: _spool_disk_full(tmp, disk, n))
+
+
+def _spool_disk_full(tmp: Path, disk: Path, n: int) -> dict:
     from metricbus.producers import Run
 
     name = "spool disk full"
-    disk = tmp / "spool-disk"
-    refused = _mount_tmpfs(disk, size)
-    if refused:
-        return {"scenario": name, "verdict": "SKIP", "note": f"cannot mount a tmpfs: {refused}"}
-    up = None
+    up = Up(tmp / "spool-full" / "data")
     try:
-        up = Up(tmp / "spool-full" / "data")
         producing = dataclasses.replace(up.settings, data_dir=disk)
         run = Run("chaos", name="spool-full", settings=producing, system_metrics=False)
         for step in range(n // 3):
@@ -588,9 +592,7 @@ def spool_disk_full(tmp: Path, n: int = 30_000, size: str = "8m") -> dict:
         )
         return result
     finally:
-        if up is not None:
-            up.stop()
-        subprocess.run(["umount", "-l", str(disk)], check=False)
+        up.stop()
 
 
 def forged_repeat(tmp: Path, n: int = 500) -> dict:
