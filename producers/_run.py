@@ -28,12 +28,14 @@ from metricbus.schemas import (
     CONFIG_UPDATE,
     HEARTBEAT,
     HISTOGRAM,
+    MEDIA,
     METRICS,
     RUN_FINISHED,
     RUN_STARTED,
     SCALARS,
     TABLE,
     ConfigError,
+    MediaStore,
     MetricbusError,
     MetricValueError,
     ScalarRows,
@@ -48,6 +50,7 @@ from metricbus.schemas import (
     run_started,
 )
 
+from ._media import MediaWriter, copy_for_later
 from ._publisher import PER_EVENT, Publisher
 from ._spool import SUFFIX, Spool
 from ._system import SystemSampler
@@ -162,6 +165,7 @@ class Run:
         self._queue = self._publisher.queue
         self._max_items = self._publisher.max_items
         self._watchers: list[Any] = []
+        self._media: MediaWriter | None = None  # made at the first media item
         if self.rank == 0:
             self._say_where(stack)
         self._publisher.start()  # after the line above: it may say the broker is unreachable itself
@@ -393,6 +397,85 @@ class Run:
         except Exception as exc:  # noqa: BLE001
             self._internal_error("log_table", exc)
 
+    def log_image(
+        self, name: str, image: Any, *, step: int | None = None, caption: str | None = None
+    ) -> None:
+        """Log an image: an array, a torch tensor, a PIL image, a matplotlib figure or a file's path.
+
+        Arrays are HxW, HxWxC or CxHxW, uint8 or floats in [0, 1]. The caller pays a copy; the
+        PNG encoding and the write to the media store (by content, under the data directory)
+        happen on the run's media thread, and the Media event follows.
+        """
+        self._media_item("image", name, image, step, caption)
+
+    def log_video(
+        self, name: str, frames: Any, *, fps: float = 4, step: int | None = None, caption: str | None = None
+    ) -> None:
+        """Log a video: frames TxHxWxC or TxCxHxW (TensorBoard's NxTxCxHxW: its first), or a GIF's path.
+
+        Kept as an animated GIF (what TensorBoard's image dashboard and W&B play).
+        """
+        self._media_item("video", name, frames, step, caption, float(fps))
+
+    def log_audio(
+        self,
+        name: str,
+        samples: Any,
+        *,
+        rate: int = 44100,
+        step: int | None = None,
+        caption: str | None = None,
+    ) -> None:
+        """Log audio: samples L, LxC or CxL (floats in [-1, 1], or int16) at ``rate`` a second.
+
+        Or a WAV file's path.
+        """
+        self._media_item("audio", name, samples, step, caption, float(rate))
+
+    def log_text(self, name: str, text: str, *, step: int | None = None, caption: str | None = None) -> None:
+        """Log a text sample (a sampled completion, a prompt): kept as UTF-8 in the media store."""
+        self._media_item("text", name, text, step, caption)
+
+    def _media_item(
+        self, kind: str, name: str, data: Any, step: int | None, caption: str | None, rate: float = 0.0
+    ) -> None:
+        try:
+            if self._closed(f"log_{kind}"):
+                return
+            if not isinstance(name, str) or not name or len(name) > 256:
+                raise ConfigError(f"log_{kind}: a name is a string of 1-256 characters (got {name!r:.80})")
+            media = self._media
+            if media is None:
+                store = MediaStore.of(self.settings)
+                media = self._media = MediaWriter(store, self._emit_media, self._media_failed)
+            fields = {
+                "step": max(self._step - 1, 0) if step is None else _long(step, "step"),
+                "name": name,
+                "rank": self.rank,
+                "kind": kind,
+                "caption": None if caption is None else str(caption)[:1000],
+            }
+            copy, nbytes = copy_for_later(kind, data)
+            media.submit(fields, copy, nbytes, rate)
+        except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
+            self._internal_error(f"log_{kind}", exc)
+
+    def _emit_media(self, body: dict[str, Any]) -> None:
+        self._emit(MEDIA, body)
+
+    def _media_failed(self, what: str, exc: BaseException) -> None:
+        """An item the media thread could not encode (a wrong shape, an unreadable file): said once."""
+        self.skipped_calls += 1
+        key = (what, type(exc).__name__)
+        if key not in self._errors_said:
+            self._errors_said.add(key)
+            log.error(
+                "metricbus %s() skipped an item: %s (said once; later ones are counted in "
+                "run.stats()['skipped_calls'])",
+                what,
+                exc,
+            )
+
     def watch(
         self,
         model: Any,
@@ -424,6 +507,8 @@ class Run:
         What is not acknowledged by then stays in the spool and is sent later; never raises.
         """
         try:
+            if self._media is not None:
+                self._media.drain(timeout)
             return bool(self._publisher.flush(timeout))
         except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
             self._internal_error("flush", exc)
@@ -448,6 +533,8 @@ class Run:
             self._sampler.stop()
         for watcher in self._watchers:
             watcher.remove()
+        if self._media is not None:  # its items' events come before RunFinished
+            self._media.stop(timeout)
         if not isinstance(status, str):  # finish(60) meant the timeout: the run is not lost for it
             log.warning("finish(status=%r): a status is a string; the run is ended as 'finished'", status)
             status = "finished"
@@ -508,6 +595,9 @@ class Run:
             "records_sent": p.records_sent,
             "lost_events": p.lost_events,
             "unsent_bytes": p.spool.unsent_bytes,
+            "media_logged": self._media.logged if self._media else 0,
+            "media_dropped": self._media.dropped if self._media else 0,
+            "media_refused": self._media.refused if self._media else 0,
         }
 
     # -- internals ----------------------------------------------------------------------

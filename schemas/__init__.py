@@ -41,6 +41,7 @@ from ._events import (
     DERIVED_PRODUCER,
     HEARTBEAT,
     HISTOGRAM,
+    MEDIA,
     METRICS,
     NO_EPOCH,
     RUN_FINISHED,
@@ -82,6 +83,16 @@ from ._kafka import (
     unmark_broker_restarting,
     wait_for_broker,
 )
+from ._media import (
+    MEDIA_TYPES,
+    MediaMissing,
+    MediaRefused,
+    MediaStore,
+    checked_digest,
+    checked_media_type,
+    digest_of,
+    ref_of,
+)
 from ._names import FALLBACK_PROJECT, UNKNOWN_PROJECT, check_run_id, checked_ids, path_segment, printable
 from ._registry import SCHEMA_DIR, SchemaVersion, load_versions
 from ._settings import Groups, Settings, Topics
@@ -98,6 +109,15 @@ __all__ = [
     "HISTOGRAM",
     "MAGIC",
     "MAX_RECORD_BYTES",
+    "MEDIA",
+    "MEDIA_TYPES",
+    "MediaMissing",
+    "MediaRefused",
+    "MediaStore",
+    "checked_digest",
+    "checked_media_type",
+    "digest_of",
+    "ref_of",
     "METRICS",
     "NO_EPOCH",
     "SCALARS",

@@ -26,6 +26,8 @@ RUN_FINISHED = "metricbus.RunFinished"
 HEARTBEAT = "metricbus.Heartbeat"
 TABLE = "metricbus.Table"
 CONFIG_UPDATE = "metricbus.ConfigUpdate"
+#: an image, video, audio clip or text sample, by reference (its bytes are in the media store)
+MEDIA = "metricbus.Media"
 
 #: A Metrics event of scalars only as the producer queues it, a tuple rather than a dict per
 #: event: body ``(step, epoch, rank, scalars, labels or None)``. :func:`encode_events` writes

@@ -137,6 +137,9 @@ class Settings:
     #: broker (it keeps every record and has no retention: about 1.1 MB of memory per MB
     #: produced), carrying over what the consumers have not read (docs: the local stack). 0: never.
     broker_max_mb: float = 1024.0
+    #: Size (MB) of the media store (``<data dir>/media``: the bytes of logged images, videos,
+    #: audio and text) past which new media are refused, counted and said once; scalars go on.
+    media_max_mb: float = 10240.0
     #: How training jobs compress what they send: ``zstd`` (Kafka 2.1 and later), ``gzip`` or
     #: ``none``. zstd holds the embedded broker to about a third of the memory per event
     #: (bench/producer_overhead.py measures it); consumers decompress.
@@ -263,6 +266,11 @@ class Settings:
     def archive_dir(self) -> Path:
         """Root of the Parquet archive."""
         return Path(self.data_dir) / "archive"
+
+    @property
+    def media_dir(self) -> Path:
+        """Root of the media store (content-addressed bytes of logged media)."""
+        return Path(self.data_dir) / "media"
 
 
 def _parse(name: str, type_: Any, raw: str) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from metricbus.schemas import MetricbusError
+from metricbus.schemas import MediaStore, MetricbusError
 
 from ._protocol import Sink
 
@@ -20,12 +20,15 @@ def make_sink(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     layout: Path | None = None,
+    media: MediaStore | None = None,
 ) -> Sink:
     """A sink writing under ``out``; a missing extra fails with its pip line.
 
     ``include`` / ``exclude``: globs over metric names, for the tensorboard and wandb sinks;
     the archive refuses them (it is the record every replay and report reads: it keeps every
     event). ``layout``: tensorboard only, a YAML file of the user's custom-scalars charts.
+    ``media``: the store the tensorboard and wandb sinks read logged media from (the archive
+    keeps Media events as rows with their reference; the bytes stay in the store).
     """
     module = EXTRAS.get(kind)
     if module is not None:
@@ -57,9 +60,10 @@ def make_sink(
             layout=load_layout(layout) if layout is not None else None,
             include=tuple(include) or ("*",),
             exclude=tuple(exclude),
+            media=media,
         )
     if kind == "wandb":
         from .wandb import WandbSink
 
-        return WandbSink(out, include=tuple(include) or ("*",), exclude=tuple(exclude))
+        return WandbSink(out, include=tuple(include) or ("*",), exclude=tuple(exclude), media=media)
     raise MetricbusError(f"no sink named {kind!r}; choose one of {', '.join(KINDS)}")

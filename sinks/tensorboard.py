@@ -46,6 +46,7 @@ from metricbus.schemas import (
     DIRECTORY_ERRNOS,
     FALLBACK_PROJECT,
     HISTOGRAM,
+    MEDIA,
     METRICS,
     RUN_FINISHED,
     RUN_STARTED,
@@ -54,8 +55,11 @@ from metricbus.schemas import (
     Event,
     Interval,
     Ledger,
+    MediaMissing,
+    MediaStore,
     atomic_write,
     check_run_id,
+    checked_media_type,
     config_object,
     histogram,
     histogram_bins,
@@ -187,13 +191,17 @@ class TensorBoardSink(Sink):
         layout: Mapping[str, Mapping[str, list[str]]] | None = None,
         include: Sequence[str] = ("*",),
         exclude: Sequence[str] = (),
+        media: MediaStore | None = None,
     ) -> None:
         """``layout``: the user's own charts (category -> chart -> regexes), beside the template's.
 
         ``include`` / ``exclude``: globs over metric names (scalars, per-sample arrays,
-        histograms, tables); a name matching no include or any exclude is not written.
+        histograms, tables, media); a name matching no include or any exclude is not written.
+        ``media``: the store Media events' bytes are read from (verified); without one they are
+        returned with the reason.
         """
         self.root = Path(root)
+        self.media = media
         self._wanted = MetricFilter(include, exclude)
         self._charts = merged(layout)
         self._writers: dict[str, _RunWriter] = {}
@@ -235,7 +243,7 @@ class TensorBoardSink(Sink):
             writer = self._writer(e)
             try:
                 self._write(writer, e)
-            except (ValueError, TypeError, OverflowError, KeyError) as exc:
+            except (ValueError, TypeError, OverflowError, KeyError, MediaMissing) as exc:
                 rejected.append(
                     (e, f"tensorboard cannot take this {e.kind} event: {type(exc).__name__}: {exc}")
                 )
@@ -287,6 +295,8 @@ class TensorBoardSink(Sink):
             )
         elif e.kind == TABLE and self._wanted(body["name"]):
             writer.write(_text_event(wall, body["step"], tag(body["name"]), _markdown_table(body)))
+        elif e.kind == MEDIA and self._wanted(body["name"]):
+            writer.write(self._media_event(wall, body))
         elif e.kind == RUN_STARTED:
             self._run_started(writer, wall, body)
         elif e.kind == CONFIG_UPDATE:
@@ -298,6 +308,38 @@ class TensorBoardSink(Sink):
                 f"- `{k}`: {v:.6g}" for k, v in sorted(body["summary"].items())
             )
             writer.write(_text_event(wall, 0, "run/finished", text))
+
+    def _media_event(self, wall: float, body: dict[str, Any]) -> Any:
+        """A Media event as TensorBoard's image (a GIF plays there), audio or text summary."""
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        if self.media is None:
+            raise MediaMissing("this sink has no media store to read the bytes from")
+        data = self.media.get(body["ref"], body["size"])
+        kind, name, step = body["kind"], tag(body["name"]), body["step"]
+        checked_media_type(body)
+        if kind == "text":
+            return _text_event(wall, step, name, data.decode("utf-8", "replace"))
+        if kind == "audio":
+            value = summary_pb2.Summary.Value(
+                tag=name,
+                audio=summary_pb2.Summary.Audio(
+                    sample_rate=body["rate"],
+                    num_channels=body["channels"],
+                    length_frames=body["frames"],
+                    encoded_audio_string=data,
+                    content_type=body["media_type"],
+                ),
+            )
+        else:
+            image = summary_pb2.Summary.Image(
+                height=body["height"],
+                width=body["width"],
+                colorspace=body["channels"],
+                encoded_image_string=data,
+            )
+            value = summary_pb2.Summary.Value(tag=name, image=image)
+        return event_pb2.Event(wall_time=wall, step=step, summary=summary_pb2.Summary(value=[value]))
 
     def pending(self) -> int:
         """Events written since the last flush."""

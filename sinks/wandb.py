@@ -54,6 +54,7 @@ from metricbus.schemas import (
     ALERT,
     CONFIG_UPDATE,
     HISTOGRAM,
+    MEDIA,
     METRICS,
     RUN_FINISHED,
     RUN_STARTED,
@@ -62,8 +63,11 @@ from metricbus.schemas import (
     Event,
     Interval,
     Ledger,
+    MediaMissing,
+    MediaStore,
     atomic_write,
     check_run_id,
+    checked_media_type,
     config_object,
     histogram,
     histogram_bins,
@@ -85,6 +89,8 @@ from ._wandb_run import (
 )
 
 log = logging.getLogger("metricbus.sink.wandb")
+#: where a Media event's bytes are put, named as W&B wants, for W&B to copy into the run's files
+STAGED_DIR = ".metricbus-media"
 SEQS_DIR = ".metricbus-seqs"
 #: A run file that has not grown for this long while more than two blocks of rows wait to be
 #: seen in it: W&B has stopped writing it.
@@ -130,8 +136,11 @@ class WandbSink(Sink):
         mode: str | None = None,
         finish_grace_s: float = 300.0,
         idle_close_s: float = 600.0,
+        media: MediaStore | None = None,
     ) -> None:
         self.root = Path(root)
+        #: where Media events' bytes are read (verified); without it they are returned, with why
+        self.media = media
         self._wanted = MetricFilter(include, exclude)
         self.mode = wandb_mode(mode)
         self.finish_grace_s = finish_grace_s
@@ -194,16 +203,21 @@ class WandbSink(Sink):
             if e.kind == RUN_STARTED:
                 self._remember(e.run_id, e.body)
         rejected = []
-        for e in events:
-            self._handed += 1
-            try:
-                row = self._write(e)
-            except (ValueError, TypeError, KeyError, OverflowError) as exc:
-                rejected.append((e, f"wandb cannot take this {e.kind} event: {type(exc).__name__}: {exc}"))
-                continue
-            if not row:  # a row carries its identity into W&B's own file; the rest is ledgered
-                self._ledger(e.run_id).add(e.producer_id, e.seq)
-            self._pending += 1
+        try:
+            for e in events:
+                self._handed += 1
+                try:
+                    row = self._write(e)
+                except (ValueError, TypeError, KeyError, OverflowError, MediaMissing) as exc:
+                    why = f"wandb cannot take this {e.kind} event: {type(exc).__name__}: {exc}"
+                    rejected.append((e, why))
+                    continue
+                if not row:  # a row carries its identity into W&B's own file; the rest is ledgered
+                    self._ledger(e.run_id).add(e.producer_id, e.seq)
+                self._pending += 1
+        finally:
+            for staged in (self.root / STAGED_DIR).glob("*"):  # W&B copied each into its run's files
+                staged.unlink(missing_ok=True)
         return rejected
 
     def confirmed(self) -> tuple[int, int]:
@@ -312,11 +326,12 @@ class WandbSink(Sink):
             row = {wandb_key(body["name"]): wandb.Histogram(np_histogram=(counts, edges))}  # type: ignore[arg-type]
         elif e.kind == TABLE and self._wanted(body["name"]):
             row = {wandb_key(body["name"]): wandb.Table(columns=body["columns"], data=body["rows"])}
+        elif e.kind == MEDIA and self._wanted(body["name"]):
+            row = {wandb_key(body["name"]): _wandb_media(body, self._staged(body))}
         elif e.kind == CONFIG_UPDATE:
             changes = config_object(body["config_json"])
             self._run(e.run_id).config.update(changes, allow_val_change=True)
         elif e.kind == ALERT:  # from the alerts topic (sink wandb --alerts): on the run held open
-
             raise_on_wandb(self._run(e.run_id), body)
         elif e.kind == RUN_FINISHED:
             run = self._run(e.run_id)
@@ -339,6 +354,18 @@ class WandbSink(Sink):
             waiting = self._waiting[e.run_id] = _Waiting(Path(run.settings.sync_file), time.monotonic())
         waiting.add(ident, self._handed, row)
         return True
+
+    def _staged(self, body: dict[str, Any]) -> Path:
+        """A Media event's verified bytes in a file named as W&B wants it (by its extension)."""
+        if self.media is None:
+            raise MediaMissing("this sink has no media store to read the bytes from")
+        checked_media_type(body)
+        data = self.media.get(body["ref"], body["size"])
+        suffix = {"image": ".png", "video": ".gif", "audio": ".wav", "text": ".txt"}[body["kind"]]
+        staged = self.root / STAGED_DIR / f"{body['digest']}{suffix}"
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        staged.write_bytes(data)
+        return staged
 
     def _see(self, run_id: str) -> None:
         """Strike off the rows W&B's file now holds; open the run again if W&B stopped writing it."""
@@ -469,3 +496,22 @@ class WandbSink(Sink):
         run.define_metric("*", step_metric=STEP)
         self._runs[run_id] = run
         return run
+
+
+def _wandb_media(body: dict[str, Any], path: Path) -> Any:
+    """The W&B media object of a Media event whose bytes are in ``path``."""
+    import html
+
+    import wandb
+
+    caption = body.get("caption")
+    kind = body["kind"]
+    if kind == "image":
+        return wandb.Image(str(path), caption=caption)
+    if kind == "video":
+        return wandb.Video(str(path), caption=caption, format="gif")
+    if kind == "audio":
+        return wandb.Audio(str(path), caption=caption)
+    text = html.escape(path.read_text("utf-8", "replace"))
+    head = f"<p>{html.escape(caption)}</p>" if caption else ""
+    return wandb.Html(f"{head}<pre style='white-space: pre-wrap'>{text}</pre>")

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from metricbus.schemas import MetricbusError, printable, strict_json
+from metricbus.schemas import MediaStore, MetricbusError, printable, strict_json
 
 from ._common import (
     _find,
@@ -48,7 +48,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 0
     if not args.out:
         raise MetricbusError(f"--to {args.to} needs --out DIR (a fresh directory)")
-    read, written = replay_to_sink(settings, runs, make_sink(args.to, Path(args.out)), source=args.source)
+    sink = make_sink(args.to, Path(args.out), media=MediaStore.of(settings))
+    read, written = replay_to_sink(settings, runs, sink, source=args.source)
     held = read - written
     print(
         f"replayed {read} events (logged and derived) of {len(runs)} run(s) into {args.to} at {args.out}"

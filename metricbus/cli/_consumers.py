@@ -10,7 +10,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from metricbus.schemas import MetricbusError
+from metricbus.schemas import MediaStore, MetricbusError
 
 from ._common import (
     _settings,
@@ -31,6 +31,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
         include=tuple(args.include or ()),
         exclude=tuple(args.exclude or ()),
         layout=Path(args.layout) if args.layout else None,
+        media=MediaStore.of(settings),
     )
     if args.alerts and args.sink != "wandb":
         raise MetricbusError("--alerts is the W&B sink's: it raises each alert on the run it holds open")

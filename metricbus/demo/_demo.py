@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from metricbus.schemas import DERIVED_PRODUCER, Settings
+from metricbus.schemas import DERIVED_PRODUCER, MediaStore, Settings
 from metricbus.stack import Stack, port_free
 
 
@@ -136,7 +136,7 @@ def _tensorboard(settings: Settings, run_id: str, timeout: float = 30.0) -> None
 
     live_root = settings.data_dir / "tensorboard"
     replay_root = settings.data_dir / "tensorboard-replay" / run_id
-    replay_to_sink(settings, [run_id], make_sink("tensorboard", replay_root))
+    replay_to_sink(settings, [run_id], make_sink("tensorboard", replay_root, media=MediaStore.of(settings)))
     replayed = scalars(replay_root)
     deadline = time.monotonic() + timeout
     live = scalars(live_root)

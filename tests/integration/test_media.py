@@ -1,0 +1,151 @@
+"""Media logged in a training loop reach every sink by reference, read back with each sink's users' tools.
+
+One run logs scalars, an image, a video, an audio clip and a text sample through the real broker;
+the archive, TensorBoard and W&B sinks run as `metricbus sink` processes. TensorBoard's own
+EventAccumulator decodes the pixels and samples, W&B's offline run file names the media files it
+copied, the archive holds Media rows whose reference the store answers, and a replay into a new
+TensorBoard directory gives what live gave.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import time
+import wave
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from metricbus.producers import Run
+from metricbus.schemas import MEDIA, MediaStore
+from metricbus.sinks import read_events, read_table
+
+from .conftest import cli
+
+pytestmark = pytest.mark.integration
+
+RNG = np.random.default_rng(7)
+PICTURE = RNG.integers(0, 256, size=(64, 48, 3), dtype=np.uint8)
+FRAMES = RNG.integers(0, 256, size=(6, 16, 16, 3), dtype=np.uint8)
+TONE = np.sin(np.linspace(0, 200 * np.pi, 1600))  # 0.1 s at 16 kHz
+TEXT = "The answer is <b>42</b>\nsecond line, unicode: é"
+
+
+def start_sink(settings, kind, logdir, env):
+    out = open(settings.data_dir / f"{kind}.log", "ab")
+    args = ["sink", kind, "--flush-interval", "0.3", "--logdir", str(logdir)]
+    return subprocess.Popen(cli(settings, *args), stdout=out, stderr=subprocess.STDOUT, env=env), out
+
+
+def tb_media(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"images": 0, "audio": 0, "tensors": 0, "scalars": 0})
+    acc.Reload()
+    return acc
+
+
+def test_media_reach_every_sink_and_a_replay(settings, tmp_path):
+    pytest.importorskip("wandb", reason="wandb is an optional extra; `make test` installs it")
+    from tests.wandb_reader import read_run, run_file
+
+    env = {**os.environ, **settings.to_env(), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    live, wb_root = tmp_path / "tb", tmp_path / "wandb"
+    procs = [
+        start_sink(settings, "parquet", settings.archive_dir, env),
+        start_sink(settings, "tensorboard", live, env),
+        start_sink(settings, "wandb", wb_root, env),
+    ]
+    try:
+        run = Run("vision", name="media", settings=settings, system_metrics=False)
+        for step in range(10):
+            run.log({"loss": 1.0 / (step + 1)}, step=step)
+        run.log_image("samples/grid", PICTURE, step=3, caption="first batch")
+        run.log_video("episode/video", FRAMES, fps=10, step=5)
+        run.log_audio("speech", TONE, rate=16000, step=7)
+        run.log_text("completion", TEXT, step=9)
+        run.log_image("samples/grid", PICTURE[::-1], step=8)
+        assert run.finish(timeout=30)
+        assert run.stats()["media_logged"] == 5
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            kinds = read_table(settings.archive_dir, run.run_id, columns=["kind"])["kind"].to_pylist()
+            dirs = list(live.glob(f"vision/media-{run.run_id}"))
+            acc = tb_media(dirs[0]) if dirs else None
+            if kinds.count(MEDIA) == 5 and acc is not None and len(acc.Tags()["images"]) == 2:
+                if len(acc.Images("samples/grid")) == 2 and acc.Tags()["audio"]:
+                    break
+            time.sleep(0.5)
+    finally:
+        for proc, out in procs:
+            proc.terminate()
+            proc.wait(30)
+            out.close()
+
+    # the archive: one Media row per item, with the reference the store answers
+    store = MediaStore.of(settings)
+    media = [e for e in read_events(settings.archive_dir, run.run_id) if e.kind == MEDIA]
+    assert [(e.body["name"], e.body["step"], e.body["kind"]) for e in media] == [
+        ("samples/grid", 3, "image"),
+        ("episode/video", 5, "video"),
+        ("speech", 7, "audio"),
+        ("completion", 9, "text"),
+        ("samples/grid", 8, "image"),
+    ]
+    image = media[0].body
+    assert image["caption"] == "first batch" and (image["width"], image["height"]) == (48, 64)
+    png = store.get(image["ref"], image["size"])
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(png))), PICTURE)
+    assert store.get(media[3].body["ref"]).decode() == TEXT
+
+    # TensorBoard: its own reader decodes what was logged, at the logged step
+    acc = tb_media(next(live.glob(f"vision/media-{run.run_id}")))
+    images = acc.Images("samples/grid")
+    assert [i.step for i in images] == [3, 8]
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(images[0].encoded_image_string))), PICTURE)
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(images[1].encoded_image_string))), PICTURE[::-1])
+    (video,) = acc.Images("episode/video")
+    gif = Image.open(io.BytesIO(video.encoded_image_string))
+    assert video.step == 5 and gif.n_frames == 6 and gif.size == (16, 16)
+    gif.seek(2)
+    frame = np.asarray(gif.convert("RGB"), dtype=int)
+    assert np.abs(frame - FRAMES[2]).mean() < 40  # a GIF has 256 colours a frame: close, not equal
+    (clip,) = acc.Audio("speech")
+    assert clip.step == 7 and clip.sample_rate == 16000
+    with wave.open(io.BytesIO(clip.encoded_audio_string)) as w:
+        samples = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2") / 32767
+    assert np.abs(samples - TONE).max() < 1e-3
+    (text,) = acc.Tensors("completion")
+    assert text.step == 9 and text.tensor_proto.string_val[0].decode() == TEXT
+
+    # W&B: its offline run file has the media rows, and the run folder the files W&B copied
+    wb = read_run(wb_root, run.run_id)
+    rows = {r["metricbus/step"]: r for r in wb["history"] if any(k in r for k in ("samples/grid", "speech"))}
+    rows.update({r["metricbus/step"]: r for r in wb["history"] if "episode/video" in r or "completion" in r})
+    assert rows[3]["samples/grid"]["_type"] == "image-file" and rows[3]["samples/grid"]["caption"] == "first batch"
+    assert rows[5]["episode/video"]["_type"] == "video-file"
+    assert rows[7]["speech"]["_type"] == "audio-file"
+    assert rows[9]["completion"]["_type"] == "html-file"
+    files = run_file(wb_root, run.run_id).parent / "files"
+    copied = files / rows[3]["samples/grid"]["path"]
+    assert np.array_equal(np.asarray(Image.open(copied)), PICTURE)
+    assert "42" in (files / rows[9]["completion"]["path"]).read_text()
+
+    # a replay into a new TensorBoard directory gives what live gave
+    out = tmp_path / "replayed"
+    done = subprocess.run(
+        cli(settings, "replay", "--run", run.run_id, "--to", "tensorboard", "--out", str(out)),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    again = tb_media(next(out.glob(f"vision/media-{run.run_id}")))
+    assert [(i.step, i.encoded_image_string) for i in again.Images("samples/grid")] == [
+        (i.step, i.encoded_image_string) for i in images
+    ]
+    assert again.Audio("speech")[0].encoded_audio_string == clip.encoded_audio_string
