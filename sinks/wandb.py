@@ -327,7 +327,12 @@ class WandbSink(Sink):
         elif e.kind == TABLE and self._wanted(body["name"]):
             row = {wandb_key(body["name"]): wandb.Table(columns=body["columns"], data=body["rows"])}
         elif e.kind == MEDIA and self._wanted(body["name"]):
-            row = {wandb_key(body["name"]): _wandb_media(body, self._staged(body))}
+            staged = self._staged(body)
+            try:
+                media = _wandb_media(body, staged)
+            except Exception as exc:  # noqa: BLE001 - W&B reads the file (PIL, wave): bytes unlike their type
+                raise ValueError(f"W&B cannot read this {body['kind']}: {type(exc).__name__}: {exc}") from exc
+            row = {wandb_key(body["name"]): media}
         elif e.kind == CONFIG_UPDATE:
             changes = config_object(body["config_json"])
             self._run(e.run_id).config.update(changes, allow_val_change=True)

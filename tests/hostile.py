@@ -18,13 +18,17 @@ from metricbus.schemas import (
     CONFIG_UPDATE,
     HEARTBEAT,
     HISTOGRAM,
+    MEDIA,
+    MEDIA_TYPES,
     METRICS,
     RUN_FINISHED,
     RUN_STARTED,
     TABLE,
     Codec,
+    digest_of,
     encode_aggregates,
     encode_events,
+    ref_of,
 )
 
 LONG = 2**63 - 1
@@ -62,6 +66,24 @@ CONFIGS = [
     "1e999",
     '{"a": ' + "[" * 50_000 + "]" * 50_000 + "}",
 ]
+
+
+def _media_blobs() -> dict[str, tuple[str, bytes]]:
+    import numpy as np
+
+    from metricbus.producers._media import encode_audio, encode_image, encode_text, encode_video
+
+    made = [
+        encode_image(np.zeros((2, 3, 3), np.uint8), "x")[0],
+        encode_video(np.zeros((2, 2, 2, 3), np.uint8), 4, "x")[0],
+        encode_audio(np.zeros(8), 8000, "x")[0],
+        encode_text("a <b>text</b>\x00")[0],
+    ]
+    return {kind: (kind, data) for kind, data in zip(MEDIA_TYPES, made, strict=True)}
+
+
+#: real bytes of each media kind: a test puts them in the store its sinks read
+MEDIA_BLOBS = _media_blobs()
 
 
 class Hostile:
@@ -141,13 +163,43 @@ class Hostile:
                     for _ in range(r.randint(0, 3))
                 ],
             }
+        if kind == MEDIA:  # whole, or one field unlike its bytes (kind, type, size, reference, ...)
+            media_kind, data = r.choice(list(MEDIA_BLOBS.values()))
+            digest = digest_of(data)
+            body = {
+                "step": self.long(),
+                "name": self.name(),
+                "rank": r.choice([0, -1]),
+                "kind": media_kind,
+                "media_type": MEDIA_TYPES[media_kind],
+                "size": len(data),
+                "digest": digest,
+                "ref": ref_of(digest),
+                "caption": r.choice([None, self.text()]),
+                "width": r.choice([2, 0, -1, 2**31 - 1]),
+                "height": r.choice([3, 0, -1, 2**31 - 1]),
+                "frames": self.long(),
+                "rate": self.value(),
+                "channels": r.choice([3, 1, 0, -1, 2**31 - 1]),
+            }
+            if r.random() < 0.5:
+                field, value = r.choice(
+                    [
+                        ("kind", r.choice([*MEDIA_TYPES, "html", ""])),
+                        ("media_type", r.choice(["text/html", "", "image/png"])),
+                        ("size", r.choice([0, -1, LONG])),
+                        ("ref", r.choice(["../../etc/passwd", "sha256/../../x", "", ref_of("f" * 64)])),
+                    ]
+                )
+                body[field] = value
+            return body
         assert kind == CONFIG_UPDATE
         return {"config_json": r.choice(CONFIGS), "step": r.choice([None, self.long()])}
 
     def event_records(self, codec: Codec, n: int) -> Iterator[bytes]:
         """``n`` EventBatch records of two runs and two producers, seqs mostly rising."""
         r = self.rng
-        kinds = [METRICS] * 6 + [HISTOGRAM, RUN_STARTED, RUN_FINISHED, HEARTBEAT, TABLE, CONFIG_UPDATE]
+        kinds = [METRICS] * 6 + [HISTOGRAM, RUN_STARTED, RUN_FINISHED, HEARTBEAT, TABLE, CONFIG_UPDATE, MEDIA]
         next_seq: dict[tuple[str, str], int] = {}
         for i in range(n):
             run, producer = r.choice(["r1", "r2"]), r.choice(["p1", "p2"])

@@ -28,9 +28,11 @@ from metricbus.diagnostics._report import build, read_run
 from metricbus.ops._board import RunBoard
 from metricbus.schemas import (
     HISTOGRAM,
+    MEDIA,
     METRICS,
     RUN_STARTED,
     TABLE,
+    MediaStore,
     SchemaError,
     Settings,
     decode_aggregates,
@@ -46,7 +48,7 @@ from metricbus.sinks.alerts import AlertRunner, ConsoleAlerts, WandbAlerts, Webh
 from metricbus.sinks.wandb import WandbSink, wandb_key
 from metricbus.stream_jobs import DEFAULT_RULES, StreamProcessor, load_rules
 from metricbus.stream_jobs._checkpoint import snapshot
-from tests.hostile import Hostile
+from tests.hostile import MEDIA_BLOBS, Hostile
 from tests.wandb_reader import read_run as read_wandb_run
 from tests.wandb_reader import records as wandb_records
 from tests.wandb_reader import run_files
@@ -86,7 +88,10 @@ SINKS = ("parquet", "tensorboard", "wandb")
 def _feed(seed, root):
     """Every sink kind opened on ``root`` takes seed's records; (events each took, refused)."""
     hostile = Hostile(seed)
-    feeders = {kind: Feeder(make_sink(kind, root / kind)) for kind in SINKS}
+    store = MediaStore(root / "media")
+    for _, data in MEDIA_BLOBS.values():
+        store.put(data)
+    feeders = {kind: Feeder(make_sink(kind, root / kind, media=store)) for kind in SINKS}
     for feeder in feeders.values():
         feeder.sink.open()
     took = {kind: [] for kind in SINKS}
@@ -128,7 +133,7 @@ def test_the_sinks_take_or_refuse_every_record_flush_and_read_back(seed, tmp_pat
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     took, refused = _feed(seed, tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(SINKS)  # nothing beside
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*SINKS, "media"])  # nothing beside
     assert refused["tensorboard"] and refused["wandb"]  # histograms without bins, configs no object
     for run in ("r1", "r2"):
         chunks = list(iter_events(tmp_path / "parquet", run, derived=True))
@@ -148,6 +153,7 @@ def test_the_sinks_take_or_refuse_every_record_flush_and_read_back(seed, tmp_pat
         if id(e) not in not_taken and e.seq >= 0 and _makes_a_row(e)
     }
     assert expected and sorted(rows) == sorted(expected)  # no row missing, none extra
+    assert any(e.kind == MEDIA for e in expected.values())  # media whose bytes are whole made rows
     assert all(len(found) == 1 for found in rows.values())  # none twice
     for key, e in expected.items():
         (row,) = rows[key]
@@ -172,7 +178,7 @@ def _makes_a_row(e):
     if e.kind == METRICS:
         samples = e.body["samples"].values()
         return bool(e.body["scalars"]) or any(math.isfinite(v) for values in samples for v in values)
-    return e.kind in (HISTOGRAM, TABLE)
+    return e.kind in (HISTOGRAM, TABLE, MEDIA)
 
 
 def _wandb_rows(root):

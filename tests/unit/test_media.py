@@ -1,0 +1,127 @@
+"""The media store (content-addressed, bounded, verified) and the producer's media thread."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from metricbus.producers import Run
+from metricbus.producers._media import MediaWriter
+from metricbus.producers._spool import Spool
+from metricbus.schemas import (
+    MEDIA,
+    MediaMissing,
+    MediaRefused,
+    MediaStore,
+    Settings,
+    decode_events,
+    default_codec,
+    digest_of,
+    ref_of,
+)
+
+
+def test_the_store_keeps_bytes_by_content_and_gives_them_back_verified(tmp_path):
+    store = MediaStore(tmp_path / "media")
+    digest = store.put(b"picture")
+    assert digest == digest_of(b"picture") and store.put(b"picture") == digest  # kept once
+    assert store.get(ref_of(digest), size=7) == b"picture"
+    assert list(store.digests()) == [digest] and store.used_bytes() == 7
+    store.path(digest).write_bytes(b"pictura")  # corrupted on disk
+    with pytest.raises(MediaMissing, match="does not match its digest"):
+        store.get(ref_of(digest))
+    with pytest.raises(MediaMissing, match="not in the store"):
+        store.get(ref_of("0" * 64))
+    assert store.remove(digest) == 7 and store.used_bytes() == 0
+
+
+@pytest.mark.parametrize("ref", ["../../etc/passwd", "sha256/../../../etc/passwd", "sha256/" + "A" * 64, "", "md5/x"])
+def test_a_reference_from_a_topic_is_never_a_path(tmp_path, ref):
+    (tmp_path / "secret").write_bytes(b"x")
+    with pytest.raises(MediaMissing, match="is not sha256/<64 hex digits>"):
+        MediaStore(tmp_path / "media").get(ref)
+
+
+def test_the_store_refuses_past_its_bounds_and_says_which(tmp_path):
+    store = MediaStore(tmp_path / "media", max_bytes=10, max_item_bytes=8)
+    with pytest.raises(MediaRefused, match="9 bytes is over the 8-byte limit of one item"):
+        store.put(b"123456789")
+    store.put(b"12345678")
+    with pytest.raises(MediaRefused, match="holds 8 bytes, its limit is 10: raise METRICBUS_MEDIA_MAX_MB"):
+        store.put(b"abc")
+    assert MediaStore(tmp_path / "media").used_bytes() == 8  # counted from the disk by a new process
+
+
+def _offline(tmp_path, **kw) -> Run:
+    return Run("p", settings=Settings(data_dir=tmp_path, offline=True, **kw), system_metrics=False)
+
+
+def _media_events(run: Run) -> list:
+    """The Media events an offline run kept in its spool, as `metricbus sync` would send them."""
+    codec = default_codec()
+    records = [r for r, _ in Spool(run.spool_path).read_unsent(10_000, start=0)]
+    return [e for r in records for e in decode_events(codec, r) if e.kind == MEDIA]
+
+
+def test_arrays_of_every_layout_become_the_image_that_was_meant(tmp_path):
+    run = _offline(tmp_path)
+    rgb = np.random.default_rng(1).integers(0, 256, size=(5, 7, 3), dtype=np.uint8)
+    run.log_image("hwc", rgb, step=1)
+    run.log_image("chw floats", np.moveaxis(rgb, -1, 0) / 255.0, step=2)
+    run.log_image("grey", rgb[:, :, 0], step=3)
+    run.log_image("file", _png_file(tmp_path, rgb), step=4)
+    run.finish()
+    store = MediaStore.of(run.settings)
+    got = {e.body["name"]: np.asarray(Image.open(io.BytesIO(store.get(e.body["ref"])))) for e in _media_events(run)}
+    assert np.array_equal(got["hwc"], rgb) and np.array_equal(got["file"], rgb)
+    assert np.abs(got["chw floats"].astype(int) - rgb).max() <= 1
+    assert np.array_equal(got["grey"], rgb[:, :, 0])
+
+
+def _png_file(tmp_path, rgb):
+    path = tmp_path / "in.png"
+    Image.fromarray(rgb).save(path)
+    return path
+
+
+def test_a_bad_item_or_a_full_store_is_said_and_counted_and_scalars_go_on(tmp_path, caplog):
+    run = _offline(tmp_path, media_max_mb=0.001)  # about 1 kB
+    run.log_image("bad", np.zeros(5), step=0)  # no image: said once, never raised
+    run.log_image("big", np.random.default_rng(2).integers(0, 256, size=(64, 64, 3), dtype=np.uint8))
+    run.log_text("small", "fits", step=0)
+    run.log({"loss": 1.0}, step=0)
+    run.finish()
+    stats = run.stats()
+    assert stats["skipped_calls"] == 1 and stats["media_refused"] == 1 and stats["media_logged"] == 1
+    assert [e.body["name"] for e in _media_events(run)] == ["small"]
+    said = caplog.text
+    assert "an image is HxW, HxWxC or CxHxW (got shape (5,))" in said
+    assert "its limit is 1,048" in said and "METRICBUS_MEDIA_MAX_MB" in said
+
+
+def test_the_media_thread_sheds_past_its_queue_and_counts(tmp_path):
+    release = threading.Event()
+
+    class SlowStore(MediaStore):
+        def put(self, data):
+            release.wait(10)
+            return super().put(data)
+
+    emitted = []
+    writer = MediaWriter(SlowStore(tmp_path), emitted.append, lambda what, exc: None, max_items=1)
+    fields = {"step": 0, "name": "t", "rank": 0, "kind": "text", "caption": None}
+    writer.submit(fields, "first", 5)
+    deadline = time.monotonic() + 10
+    while not writer._busy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    writer.submit(fields, "second", 6)  # waits in the queue
+    writer.submit(fields, "third", 5)  # the queue is full: shed
+    release.set()
+    assert writer.drain(10)
+    assert writer.dropped == 1 and writer.logged == 2
+    assert [e["size"] for e in emitted] == [5, 6]
