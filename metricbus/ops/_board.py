@@ -25,6 +25,7 @@ from metricbus.schemas import (
     DERIVED_PRODUCER,
     HEARTBEAT,
     LOSS_ALIASES,
+    MEDIA,
     METRICS,
     REWARD_ALIASES,
     RUN_FINISHED,
@@ -32,6 +33,8 @@ from metricbus.schemas import (
     MetricbusError,
     SchemaError,
     Settings,
+    checked_digest,
+    checked_media_type,
     config_object,
     decode_aggregates,
     decode_alert,
@@ -53,6 +56,8 @@ MAX_SUMMARY = 64  #: numbers of a run's own summary kept
 MAX_SERIES = 400
 MAX_CONFIG_BYTES = 64 * 1024
 MAX_RANKS = 4096  #: ranks listed per run (a hostile stream may name 2**31)
+MAX_MEDIA_NAMES = 32  #: media names kept per run ...
+MAX_MEDIA_ITEMS = 100  #: ... and items per name, the latest steps
 
 
 @dataclasses.dataclass
@@ -84,6 +89,9 @@ class RunView:
     finished_by: set[str] = dataclasses.field(default_factory=set)
     #: the run's own summary (``finish(summary=...)``): its numbers, bounded
     final: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    #: per media name its items (by step, the latest kept): step, kind, digest, caption, size
+    media: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    media_count: int = 0  #: media items folded so far (the page redraws its media when it moves)
 
     def state(self, now_ms: int) -> str:
         if self.finished is not None:
@@ -142,6 +150,8 @@ class RunView:
             "epochs": [{"epoch": e, **vals} for e, vals in sorted(self.epochs.items())],
             "alerts": sorted(self.alerts.values(), key=lambda a: a["ts_ms"]),
             "summary": self.final,
+            "media": {name: list(items) for name, items in sorted(self.media.items())},
+            "media_count": self.media_count,
         }
 
 
@@ -278,6 +288,34 @@ class RunBoard:
             self._final(view, body.get("summary"))
         elif kind == HEARTBEAT:
             pass  # counted above: a heartbeat says the run is alive
+        elif kind == MEDIA:
+            self._media(view, body)
+
+    @staticmethod
+    def _media(view: RunView, body: dict[str, Any]) -> None:
+        """Fold a Media event: its reference and what the page shows of it (bounded, checked)."""
+        try:
+            checked_media_type(body)
+            digest = checked_digest(body["ref"])
+        except (ValueError, MetricbusError):
+            return  # the sinks dead-letter it; the page has nothing to show
+        name = str(body["name"])[:200]
+        items = view.media.get(name)
+        if items is None:
+            if len(view.media) >= MAX_MEDIA_NAMES:
+                return
+            items = view.media[name] = []
+        item = {
+            "step": body["step"],
+            "kind": body["kind"],
+            "digest": digest,
+            "caption": None if body.get("caption") is None else str(body["caption"])[:500],
+            "size": body["size"],
+        }
+        items.append(item)
+        items.sort(key=lambda i: i["step"])
+        del items[:-MAX_MEDIA_ITEMS]
+        view.media_count += 1
 
     @staticmethod
     def _final(view: RunView, summary: Any) -> None:

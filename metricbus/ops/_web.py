@@ -35,7 +35,16 @@ from metricbus.ops._status import (
     sink_failures,
     spools,
 )
-from metricbus.schemas import MetricbusError, Settings, check_run_id, strict_json
+from metricbus.schemas import (
+    MEDIA_TYPES,
+    MediaMissing,
+    MediaStore,
+    MetricbusError,
+    Settings,
+    check_run_id,
+    ref_of,
+    strict_json,
+)
 
 log = logging.getLogger("metricbus.dashboard")
 
@@ -201,6 +210,7 @@ def build_app(
         async def events() -> Any:
             version, sent = -1, 0.0
             since: dict[str, int] = {}
+            media_sent = -1  # the run's media index goes out again only when it changed
             tensorboard: list[str] = []
             looked = -TB_LOOK_S
             while not await request.is_disconnected():
@@ -216,6 +226,9 @@ def build_app(
                             if points:
                                 since[name] = points[-1][0]
                         detail["series"] = {n: p for n, p in detail["series"].items() if p}
+                        if detail["media_count"] == media_sent:
+                            del detail["media"]
+                        media_sent = detail["media_count"]
                         sent = time.monotonic()
                         yield _sse("run", detail)
                 elif time.monotonic() - sent > KEEPALIVE_S:
@@ -309,6 +322,26 @@ def build_app(
         chart = grouped_chart(settings.archive_dir, archive.run_rows(), runs, metric, keys, band, baseline)
         return _strict(chart)
 
+    media_store = MediaStore.of(settings)
+
+    def media(request: Request) -> Response:
+        """A media item's bytes by digest, verified, as one of the four types metricbus writes.
+
+        Content-addressed, so cached for good; ``nosniff`` and a sandbox keep bytes from a topic
+        from ever running as a page of the dashboard's origin.
+        """
+        kind = request.query_params.get("kind", "")
+        try:
+            data = media_store.get(ref_of(request.path_params["digest"]))
+        except MediaMissing as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+        headers = {
+            "Cache-Control": "public, max-age=31536000, immutable",
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "sandbox; default-src 'none'",
+        }
+        return Response(data, media_type=MEDIA_TYPES.get(kind, "application/octet-stream"), headers=headers)
+
     def metrics(request: Request) -> Response:
         body, content_type = render_metrics(board, pipeline)
         return Response(body, media_type=content_type)
@@ -345,6 +378,7 @@ def build_app(
         Route("/api/runs/{run_id:str}", api_run),
         Route("/api/runs/{run_id:str}/stream", run_stream),
         Route("/api/runs/{run_id:str}/health", api_health),
+        Route("/api/media/{digest:str}", media),
         Route("/metrics", metrics),
         Route("/healthz", healthz),
         Route("/readyz", readyz),

@@ -23,7 +23,7 @@ from metricbus.producers import Run
 from metricbus.schemas import MEDIA, MediaStore
 from metricbus.sinks import read_events, read_table
 
-from .conftest import cli
+from .conftest import CHROMIUM, cli, get
 
 pytestmark = pytest.mark.integration
 
@@ -149,3 +149,56 @@ def test_media_reach_every_sink_and_a_replay(settings, tmp_path):
         (i.step, i.encoded_image_string) for i in images
     ]
     assert again.Audio("speech")[0].encoded_audio_string == clip.encoded_audio_string
+
+
+COLOURS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30), (30, 200, 200)]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: `make test` installs it")
+def test_the_run_page_shows_the_image_at_the_step_the_slider_chooses(settings, dashboard, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    run = Run("vision", name="slider", settings=settings, system_metrics=False)
+    for step, colour in enumerate(COLOURS):
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
+        run.log_image("samples/prediction", np.full((24, 32, 3), colour, np.uint8), step=step, caption=f"batch {step}")
+    run.log_text("completion", "<script>alert(1)</script> is text here", step=2)
+    assert run.flush(20)
+    status, body = get(f"{dashboard}/api/media/{'0' * 64}?kind=image")
+    assert status == 404 and b"not in the store" in body
+    status, _ = get(f"{dashboard}/api/media/..%2F..%2Fetc%2Fpasswd")
+    assert status == 404
+
+    def shown_colour(page):  # the pixel the browser decoded from the <img> it shows
+        return tuple(
+            page.locator("[data-media='samples/prediction'] img").evaluate(
+                """img => { const c = document.createElement('canvas'); c.width = img.naturalWidth; c.height = img.naturalHeight;
+                   const g = c.getContext('2d'); g.drawImage(img, 0, 0); return Array.from(g.getImageData(5, 5, 1, 1).data.slice(0, 3)); }"""
+            )
+        )
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 900})
+            page.goto(f"{dashboard}/runs/{run.run_id}")
+            panel = page.locator("[data-media='samples/prediction']")
+            expect(panel.locator(".media-at")).to_have_text("4 (5 of 5)", timeout=20_000)
+            page.wait_for_function("() => document.querySelector(\"[data-media='samples/prediction'] img\")?.complete")
+            assert shown_colour(page) == COLOURS[4]  # the latest step first
+            expect(panel.locator(".media-caption")).to_have_text("batch 4")
+            panel.locator("input[type=range]").fill("1")  # the user picks step 1
+            expect(panel.locator(".media-at")).to_have_text("1 (2 of 5)")
+            page.wait_for_function("() => document.querySelector(\"[data-media='samples/prediction'] img\")?.complete")
+            assert shown_colour(page) == COLOURS[1]
+            text = page.locator("[data-media='completion'] pre")
+            expect(text).to_have_text("<script>alert(1)</script> is text here")  # shown as text, never run
+            page.locator("#media").screenshot(path=str(tmp_path / "media.png"))
+
+            run.log_image("samples/prediction", np.zeros((24, 32, 3), np.uint8), step=9)  # while the page is open
+            assert run.flush(20)
+            expect(panel.locator(".media-at")).to_have_text("1 (2 of 6)", timeout=20_000)  # the user's step stays
+            assert shown_colour(page) == COLOURS[1]
+        finally:
+            browser.close()
+    run.finish()

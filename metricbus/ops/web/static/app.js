@@ -248,9 +248,11 @@ function runView(runId) {
   const summary = el("div", { id: "summary" }, el("p", { class: "muted" }, "loading…"));
   const config = el("pre", { id: "config" }, "loading…");
   const health = el("div", { id: "health" });
+  const media = el("div", { id: "media" }, el("p", { class: "muted", id: "media-none" }, "no media logged (run.log_image, log_video, log_audio, log_text)"));
+  const mediaShown = {}; // name -> its panel, kept across updates (the slider where the user left it)
   // on top: health and what fires now; then the reward and loss charts (the first section)
   const top = el("div", { class: "top" }, el("div", {}, el("h3", {}, "Health"), health), el("div", {}, el("h3", {}, "Firing alerts"), firing));
-  main.replaceChildren(head, facts, links, top, el("h3", {}, "Series"), el("p", {}, filter, " x axis ", axis), grid, el("h3", {}, "Summary"), summary, el("h3", {}, "All alerts"), alerts, el("h3", {}, "Epochs"), epochs, el("h3", {}, "Config"), config);
+  main.replaceChildren(head, facts, links, top, el("h3", {}, "Series"), el("p", {}, filter, " x axis ", axis), grid, el("h3", {}, "Media"), media, el("h3", {}, "Summary"), summary, el("h3", {}, "All alerts"), alerts, el("h3", {}, "Epochs"), epochs, el("h3", {}, "Config"), config);
   showHealth(runId, health);
   setInterval(() => showHealth(runId, health), 15000);
   const shown = (c) => !c.single && !(filterText && !c.name.toLowerCase().includes(filterText));
@@ -326,7 +328,48 @@ function runView(runId) {
     const cols = [...new Set(run.epochs.flatMap((e) => Object.keys(e).filter((k) => k !== "epoch")))].sort();
     epochs.replaceChildren(run.epochs.length ? table(["epoch", ...cols], run.epochs.map((e) => [e.epoch, ...cols.map((k) => el("td", { class: "num" }, fmt(e[k])))]), "epochs-table") : el("p", { class: "muted" }, "no epochs yet"));
     config.textContent = JSON.stringify(run.config, null, 2);
+    if (run.media && Object.keys(run.media).length) showMedia(media, mediaShown, run.media);
   });
+}
+
+// a panel per media name: the item at the chosen step (a slider over the steps that have one)
+function showMedia(box, shown, media) {
+  box.classList.add("media-grid");
+  for (const [name, items] of Object.entries(media)) {
+    let p = shown[name];
+    if (!p) {
+      const slider = el("input", { type: "range", min: "0", step: "1", class: "media-step", "aria-label": `${name}: step` });
+      p = shown[name] = { slider, label: el("span", { class: "muted media-at" }), view: el("div", { class: "media-view" }), caption: el("p", { class: "muted media-caption" }), items: [], at: -1 };
+      p.box = el("div", { class: "media-panel", "data-media": name }, el("h4", {}, name), p.view, p.caption, el("p", {}, "step ", slider, " ", p.label));
+      slider.addEventListener("input", () => drawMediaItem(p, Number(slider.value)));
+      box.append(p.box);
+    }
+    const following = p.at < 0 || p.at === p.items.length - 1; // at the latest: stay there
+    const current = p.items[p.at];
+    p.items = items;
+    p.slider.max = String(items.length - 1);
+    const at = following ? items.length - 1 : Math.max(0, items.findIndex((i) => current && i.digest === current.digest && i.step === current.step));
+    p.slider.value = String(at);
+    drawMediaItem(p, at);
+  }
+  box.querySelector("#media-none")?.remove();
+}
+
+function drawMediaItem(p, at) {
+  const item = p.items[at];
+  if (!item) return;
+  p.label.textContent = `${item.step} (${at + 1} of ${p.items.length})`;
+  p.caption.textContent = item.caption || "";
+  if (p.at === at && p.shownDigest === item.digest) return;
+  p.at = at;
+  p.shownDigest = item.digest;
+  const src = `/api/media/${item.digest}?kind=${item.kind}`;
+  if (item.kind === "audio") p.view.replaceChildren(el("audio", { controls: "", src }));
+  else if (item.kind === "text") {
+    const pre = el("pre", { class: "media-text" }, "loading…");
+    p.view.replaceChildren(pre);
+    fetch(src).then((r) => (r.ok ? r.text() : `not in the media store (${r.status})`)).then((t) => { pre.textContent = t; });
+  } else p.view.replaceChildren(el("img", { src, alt: `${p.box.dataset.media} at step ${item.step}` }));
 }
 
 // the run's health from the archive (metricbus health), refreshed every 15 s
