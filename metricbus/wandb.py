@@ -1,7 +1,8 @@
 """``import metricbus.wandb as wandb``: the wandb calls training scripts use, publishing to metricbus.
 
 ``init``, ``log`` (``step``, ``commit``), ``config`` (``update``, attributes), ``summary``,
-``define_metric``, ``Histogram``, ``Table``, ``finish``, and ``run``. See
+``define_metric``, ``Histogram``, ``Table``, ``Image``, ``Video``, ``Audio``, ``Html``, ``finish``,
+and ``run``. See
 :mod:`producers._wandb_api` for the step rules and what is said once and not carried.
 """
 
@@ -10,9 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from metricbus.producers import WandbAudio as Audio
 from metricbus.producers import WandbHistogram as Histogram
+from metricbus.producers import WandbHtml as Html
+from metricbus.producers import WandbImage as Image
 from metricbus.producers import WandbRun, wandb_init
 from metricbus.producers import WandbTable as Table
+from metricbus.producers import WandbVideo as Video
 
 run: WandbRun | None = None
 
@@ -69,8 +74,12 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Audio",
     "Histogram",
+    "Html",
+    "Image",
     "Table",
+    "Video",
     "WandbRun",
     "alert",
     "define_metric",

@@ -11,8 +11,12 @@ from ._sync import SyncReport, sync_spools
 from ._system import SystemSampler, sample_system
 from ._transport import KafkaTransport, Transport, TransportError
 from ._values import ValueGate
+from ._wandb_api import Audio as WandbAudio
 from ._wandb_api import Histogram as WandbHistogram
+from ._wandb_api import Html as WandbHtml
+from ._wandb_api import Image as WandbImage
 from ._wandb_api import Table as WandbTable
+from ._wandb_api import Video as WandbVideo
 from ._wandb_api import WandbRun
 from ._wandb_api import init as wandb_init
 
@@ -30,7 +34,11 @@ __all__ = [
     "TransportError",
     "SummaryWriter",
     "ValueGate",
+    "WandbAudio",
     "WandbHistogram",
+    "WandbHtml",
+    "WandbImage",
+    "WandbVideo",
     "WandbRun",
     "WandbTable",
     "wandb_init",

@@ -2,11 +2,12 @@
 
     from metricbus.tensorboard import SummaryWriter   # was: from torch.utils.tensorboard import ...
 
-Scalars, scalar groups, histograms, text and hparams become metricbus events; the TensorBoard
-sink (and every other sink) shows them. What metricbus does not carry yet (images, figures,
-audio, video, graphs, embeddings, PR curves, meshes) is said once per kind and counted in
-``writer.unsupported``, never silently dropped. ``walltime`` is accepted; the event keeps the
-time of the call (said once when a caller passes one).
+Scalars, scalar groups, histograms, text and hparams become metricbus events, and images
+(one, or a batch as TensorBoard's grid), figures, videos and audio metricbus media (the bytes
+in the media store, the event by reference); the TensorBoard sink (and every other sink) shows
+them. What metricbus does not carry yet (graphs, embeddings, PR curves, meshes, boxes) is said
+once per kind and counted in ``writer.unsupported``, never silently dropped. ``walltime`` is
+accepted; the event keeps the time of the call (said once when a caller passes one).
 
 The run starts at the first call: project from ``project=`` or ``$METRICBUS_PROJECT`` (else
 "tensorboard"), name from the ``log_dir``'s last part (torch's default ``runs/<date>_<host>``
@@ -31,12 +32,7 @@ from ._run import Run
 log = logging.getLogger("metricbus")
 
 UNSUPPORTED = (
-    "add_image",
-    "add_images",
     "add_image_with_boxes",
-    "add_figure",
-    "add_video",
-    "add_audio",
     "add_graph",
     "add_embedding",
     "add_pr_curve",
@@ -157,6 +153,91 @@ class SummaryWriter:
         self._walltime(walltime)
         self.run.log_table(tag, ["text"], [[str(text_string)]], step=global_step)
 
+    def add_image(
+        self,
+        tag: str,
+        img_tensor: Any,
+        global_step: int | None = None,
+        walltime: float | None = None,
+        dataformats: str = "CHW",
+    ) -> None:
+        """An image (TensorBoard's layouts: CHW by default, HWC, HW)."""
+        self._walltime(walltime)
+        try:
+            image = _layout(img_tensor, dataformats, "HWC")
+        except ValueError as exc:
+            self._skip("add_image", f"{tag!r}: {exc}")
+            return
+        self.run.log_image(tag, image, step=global_step)
+
+    def add_images(
+        self,
+        tag: str,
+        img_tensor: Any,
+        global_step: int | None = None,
+        walltime: float | None = None,
+        dataformats: str = "NCHW",
+    ) -> None:
+        """A batch of images, as one grid of up to 8 a row (as TensorBoard shows it)."""
+        self._walltime(walltime)
+        try:
+            image = _grid(_layout(img_tensor, dataformats, "NHWC"))
+        except ValueError as exc:
+            self._skip("add_images", f"{tag!r}: {exc}")
+            return
+        self.run.log_image(tag, image, step=global_step)
+
+    def add_figure(
+        self,
+        tag: str,
+        figure: Any,
+        global_step: int | None = None,
+        close: bool = True,
+        walltime: float | None = None,
+    ) -> None:
+        """A matplotlib figure (or a list of them, one image each under ``tag/<i>``), closed after."""
+        self._walltime(walltime)
+        figures = figure if isinstance(figure, list) else [figure]
+        for i, fig in enumerate(figures):
+            self.run.log_image(tag if len(figures) == 1 else f"{tag}/{i}", fig, step=global_step)
+            if close:
+                try:
+                    import matplotlib.pyplot as plt
+
+                    plt.close(fig)
+                except Exception:  # noqa: BLE001, S110 - closing is a courtesy; never a fault here
+                    pass
+
+    def add_video(
+        self,
+        tag: str,
+        vid_tensor: Any,
+        global_step: int | None = None,
+        fps: float = 4,
+        walltime: float | None = None,
+    ) -> None:
+        """A batch of videos NxTxCxHxW (TensorBoard's layout), each frame the batch's grid."""
+        self._walltime(walltime)
+        try:
+            videos = _layout(vid_tensor, "NTCHW", "NTHWC")
+            frames = _np().stack([_grid(videos[:, t]) for t in range(videos.shape[1])])
+        except ValueError as exc:
+            self._skip("add_video", f"{tag!r}: {exc}")
+            return
+        self.run.log_video(tag, frames, fps=fps, step=global_step)
+
+    def add_audio(
+        self,
+        tag: str,
+        snd_tensor: Any,
+        global_step: int | None = None,
+        sample_rate: int = 44100,
+        walltime: float | None = None,
+    ) -> None:
+        """A clip (1xL or L floats in [-1, 1], as TensorBoard takes it)."""
+        self._walltime(walltime)
+        self.run.log_audio(tag, snd_tensor, rate=sample_rate, step=global_step)
+
     def add_hparams(
         self,
         hparam_dict: Mapping[str, Any],
@@ -217,3 +298,40 @@ class SummaryWriter:
 
             return unsupported
         raise AttributeError(name)
+
+
+def _np() -> Any:
+    import numpy as np
+
+    return np
+
+
+def _layout(data: Any, given: str, wanted: str) -> Any:
+    """``data`` (an array or tensor laid out as ``given``, e.g. "CHW") as ``wanted`` (a view)."""
+    np = _np()
+    if hasattr(data, "detach"):
+        data = data.detach().cpu().numpy()
+    arr = np.asarray(data)
+    given = given.upper()
+    if arr.ndim != len(given) or sorted(set(given)) != sorted(given):
+        raise ValueError(f"an array of shape {arr.shape} is not laid out as {given!r}")
+    if "C" not in given:  # grey: a channel of one
+        arr, given = arr[..., None], given + "C"
+    if "N" in wanted and "N" not in given:
+        arr, given = arr[None], "N" + given
+    return arr.transpose([given.index(axis) for axis in wanted])
+
+
+def _grid(batch: Any, per_row: int = 8) -> Any:
+    """NxHxWxC images as one HxWxC image, ``per_row`` a row (TensorBoard's make_grid)."""
+    np = _np()
+    n, h, w, c = batch.shape
+    if n == 1:
+        return batch[0]
+    cols = min(per_row, n)
+    rows = -(-n // cols)
+    grid = np.zeros((rows * h, cols * w, c), dtype=batch.dtype)
+    for i in range(n):
+        r, k = divmod(i, cols)
+        grid[r * h : (r + 1) * h, k * w : (k + 1) * w] = batch[i]
+    return grid

@@ -10,10 +10,11 @@
 Steps follow wandb's rules: each committed ``log`` is one step; ``step=`` sets it (a lower one
 than the current is refused once, as wandb does); ``commit=False`` accumulates keys into the
 current step until a committed ``log`` or a higher ``step``. ``Histogram`` and ``Table`` become
-metricbus histograms and tables. ``config`` changes after ``init`` are config updates of the
-run (every sink merges them into its config). What metricbus does not
-carry (images, audio, video, artifacts, ``watch``, ``alert``) is said once per kind and counted
-in ``run.unsupported``. Nothing raises into the training loop.
+metricbus histograms and tables; ``Image``, ``Video``, ``Audio`` and ``Html`` (kept as text)
+metricbus media, a list of them one item each under ``<key>/<i>``. ``config`` changes after
+``init`` are config updates of the run (every sink merges them into its config). What metricbus
+does not carry (artifacts, ``watch``, ``alert``) is said once per kind and counted in
+``run.unsupported``. Nothing raises into the training loop.
 """
 
 from __future__ import annotations
@@ -48,6 +49,39 @@ class Table:
 
     def add_data(self, *row: Any) -> None:
         self.data.append(list(row))
+
+
+class _Media:
+    """What ``wandb.Image`` / ``Video`` / ``Audio`` / ``Html`` hold until ``log`` hands it to the run."""
+
+    kind = "image"
+
+    def __init__(self, data_or_path: Any, caption: str | None = None, **kwargs: Any) -> None:
+        self.data = data_or_path
+        self.caption = caption
+        self.options = kwargs
+
+
+class Image(_Media):
+    """``wandb.Image(array | PIL image | figure | path, caption=...)``."""
+
+
+class Video(_Media):
+    """``wandb.Video(frames TxCxHxW | path to a GIF, fps=4, caption=...)``."""
+
+    kind = "video"
+
+
+class Audio(_Media):
+    """``wandb.Audio(samples | path to a WAV, sample_rate=..., caption=...)``."""
+
+    kind = "audio"
+
+
+class Html(_Media):
+    """``wandb.Html(source)``: kept as text (its source shown, never run)."""
+
+    kind = "text"
 
 
 class Config(dict):  # type: ignore[type-arg]
@@ -141,6 +175,11 @@ class WandbRun:
                 self._run.log_histogram(key, value.sequence, bins=value.num_bins, step=self.step)
         elif isinstance(value, Table):
             self._run.log_table(key, value.columns, value.data, step=self.step)
+        elif isinstance(value, _Media):
+            self._media(key, value)
+        elif isinstance(value, list | tuple) and value and all(isinstance(v, _Media) for v in value):
+            for i, item in enumerate(value):  # W&B's gallery: an item each
+                self._media(f"{key}/{i}", item)
         elif (
             isinstance(value, bool | numbers.Number)
             or hasattr(value, "item")
@@ -154,6 +193,19 @@ class WandbRun:
             kind = type(value).__name__
             self.unsupported[kind] = self.unsupported.get(kind, 0) + 1
             self._say(kind, f"{kind} values (key {key!r}) are not carried by metricbus yet; skipped")
+
+    def _media(self, key: str, item: _Media) -> None:
+        run, step, caption = self._run, self.step, item.caption
+        if isinstance(item, Video):
+            run.log_video(key, item.data, fps=item.options.get("fps") or 4, step=step, caption=caption)
+        elif isinstance(item, Audio):
+            rate = item.options.get("sample_rate") or 44100
+            run.log_audio(key, item.data, rate=rate, step=step, caption=caption)
+        elif isinstance(item, Html):
+            data = item.data.read() if hasattr(item.data, "read") else item.data
+            run.log_text(key, str(data), step=step, caption=caption)
+        else:
+            run.log_image(key, item.data, step=step, caption=caption)
 
     def _commit(self) -> None:
         if self._pending:

@@ -17,6 +17,11 @@ Epoch/* series and the default reward rules work on SB3 runs: the episode return
 reward in the alias catalog, ``train/loss`` its loss. A dump's ``train/*`` keys are those of the
 update after the previous rollout, as in SB3's own outputs. Off-policy algorithms (SAC, DQN, ...)
 log no epoch.
+
+Media: SB3's ``Video``, ``Figure`` and ``Image`` logger values become metricbus media at the
+dump's step, and when the model's env is wrapped in a ``VecVideoRecorder`` each video it records
+is published too (``rollout/video``, as an animated GIF every sink shows; the recorder still
+writes its MP4 file), so an RL run's episode videos sit beside its curves.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ import numbers
 from typing import Any
 
 from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.logger import KVWriter
+from stable_baselines3.common.logger import Figure, Image, KVWriter, Video
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+from stable_baselines3.common.vec_env import VecEnvWrapper, VecVideoRecorder
 
 from ._epochs import rollout_epoch
 from ._run import Run
@@ -47,6 +53,16 @@ class MetricbusOutputFormat(KVWriter):
             excluded = key_excluded.get(key) or ()
             if excluded and "metricbus" in excluded:
                 continue
+            if isinstance(value, Video):
+                self.run.log_video(key, value.frames, fps=value.fps, step=int(step))
+            elif isinstance(value, Figure):
+                self.run.log_image(key, value.figure, step=int(step))
+                if value.close:
+                    import matplotlib.pyplot as plt
+
+                    plt.close(value.figure)
+            elif isinstance(value, Image):
+                self.run.log_image(key, _hwc(value.image, value.dataformats), step=int(step))
             if hasattr(value, "item") and getattr(value, "size", 1) == 1:
                 value = value.item()
             if isinstance(value, numbers.Real) and not isinstance(value, bool):
@@ -56,6 +72,27 @@ class MetricbusOutputFormat(KVWriter):
 
     def close(self) -> None:
         """The run is the callback's (or yours) to finish."""
+
+
+def _hwc(image: Any, dataformats: str) -> Any:
+    """An SB3 Image's array as HxWxC (its ``dataformats``: "HWC", "CHW", "HW")."""
+    import numpy as np
+
+    if hasattr(image, "detach"):
+        image = image.detach().cpu().numpy()
+    arr = np.asarray(image)
+    if dataformats.upper() == "CHW" and arr.ndim == 3:
+        return arr.transpose(1, 2, 0)
+    return arr
+
+
+def _video_recorder(env: Any) -> VecVideoRecorder | None:
+    """The VecVideoRecorder among the wrappers of a model's env, if any."""
+    while env is not None:
+        if isinstance(env, VecVideoRecorder):
+            return env
+        env = env.venv if isinstance(env, VecEnvWrapper) else None
+    return None
 
 
 def _hyperparameters(model: Any) -> dict[str, Any]:
@@ -119,6 +156,24 @@ class MetricbusCallback(BaseCallback):
         formats = self.model.logger.output_formats
         if not any(isinstance(f, MetricbusOutputFormat) for f in formats):
             formats.append(MetricbusOutputFormat(self.run, self._rollout_size))
+        recorder = _video_recorder(self.model.get_env())
+        if recorder is not None and not getattr(recorder, "_metricbus", False):
+            self._publish_videos(recorder)
+
+    def _publish_videos(self, recorder: VecVideoRecorder) -> None:
+        """Publish each video the recorder finishes (its frames, before it writes its MP4)."""
+        save = recorder._stop_recording
+        recorder._metricbus = True  # type: ignore[attr-defined]
+
+        def stop_recording() -> None:
+            frames = recorder.recorded_frames
+            if frames and self.run is not None:
+                fps = float(recorder.frames_per_sec or 30)  # type: ignore[arg-type]
+                caption, step = getattr(recorder, "video_name", None), int(self.num_timesteps)
+                self.run.log_video("rollout/video", frames, fps=fps, step=step, caption=caption)
+            save()
+
+        recorder._stop_recording = stop_recording  # type: ignore[method-assign]
 
     def _on_step(self) -> bool:
         returns, lengths, successes = [], [], []

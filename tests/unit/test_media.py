@@ -125,3 +125,31 @@ def test_the_media_thread_sheds_past_its_queue_and_counts(tmp_path):
     assert writer.drain(10)
     assert writer.dropped == 1 and writer.logged == 2
     assert [e["size"] for e in emitted] == [5, 6]
+
+
+def test_the_wandb_drop_ins_media_objects_become_metricbus_media(tmp_path):
+    import metricbus.wandb as wandb
+
+    settings = Settings(data_dir=tmp_path, offline=True)
+    run = wandb.init(project="p", settings=settings, system_metrics=False)
+    rgb = np.random.default_rng(4).integers(0, 256, size=(6, 8, 3), dtype=np.uint8)
+    wandb.log(
+        {
+            "pred": wandb.Image(rgb, caption="a cat"),
+            "episode": wandb.Video(np.zeros((5, 3, 8, 8), np.uint8), fps=8),  # wandb's TxCxHxW
+            "speech": wandb.Audio(np.zeros(800), sample_rate=8000),
+            "page": wandb.Html("<b>bold</b>"),
+            "gallery": [wandb.Image(rgb), wandb.Image(rgb[::-1])],
+            "loss": 0.5,
+        }
+    )
+    wandb.finish()
+    media = {e.body["name"]: e.body for e in _media_events(run.metricbus_run)}
+    assert sorted(media) == ["episode", "gallery/0", "gallery/1", "page", "pred", "speech"]
+    assert all(b["step"] == 0 for b in media.values())
+    assert media["pred"]["caption"] == "a cat" and (media["pred"]["width"], media["pred"]["height"]) == (8, 6)
+    assert (media["episode"]["frames"], media["episode"]["rate"], media["episode"]["width"]) == (5, 8.0, 8)
+    assert (media["speech"]["rate"], media["speech"]["frames"]) == (8000.0, 800)
+    store = MediaStore.of(settings)
+    assert store.get(media["page"]["ref"]) == b"<b>bold</b>"  # kept as text, shown as text
+    assert run.unsupported == {}
