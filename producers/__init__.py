@@ -5,7 +5,7 @@
 
 from ._publisher import Publisher
 from ._run import SDK_VERSION, OfflineTransport, Run
-from ._spool import Spool, SpoolBusyError, pending_spools, spool_in_use, unsent_bytes
+from ._spool import Spool, SpoolBusyError, pending_spools, spool_in_use, spooled_records, unsent_bytes
 from ._summary_writer import SummaryWriter
 from ._sync import SyncReport, sync_spools
 from ._system import SystemSampler, sample_system
@@ -44,6 +44,7 @@ __all__ = [
     "wandb_init",
     "pending_spools",
     "spool_in_use",
+    "spooled_records",
     "unsent_bytes",
     "sample_system",
     "sync_spools",

@@ -190,6 +190,16 @@ def unsent_bytes(path: Path) -> int:
         return 0
 
 
+def spooled_records(path: Path) -> Iterator[bytes]:
+    """Every whole record of the spool at ``path``, sent or not (read-only: takes no lock)."""
+    try:
+        size = Path(path).stat().st_size
+    except OSError:
+        return
+    for record, _ in _frames(Path(path), 0, size):
+        yield record
+
+
 def spool_in_use(path: Path) -> bool:
     """Whether a live process owns the spool at ``path`` (it publishes it itself)."""
     try:

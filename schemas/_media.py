@@ -102,7 +102,7 @@ class MediaStore:
         if self.used_bytes() + size > self.max_bytes:
             raise MediaRefused(
                 f"the media store {self.root} holds {self._used:,} bytes, its limit is {self.max_bytes:,}: "
-                "raise METRICBUS_MEDIA_MAX_MB or run `metricbus media gc`"
+                "raise METRICBUS_MEDIA_MAX_MB or run `metricbus gc`"
             )
         atomic_write(path, data)
         self._used = (self._used or 0) + size

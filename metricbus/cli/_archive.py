@@ -92,6 +92,20 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 1 if report.spools_failed else 0
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    from metricbus._media_gc import collect
+
+    settings = _settings(args)
+    done = collect(settings, grace_s=args.grace_s, dry_run=args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    print(
+        f"media store {settings.media_dir}: {verb} {done.removed} item(s) no event references "
+        f"({done.freed_bytes:,} bytes); kept {done.kept} ({done.referenced} referenced by the archive "
+        f"and the spools, the rest younger than {args.grace_s:g} s)"
+    )
+    return 0
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     from metricbus._runs import run_rows
 

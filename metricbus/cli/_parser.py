@@ -10,6 +10,7 @@ from ._archive import (
     cmd_backtest,
     cmd_compare,
     cmd_export,
+    cmd_gc,
     cmd_health,
     cmd_replay,
     cmd_report,
@@ -192,6 +193,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = command("sync", help="publish what runs left in their local spools")
     s.set_defaults(func=cmd_sync)
+
+    s = command("gc", help="delete logged media (images, videos, audio, text) that no event references")
+    s.add_argument(
+        "--grace-s",
+        type=float,
+        default=3600.0,
+        help="keep unreferenced items younger than this, whose events may be on their way (default 3600)",
+    )
+    s.add_argument("--dry-run", action="store_true", help="say what would be deleted; delete nothing")
+    s.set_defaults(func=cmd_gc)
 
     s = command("runs", help="the archived runs: name, project, state, steps, events, last event, id")
     s.add_argument("--project", help="only this project's runs")

@@ -40,7 +40,9 @@ def test_the_store_keeps_bytes_by_content_and_gives_them_back_verified(tmp_path)
     assert store.remove(digest) == 7 and store.used_bytes() == 0
 
 
-@pytest.mark.parametrize("ref", ["../../etc/passwd", "sha256/../../../etc/passwd", "sha256/" + "A" * 64, "", "md5/x"])
+@pytest.mark.parametrize(
+    "ref", ["../../etc/passwd", "sha256/../../../etc/passwd", "sha256/" + "A" * 64, "", "md5/x"]
+)
 def test_a_reference_from_a_topic_is_never_a_path(tmp_path, ref):
     (tmp_path / "secret").write_bytes(b"x")
     with pytest.raises(MediaMissing, match="is not sha256/<64 hex digits>"):
@@ -77,7 +79,10 @@ def test_arrays_of_every_layout_become_the_image_that_was_meant(tmp_path):
     run.log_image("file", _png_file(tmp_path, rgb), step=4)
     run.finish()
     store = MediaStore.of(run.settings)
-    got = {e.body["name"]: np.asarray(Image.open(io.BytesIO(store.get(e.body["ref"])))) for e in _media_events(run)}
+    got = {
+        e.body["name"]: np.asarray(Image.open(io.BytesIO(store.get(e.body["ref"]))))
+        for e in _media_events(run)
+    }
     assert np.array_equal(got["hwc"], rgb) and np.array_equal(got["file"], rgb)
     assert np.abs(got["chw floats"].astype(int) - rgb).max() <= 1
     assert np.array_equal(got["grey"], rgb[:, :, 0])
@@ -153,3 +158,52 @@ def test_the_wandb_drop_ins_media_objects_become_metricbus_media(tmp_path):
     store = MediaStore.of(settings)
     assert store.get(media["page"]["ref"]) == b"<b>bold</b>"  # kept as text, shown as text
     assert run.unsupported == {}
+
+
+def test_gc_deletes_only_old_items_no_archived_or_spooled_event_names(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from metricbus.sinks.parquet import ParquetArchive
+
+    run = _offline(tmp_path)
+    run.log_text("spooled", "in the spool only", step=0)
+    run.log_text("archived", "in the archive", step=1)
+    run.finish()
+    events = _media_events(run)
+    archive = ParquetArchive(run.settings.archive_dir)
+    archive.open()
+    archive.write([e for e in decode_all(run) if e.kind != MEDIA or e.body["name"] == "archived"])
+    archive.flush()
+    store = MediaStore.of(run.settings)
+    orphan, young = store.put(b"nobody names me"), store.put(b"nor me, but I am new")
+    hour_ago = time.time() - 7200
+    for digest in [orphan, *(e.body["digest"] for e in events)]:
+        os.utime(store.path(digest), (hour_ago, hour_ago))
+
+    def gc(*args):
+        done = subprocess.run(
+            [sys.executable, "-m", "metricbus", "--data-dir", str(tmp_path), "gc", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "would delete 1 item(s)" in gc("--dry-run") and len(list(store.digests())) == 4
+    out = gc()
+    assert "deleted 1 item(s) no event references (15 bytes); kept 3 (2 referenced" in out
+    assert sorted(store.digests()) == sorted([young, *(e.body["digest"] for e in events)])
+    for spool in (run.settings.spool_dir).rglob("*.spool"):  # the spooled event sent and gone
+        spool.unlink()
+    assert "deleted 1 item(s)" in gc()  # the spooled-only item: no event names it any more
+    assert sorted(store.digests()) == sorted(
+        [young, next(e.body["digest"] for e in events if e.body["name"] == "archived")]
+    )
+
+
+def decode_all(run: Run) -> list:
+    codec = default_codec()
+    return [e for r, _ in Spool(run.spool_path).read_unsent(10_000, start=0) for e in decode_events(codec, r)]
