@@ -59,6 +59,7 @@ bench: $(STAMP)
 	$(PY) bench/stream_throughput.py
 	$(PY) bench/replay.py
 	$(PY) bench/sinks.py
+	$(PY) bench/media.py
 	$(PY) bench/report.py
 	$(PY) bench/ops_overhead.py
 
