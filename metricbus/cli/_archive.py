@@ -354,7 +354,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     run = read_run(
         archived(settings, run_id, derived=True), lambda logged: raising(logged, alerts, rules, config)
     )
-    page = build(run_id, run, others, alerts)
+    page = build(run_id, run, others, alerts, media=MediaStore.of(settings))
     out = Path(args.out) if args.out else settings.data_dir / "reports" / f"{check_run_id(run_id)}.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page)

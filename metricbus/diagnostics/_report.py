@@ -30,11 +30,15 @@ from metricbus.schemas import (
     CONFIG_UPDATE,
     DERIVED_PRODUCER,
     LOSS_ALIASES,
+    MEDIA,
     METRICS,
     REWARD_ALIASES,
     RUN_FINISHED,
     RUN_STARTED,
     Event,
+    MediaMissing,
+    MediaStore,
+    checked_media_type,
     describe_alert,
     run_config,
     strict_json,
@@ -42,6 +46,12 @@ from metricbus.schemas import (
 
 _LOSS_PARTS = ("policy", "value", "entropy", "kl", "clip")
 _MAX_CHARTS = 24
+#: media inlined into a report, at most: items a name (its first, last and evenly between) and
+#: bytes in all (a report is one file to mail or attach; the dashboard shows every item)
+MEDIA_PER_NAME = 4
+MEDIA_INLINE_BYTES = 4 * 2**20
+#: media items a report reads per name (the earliest steps first), and names
+_MEDIA_KEPT, _MEDIA_NAMES = 1000, 32
 EPISODE_REWARD = "episode/reward"  #: what run.log_episode logs per episode
 
 
@@ -69,6 +79,8 @@ class Reading:
     #: scalars (``run.log_episode``) count as samples of that name
     samples: dict[str, dict[int, list[float]]] = dataclasses.field(default_factory=dict)
     first_ms: int | None = None  #: the earliest event's time
+    #: per media name its Media events' bodies (bounded: ``_MEDIA_NAMES`` names, ``_MEDIA_KEPT`` each)
+    media: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
     @property
     def logged(self) -> Series:
@@ -101,6 +113,12 @@ class Reading:
                         self.started = e.body
                 elif e.kind == RUN_FINISHED:
                     self.finished.append(e.body["status"])
+                elif e.kind == MEDIA:
+                    items = self.media.get(e.body["name"])
+                    if items is None and len(self.media) < _MEDIA_NAMES:
+                        items = self.media[e.body["name"]] = []
+                    if items is not None and len(items) < _MEDIA_KEPT:
+                        items.append(e.body)
                 if e.producer_id != DERIVED_PRODUCER:
                     yield e
 
@@ -180,8 +198,12 @@ def build(
     run: Reading,
     others: Mapping[str, Reading] | None = None,
     alerts: Sequence[Mapping[str, Any]] = (),
+    media: MediaStore | None = None,
 ) -> str:
-    """The report's HTML (a string, self-contained). ``alerts``: what the rules raised on the run."""
+    """The report's HTML (a string, self-contained). ``alerts``: what the rules raised on the run.
+
+    ``media``: the store the run's media are read from, a few of each name inlined (bounded).
+    """
     others = others or {}
     logged, derived = run.logged, run.derived
     started, finished = run.started or {}, run.finished
@@ -336,6 +358,8 @@ def build(
         "<option value='wall'>wall clock (UTC)</option>"
         "</select></label></p>",
         "<div id='charts'></div>",
+        "<h2>Media</h2>",
+        _media_section(run.media, media),
         "<h2>Epochs</h2>",
         _epoch_table(epochs) if epochs else "<p class='muted'>no Epoch/* series (log with epoch=)</p>",
         "<h2>Gradient norm, early / middle / late</h2>",
@@ -467,6 +491,51 @@ def _score_rows(result: Any) -> list[list[Any]]:
     return rows
 
 
+def _media_section(items: Mapping[str, list[dict[str, Any]]], store: MediaStore | None) -> str:
+    """A few items of each media name inlined (data: URIs), within MEDIA_INLINE_BYTES in all."""
+    import base64
+
+    if not items:
+        return "<p class='muted'>no media logged (run.log_image, log_video, log_audio, log_text)</p>"
+    if store is None:
+        return "<p class='muted'>media logged, but no media store to read them from</p>"
+    budget, out = MEDIA_INLINE_BYTES, []
+    for name, bodies in sorted(items.items()):
+        bodies = sorted(bodies, key=lambda b: b["step"])
+        n = len(bodies)
+        k = min(n, MEDIA_PER_NAME)
+        picks = sorted({round(i * (n - 1) / max(1, k - 1)) for i in range(k)})  # first to last
+        cells = []
+        for body in (bodies[i] for i in picks):
+            try:
+                checked_media_type(body)
+                data = store.get(body["ref"], body["size"]) if body["size"] <= budget else None
+            except (MediaMissing, ValueError) as exc:
+                cells.append(f"<figure><p class='muted'>{html.escape(str(exc))}</p></figure>")
+                continue
+            caption = f"step {body['step']}" + (f": {body['caption']}" if body.get("caption") else "")
+            if data is None:
+                shown = "<p class='muted'>not inlined: the report's media budget is spent</p>"
+            elif body["kind"] == "text":
+                text = data.decode("utf-8", "replace")
+                shown = f"<pre>{html.escape(text[:4000])}{'…' if len(text) > 4000 else ''}</pre>"
+            else:
+                uri = f"data:{body['media_type']};base64,{base64.b64encode(data).decode()}"
+                tag = "audio controls" if body["kind"] == "audio" else f"img alt='{html.escape(name)}'"
+                shown = f"<{tag} src='{uri}'>" + ("</audio>" if body["kind"] == "audio" else "")
+            if data is not None:
+                budget -= len(data)
+            cells.append(f"<figure>{shown}<figcaption>{html.escape(caption)}</figcaption></figure>")
+        shown_of = f"{n} logged" + (f", these {len(picks)}" if n > len(picks) else "")
+        out.append(
+            f"<div class='media' data-media='{html.escape(name)}'><h3>{html.escape(name)} "
+            f"<span class='muted'>({shown_of})</span></h3>"
+            + "".join(cells)
+            + "</div>"
+        )
+    return "\n".join(out)
+
+
 def _asset(name: str) -> str:
     return resources.files("metricbus.ops").joinpath(f"web/static/vendor/uplot/{name}").read_text()
 
@@ -529,6 +598,11 @@ th { background: #f2f4f7; text-align: left; } td { font-variant-numeric: tabular
 .charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 12px; }
 .chart { border: 1px solid #d8dce3; border-radius: 6px; padding: 6px; }
 .chart h3 { font-size: 13px; margin: 2px 4px 6px; }
+.media { margin: 8px 0 14px; } .media h3 { font-size: 13px; margin: 4px 0; }
+.media figure { display: inline-block; vertical-align: top; margin: 0 12px 8px 0; max-width: 360px; }
+.media img { max-width: 360px; max-height: 260px; min-width: 96px; image-rendering: pixelated; }
+.media pre { max-height: 260px; overflow: auto; white-space: pre-wrap; background: #f7f8fa; padding: 6px; }
+.media figcaption { color: #68707d; font-size: 12px; }
 .chart.wide { margin: 10px 0; }
 .legend { display: flex; gap: 14px; justify-content: center; font-size: 12px; margin: 4px 0; }
 .legend i { display: inline-block; width: 14px; height: 3px; margin-right: 5px; vertical-align: middle; }

@@ -514,7 +514,7 @@ def _report(settings: Settings, run_id: str, rules: RuleFiles) -> str:
     alerts: list[dict[str, Any]] = []
     events = archived(settings, run_id, derived=True)
     run = read_run(events, lambda logged: raising(logged, alerts, rules.rules, rules.config))
-    return str(build(run_id, run, {}, alerts))
+    return str(build(run_id, run, {}, alerts, media=MediaStore.of(settings)))
 
 
 def _overview(

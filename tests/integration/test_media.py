@@ -9,6 +9,7 @@ TensorBoard directory gives what live gave.
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -155,6 +156,23 @@ def test_media_reach_every_sink_and_a_replay(settings, tmp_path):
         (i.step, i.encoded_image_string) for i in images
     ]
     assert again.Audio("speech")[0].encoded_audio_string == clip.encoded_audio_string
+
+    # the report inlines them: the first image's PNG as a data URI, the text escaped
+    page = tmp_path / "report.html"
+    done = subprocess.run(
+        cli(settings, "report", run.run_id, "--out", str(page)),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    assert "data:image/png;base64," + base64.b64encode(png).decode() in text
+    assert "data:image/gif;base64," in text and "data:audio/wav;base64," in text
+    assert "The answer is &lt;b&gt;42&lt;/b&gt;" in text and "<b>42</b>" not in text
+    assert "samples/grid <span class='muted'>(2 logged)</span>" in text  # both its images
+    assert text.count("data:image/png;base64,") == 2
 
 
 COLOURS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30), (30, 200, 200)]
