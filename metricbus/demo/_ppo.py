@@ -198,6 +198,9 @@ def train(run: Run, cfg: PPOConfig) -> dict[str, float]:
         run.log(metrics, step=update, epoch=update // cfg.updates_per_epoch)
         if update % 5 == 0:
             run.log_histogram("Train/Advantages", b_adv.numpy(), bins=32, step=update)
+        last = update == cfg.updates - 1
+        if obs_dim == 4 and (update % cfg.updates_per_epoch == 0 or last):  # CartPole: its policy, drawn
+            run.log_image("policy/push_right", _policy_map(actor, torch, np), step=update, caption=POLICY_MAP)
 
     envs.close()
     tail = np.asarray(all_returns[-20:] or [0.0])
@@ -207,3 +210,17 @@ def train(run: Run, cfg: PPOConfig) -> dict[str, float]:
         [["episode/reward (last 20)", tail.mean(), tail.std(), tail.min(), tail.max(), len(tail)]],
     )
     return {"final/episode_reward_mean": float(tail.mean()), "final/episodes": float(len(all_returns))}
+
+
+POLICY_MAP = "P(push right): pole angle -12..12 degrees left to right, angular velocity -2..2 rad/s down"
+
+
+def _policy_map(actor: Any, torch: Any, np: Any) -> Any:
+    """CartPole's policy over pole angle x angular velocity (cart at rest): blue left, red right."""
+    angle, velocity = np.meshgrid(np.linspace(-0.21, 0.21, 64), np.linspace(-2.0, 2.0, 64))
+    states = np.stack([np.zeros_like(angle), np.zeros_like(angle), angle, velocity], axis=-1)
+    with torch.no_grad():
+        logits = actor(torch.as_tensor(states.reshape(-1, 4), dtype=torch.float32))
+        right = torch.softmax(logits, dim=-1)[:, 1].numpy().reshape(64, 64)
+    return np.stack([right * 255, np.full_like(right, 60), (1 - right) * 255], axis=-1).astype(np.uint8)
+

@@ -142,6 +142,23 @@ def test_demo_trains_and_reads_every_event_back_from_the_archive(tmp_path):
         assert metric in out, metric
     # every CartPole episode with its outcome, and the stream's per-termination series
     assert "episodes by how they ended" in out and "pole_fell" in out
+    # the policy drawn at the first and last update: in the archive (all of which the demo waited
+    # for), its bytes in the media store, and the first in TensorBoard (the last may not have been
+    # read by the live sink before the demo stopped its stack)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from metricbus.schemas import MEDIA, MediaStore, Settings
+    from metricbus.sinks import read_events
+
+    settings = Settings(data_dir=tmp_path)
+    (run_dir,) = (tmp_path / "tensorboard" / "demo-cartpole").iterdir()
+    run_id = (run_dir / ".metricbus-run").read_text()  # the TensorBoard sink's owner file
+    media = [e.body for e in read_events(settings.archive_dir, run_id) if e.kind == MEDIA]
+    assert [(b["name"], b["step"]) for b in media] == [("policy/push_right", 0), ("policy/push_right", 2)]
+    assert all(MediaStore.of(settings).get(b["ref"], b["size"]) for b in media)
+    acc = EventAccumulator(str(run_dir), size_guidance={"images": 0})
+    acc.Reload()
+    assert acc.Images("policy/push_right")[0].step == 0
 
 
 def test_up_restarts_a_killed_broker_says_so_and_the_archive_loses_nothing(tmp_path):
