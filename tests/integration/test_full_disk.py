@@ -9,6 +9,7 @@ import os
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
 from metricbus.producers import Run
@@ -195,3 +196,31 @@ def test_a_producer_whose_spool_disk_fills_mid_run_loses_nothing_and_says_so_unt
     assert run._publisher.lost_events == 0
     assert "held in memory" in caplog.text and "has room again" in caplog.text
     assert "corrupt or torn" not in caplog.text
+
+
+def test_a_full_media_store_disk_refuses_media_and_scalars_go_on(settings, sink, small_disk, caplog):
+    """The data directory (spool and media store) on a 4 MB tmpfs that fills: the image logged
+    meanwhile is refused, counted and said (no torn item left in the store), the scalars are held
+    and sent once there is room, and an image logged then is kept."""
+    producing = dataclasses.replace(settings, data_dir=small_disk)
+    sink(flush_interval=0.2)
+    run = Run("media-full", settings=producing, system_metrics=False)
+    picture = np.random.default_rng(5).integers(0, 256, size=(256, 256, 3), dtype=np.uint8)  # ~200 KB as PNG
+    run.log({"Train/Loss": 1.0}, step=0)
+    assert run.flush(timeout=30)
+    filler = fill(small_disk, leave=64 * 1024)  # room for the spool's next records, not the image
+    run.log_image("samples/full", picture, step=1)
+    for step in range(1, 200):
+        run.log({"Train/Loss": 1 / (step + 1)}, step=step)
+    run._media.drain(30)
+    assert run.stats()["media_refused"] == 1
+    assert not [p for p in (small_disk / "media").rglob("*") if p.is_file()]  # nothing torn left
+    filler.unlink()
+    run.log_image("samples/full", picture[::-1], step=200)
+    assert run.finish(timeout=30)
+    assert run.stats()["media_logged"] == 1
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(archived_steps(settings, run.run_id)) < 200:
+        time.sleep(0.5)
+    assert archived_steps(settings, run.run_id) == list(range(200))  # every scalar, once
+    assert "not kept" in caplog.text and "No space left on device" in caplog.text
