@@ -52,6 +52,7 @@ class Spool:
         self._cursor = self._read_cursor()
         self._size = self._file.seek(0, os.SEEK_END)
         self._dirty = False
+        self._cursor_unsaved = False  # the last commit's cursor is not on disk (it was full)
 
     @property
     def closed(self) -> bool:
@@ -117,7 +118,18 @@ class Spool:
             self._file.seek(0)
             self._size = self._cursor = 0
             self._dirty = False
-        _write_atomic(self._cursor_path, str(self._cursor).encode())
+        try:
+            _write_atomic(self._cursor_path, str(self._cursor).encode())
+            self._cursor_unsaved = False
+        except OSError as exc:  # a full disk: the sends go on; saved at a later commit
+            if not self._cursor_unsaved:
+                log.warning(
+                    "%s: cannot save the spool's cursor (%s); sending goes on, and a restart before "
+                    "it is saved sends again what was acknowledged (consumers drop the repeats)",
+                    self._cursor_path,
+                    exc,
+                )
+            self._cursor_unsaved = True
 
     def close(self) -> None:
         """fsync, release the lock, and delete the files if nothing is left to send."""
@@ -172,9 +184,13 @@ def _frames(path: Path, start: int, end: int) -> Iterator[tuple[bytes, int]]:
 
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def unsent_bytes(path: Path) -> int:

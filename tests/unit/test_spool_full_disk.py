@@ -87,3 +87,23 @@ def test_finish_says_false_while_the_disk_still_refuses(settings, caplog):
     assert run.finish(timeout=1) is False
     assert time.monotonic() - started < 5
     assert "could not be written to the spool" in caplog.text
+
+
+def test_a_cursor_the_full_disk_refuses_is_kept_in_memory_and_saved_later(small_disk, caplog):
+    """The sender's commit on a real full tmpfs: before, the cursor's write raised into the sender
+    thread, which died (nothing more was sent for the rest of the run); now sending goes on, it is
+    said once, no temporary is left, and the cursor is saved once there is room."""
+    from tests.conftest import fill
+
+    spool = Spool(small_disk / "s.spool")
+    spool.append([b"a" * 100, b"b" * 100])
+    first = spool.read_unsent(1)[0][1]
+    filler = fill(small_disk)
+    spool.commit(first)  # refused on disk: no exception
+    assert [r for r, _ in spool.read_unsent(10)] == [b"b" * 100]  # the cursor moved in memory
+    assert "cannot save the spool's cursor" in caplog.text
+    assert not list(small_disk.glob("*.tmp"))
+    filler.unlink()
+    spool.commit(first)
+    assert (small_disk / "s.cursor").read_text() == str(first)
+    spool.close()
