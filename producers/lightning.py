@@ -8,6 +8,9 @@ Metrics arrive at Lightning's ``step`` (its ``epoch`` key becomes the events' ep
 ``save_hyperparameters()`` become the run's config: Lightning creates the experiment before it
 logs them, so they arrive as a config update right after the run's start (every sink merges it
 into the run's config). Only the global-zero process logs, as Lightning's own loggers do.
+Media: ``log_image``, ``log_video``, ``log_audio`` and ``log_text`` take the arguments of
+Lightning's ``WandbLogger`` (a key, a list, ``step=``, ``caption=``); several items of one key are
+``<key>/<i>``.
 """
 
 from __future__ import annotations
@@ -84,6 +87,35 @@ class MetricbusLogger(Logger):
                 data[key] = number
         if data:
             self.experiment.log(data, step=step, epoch=epoch)
+
+    @rank_zero_only
+    def log_image(self, key: str, images: list[Any], step: int | None = None, **kwargs: Any) -> None:
+        """Images (arrays, tensors, PIL images, figures or paths) at ``step``; ``caption=[...]``."""
+        self._media(self.experiment.log_image, key, images, step, kwargs)
+
+    @rank_zero_only
+    def log_video(self, key: str, videos: list[Any], step: int | None = None, **kwargs: Any) -> None:
+        """Videos (TxHxWxC or TxCxHxW frames, or GIF paths); ``fps=[...]``, ``caption=[...]``."""
+        self._media(self.experiment.log_video, key, videos, step, kwargs)
+
+    @rank_zero_only
+    def log_audio(self, key: str, audios: list[Any], step: int | None = None, **kwargs: Any) -> None:
+        """Clips (samples or WAV paths); ``sample_rate=[...]``, ``caption=[...]``."""
+        options = {("rate" if k == "sample_rate" else k): v for k, v in kwargs.items()}
+        self._media(self.experiment.log_audio, key, audios, step, options)
+
+    @rank_zero_only
+    def log_text(self, key: str, texts: list[str] | str, step: int | None = None, **kwargs: Any) -> None:
+        """Text samples (a sampled completion, a prompt)."""
+        self._media(self.experiment.log_text, key, texts, step, kwargs)
+
+    @staticmethod
+    def _media(log: Any, key: str, items: Any, step: int | None, options: Mapping[str, Any]) -> None:
+        items = items if isinstance(items, list) else [items]
+        for i, item in enumerate(items):
+            # per-item options are lists (WandbLogger's); one value goes to every item
+            kwargs = {k: v[i] if isinstance(v, list) else v for k, v in options.items()}
+            log(key if len(items) == 1 else f"{key}/{i}", item, step=step, **kwargs)
 
     @rank_zero_only
     def finalize(self, status: str) -> None:

@@ -198,8 +198,8 @@ def train(run: Run, cfg: PPOConfig) -> dict[str, float]:
         run.log(metrics, step=update, epoch=update // cfg.updates_per_epoch)
         if update % 5 == 0:
             run.log_histogram("Train/Advantages", b_adv.numpy(), bins=32, step=update)
-        last = update == cfg.updates - 1
-        if obs_dim == 4 and (update % cfg.updates_per_epoch == 0 or last):  # CartPole: its policy, drawn
+        final = update == cfg.updates - 1
+        if obs_dim == 4 and (update % cfg.updates_per_epoch == 0 or final):  # CartPole: its policy, drawn
             run.log_image("policy/push_right", _policy_map(actor, torch, np), step=update, caption=POLICY_MAP)
 
     envs.close()

@@ -207,3 +207,21 @@ def test_gc_deletes_only_old_items_no_archived_or_spooled_event_names(tmp_path):
 def decode_all(run: Run) -> list:
     codec = default_codec()
     return [e for r, _ in Spool(run.spool_path).read_unsent(10_000, start=0) for e in decode_events(codec, r)]
+
+
+def test_the_lightning_logger_takes_wandb_loggers_media_calls(tmp_path):
+    pytest.importorskip("lightning", reason="Lightning is an optional extra; `make test` installs it")
+    from metricbus.lightning import MetricbusLogger
+
+    logger = MetricbusLogger(
+        project="p", settings=Settings(data_dir=tmp_path, offline=True), system_metrics=False
+    )
+    rgb = np.zeros((4, 4, 3), np.uint8)
+    logger.log_image("samples", [rgb, rgb + 9], step=3, caption=["first", "second"])
+    logger.log_audio("clip", [np.zeros(100)], step=3, sample_rate=[8000])
+    logger.log_text("completion", "hello", step=4)
+    logger.finalize("success")
+    got = {e.body["name"]: e.body for e in _media_events(logger.experiment)}
+    assert sorted(got) == ["clip", "completion", "samples/0", "samples/1"]
+    assert got["samples/1"]["caption"] == "second" and got["samples/0"]["step"] == 3
+    assert got["clip"]["rate"] == 8000.0 and got["completion"]["step"] == 4
