@@ -28,6 +28,7 @@ from metricbus.schemas import MEDIA, MediaStore
 from metricbus.sinks import read_events, read_table
 
 from .conftest import CHROMIUM, cli, get
+from .test_tensorboard_replay import start_sink
 
 pytestmark = pytest.mark.integration
 
@@ -36,12 +37,6 @@ PICTURE = RNG.integers(0, 256, size=(64, 48, 3), dtype=np.uint8)
 FRAMES = RNG.integers(0, 256, size=(6, 16, 16, 3), dtype=np.uint8)
 TONE = np.sin(np.linspace(0, 200 * np.pi, 1600))  # 0.1 s at 16 kHz
 TEXT = "The answer is <b>42</b>\nsecond line, unicode: é"
-
-
-def start_sink(settings, kind, logdir, env):
-    out = open(settings.data_dir / f"{kind}.log", "ab")
-    args = ["sink", kind, "--flush-interval", "0.3", "--logdir", str(logdir)]
-    return subprocess.Popen(cli(settings, *args), stdout=out, stderr=subprocess.STDOUT, env=env), out
 
 
 def tb_media(run_dir):

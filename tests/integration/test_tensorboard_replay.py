@@ -19,12 +19,12 @@ def scalars(run_dir):
     return {t: [(s.step, s.value, s.wall_time) for s in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
 
 
-def start_sink(settings, kind, logdir=None):
+def start_sink(settings, kind, logdir=None, env=None):
+    """`metricbus sink KIND` as a child process (its log beside the data); (process, log file)."""
     args = ["sink", kind, "--flush-interval", "0.3"] + (["--logdir", str(logdir)] if logdir else [])
     out = open(settings.data_dir / f"{kind}.log", "ab")
-    return subprocess.Popen(
-        cli(settings, *args), stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **settings.to_env()}
-    ), out
+    env = env or {**os.environ, **settings.to_env()}
+    return subprocess.Popen(cli(settings, *args), stdout=out, stderr=subprocess.STDOUT, env=env), out
 
 
 def test_live_tensorboard_equals_archive_and_a_replay_gives_identical_scalars(settings, tmp_path):
