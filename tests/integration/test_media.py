@@ -152,6 +152,28 @@ def test_media_reach_every_sink_and_a_replay(settings, tmp_path):
     ]
     assert again.Audio("speech")[0].encoded_audio_string == clip.encoded_audio_string
 
+    # a replay into a new W&B directory: the same media rows, the same files (W&B's own digests)
+    replayed = tmp_path / "wandb-replayed"
+    done = subprocess.run(
+        cli(settings, "replay", "--run", run.run_id, "--to", "wandb", "--out", str(replayed)),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+
+    def media_rows(history):
+        return sorted(
+            (r["metricbus/step"], k, v["_type"], v["sha256"])
+            for r in history
+            for k, v in r.items()
+            if isinstance(v, dict) and "sha256" in v
+        )
+
+    assert len(media_rows(wb["history"])) == 5
+    assert media_rows(read_run(replayed, run.run_id)["history"]) == media_rows(wb["history"])
+
     # the report inlines them: the first image's PNG as a data URI, the text escaped
     page = tmp_path / "report.html"
     done = subprocess.run(
