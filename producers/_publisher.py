@@ -4,7 +4,8 @@ The training thread only appends event tuples to a deque (:meth:`Publisher.submi
 threads owned by the Publisher do the rest: the *spooler* wakes every ``linger_s``, encodes
 what is queued into EventBatch records and appends them to the spool (so a crash loses at
 most one linger interval, whatever the network does); the *sender* sends from the spool
-(when 256 KB are waiting, 100 ms after its last send, or at once for a flush) and moves its
+(when 256 KB are waiting, at once for a flush, else as a token bucket allows: up to four
+requests at once after a quiet spell, then one per 100 ms) and moves its
 cursor on acknowledgement, and may block on a dead broker without holding anything up.
 Ordering: every spool append happens under one lock, in seq order.
 
@@ -77,6 +78,7 @@ class Publisher:
         prepare: Callable[[list[Any], int], list[Event] | ScalarRows],
         linger_s: float = 0.02,
         send_linger_s: float = 0.1,
+        send_burst: int = 4,
         send_batch_bytes: int = 256 * 1024,
         max_batch_events: int = 2000,
         max_queue: int = 100_000,
@@ -150,12 +152,18 @@ class Publisher:
         #: the run already said that no broker answers (at init): the first failure is not said again
         self.said_unreachable = False
         self._verified_at = 0.0
-        #: the sender sends when this much is spooled, or send_linger_s after its last send, or
-        #: at once for a flush: at a trickle of events (an SB3 episode every few ms) one Kafka
-        #: request per linger interval cost ~1 ms of kafka-python CPU each (measured)
+        #: the sender sends when this much is spooled, at once for a flush, and otherwise about
+        #: once per send_linger_s: at a trickle of events (an SB3 episode every few ms) a Kafka
+        #: request per spool pass cost ~1 ms of kafka-python CPU each (measured)
         self.send_linger_s = send_linger_s
         self.send_batch_bytes = send_batch_bytes
-        self._last_send = 0.0
+        #: ... but not as a floor: a token bucket of ``send_burst`` sends, refilled one per
+        #: ``send_linger_s``, lets what a quiet pipe is given go at once (a NaN loss, an episode)
+        #: while the long-run rate of requests stays at most one per ``send_linger_s``, as with a
+        #: linger: at 10 events/s a linger held each event up to 100 ms, the bucket sends each
+        self.send_burst = send_burst
+        self._tokens = float(send_burst)
+        self._refilled = time.monotonic()
         self._flushing = 0  # flush() calls waiting: verify without waiting for the interval
         self._flushing_lock = threading.Lock()  # flush() may be called from several threads
         self._checking = threading.Lock()  # held by a check of the broker and what it decides
@@ -459,18 +467,19 @@ class Publisher:
                 return
             with self._lock:
                 self.spool.commit(pending[-1][1])
-            self._last_send = time.monotonic()
+            self._tokens = max(0.0, self._tokens - 1)
             self.records_sent += len(pending)
             self._retain(records)
             self._verify(force=False)
 
     def _send_due(self) -> bool:
-        """Whether to send now: a flush waits, enough is spooled, or the send linger passed."""
+        """Whether to send now: a flush waits, enough is spooled, or the bucket holds a send."""
         if self._flushing or self._stopping:
             return True
-        if time.monotonic() - self._last_send >= self.send_linger_s:
-            return True
-        return self.spool.unsent_bytes >= self.send_batch_bytes
+        now = time.monotonic()
+        self._tokens = min(self.send_burst, self._tokens + (now - self._refilled) / self.send_linger_s)
+        self._refilled = now
+        return self._tokens >= 1 or self.spool.unsent_bytes >= self.send_batch_bytes
 
     def _verify(self, force: bool) -> None:
         """Ask whether the broker still holds what it acknowledged; if not, resend the window.
