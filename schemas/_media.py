@@ -80,7 +80,7 @@ class MediaStore:
     @classmethod
     def of(cls, settings: Settings) -> MediaStore:
         """The store of a data directory (``<data dir>/media``), with the settings' size bound."""
-        return cls(settings.media_dir, max_bytes=int(settings.media_max_mb * 2**20))
+        return cls(settings.media_root, max_bytes=int(settings.media_max_mb * 2**20))
 
     def path(self, digest: str) -> Path:
         """Where the bytes of ``digest`` are kept (the digest checked first)."""

@@ -140,6 +140,9 @@ class Settings:
     #: Size (MB) of the media store (``<data dir>/media``: the bytes of logged images, videos,
     #: audio and text) past which new media are refused, counted and said once; scalars go on.
     media_max_mb: float = 10240.0
+    #: Where the media store is (default ``<data dir>/media``). Training jobs on other machines
+    #: than the sinks and the dashboard need one directory they all reach: a shared volume.
+    media_dir: Path | None = None
     #: How training jobs compress what they send: ``zstd`` (Kafka 2.1 and later), ``gzip`` or
     #: ``none``. zstd holds the embedded broker to about a third of the memory per event
     #: (bench/producer_overhead.py measures it); consumers decompress.
@@ -268,9 +271,9 @@ class Settings:
         return Path(self.data_dir) / "archive"
 
     @property
-    def media_dir(self) -> Path:
+    def media_root(self) -> Path:
         """Root of the media store (content-addressed bytes of logged media)."""
-        return Path(self.data_dir) / "media"
+        return Path(self.media_dir) if self.media_dir is not None else Path(self.data_dir) / "media"
 
 
 def _parse(name: str, type_: Any, raw: str) -> Any:

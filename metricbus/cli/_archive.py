@@ -99,7 +99,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     done = collect(settings, grace_s=args.grace_s, dry_run=args.dry_run)
     verb = "would delete" if args.dry_run else "deleted"
     print(
-        f"media store {settings.media_dir}: {verb} {done.removed} item(s) no event references "
+        f"media store {settings.media_root}: {verb} {done.removed} item(s) no event references "
         f"({done.freed_bytes:,} bytes); kept {done.kept} ({done.referenced} referenced by the archive "
         f"and the spools, the rest younger than {args.grace_s:g} s)"
     )

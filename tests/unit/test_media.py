@@ -225,3 +225,19 @@ def test_the_lightning_logger_takes_wandb_loggers_media_calls(tmp_path):
     assert sorted(got) == ["clip", "completion", "samples/0", "samples/1"]
     assert got["samples/1"]["caption"] == "second" and got["samples/0"]["step"] == 3
     assert got["clip"]["rate"] == 8000.0 and got["completion"]["step"] == 4
+
+
+def test_the_media_store_may_live_apart_from_the_data_directory(tmp_path):
+    """METRICBUS_MEDIA_DIR: a shared volume for the media of training jobs on other machines;
+    the spool stays in the (local) data directory."""
+    shared = tmp_path / "shared"
+    run = Run(
+        "p",
+        settings=Settings(data_dir=tmp_path / "local", offline=True, media_dir=shared),
+        system_metrics=False,
+    )
+    run.log_text("note", "kept on the shared volume", step=0)
+    run.finish()
+    (event,) = _media_events(run)
+    assert MediaStore(shared).get(event.body["ref"]) == b"kept on the shared volume"
+    assert not (tmp_path / "local" / "media").exists() and run.spool_path.is_relative_to(tmp_path / "local")
