@@ -368,8 +368,12 @@ class WandbSink(Sink):
         data = self.media.get(body["ref"], body["size"])
         suffix = {"image": ".png", "video": ".gif", "audio": ".wav", "text": ".txt"}[body["kind"]]
         staged = self.root / STAGED_DIR / f"{body['digest']}{suffix}"
-        staged.parent.mkdir(parents=True, exist_ok=True)
-        staged.write_bytes(data)
+        try:
+            staged.parent.mkdir(parents=True, exist_ok=True)
+            staged.write_bytes(data)
+        except OSError as exc:  # a full disk: W&B's own files are on it too; wait, lose nothing
+            staged.unlink(missing_ok=True)
+            raise Unavailable(f"cannot put media for W&B in {staged.parent} ({exc})") from exc
         return staged
 
     def _see(self, run_id: str) -> None:

@@ -723,3 +723,41 @@ def test_rows_wandb_takes_but_does_not_write_are_held_up_to_a_bound_then_the_flu
     sink.close_run("run-wb1")
     sink.flush()
     assert sink.confirmed() == (61, 61) and sink.pending() == 0
+
+
+def test_media_the_full_disk_cannot_take_wait_and_are_not_dead_lettered(small_disk, tmp_path, offline):
+    """The bytes of a Media event are put beside the W&B runs for W&B to copy; on a full disk that
+    is the destination's state (Unavailable: nothing committed, read again later), not a bad event."""
+    from metricbus.schemas import MEDIA, MediaStore, ref_of
+    from metricbus.sinks._protocol import Unavailable
+    from tests.conftest import fill
+
+    store = MediaStore(tmp_path / "media")
+    digest = store.put(b"a text sample")
+    body = {
+        "step": 1,
+        "name": "completion",
+        "rank": 0,
+        "kind": "text",
+        "media_type": "text/plain; charset=utf-8",
+        "size": 13,
+        "digest": digest,
+        "ref": ref_of(digest),
+        "caption": None,
+        "width": 0,
+        "height": 0,
+        "frames": 0,
+        "rate": 0.0,
+        "channels": 0,
+    }
+    sink = WandbSink(small_disk / "wandb", media=store)
+    sink.open()
+    assert sink.write([ev(0, RUN_STARTED, run_started("p", "r")), metrics(1, 0, {"x": 1.0})]) == []
+    filler = fill(small_disk)
+    with pytest.raises(Unavailable, match="cannot put media for W&B"):
+        sink.write([ev(2, MEDIA, body)])
+    filler.unlink()
+    assert sink.write([ev(2, MEDIA, body)]) == []  # room again: taken
+    sink.close()
+    history = read_run(small_disk / "wandb", "run-wb1")["history"]
+    assert [r["completion"]["_type"] for r in history if "completion" in r] == ["html-file"]
