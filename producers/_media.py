@@ -27,8 +27,6 @@ from metricbus.schemas import MEDIA_TYPES, MediaRefused, MediaStore, ref_of
 
 log = logging.getLogger("metricbus.producer")
 
-#: the kinds a Media event may have
-KINDS = tuple(MEDIA_TYPES)
 #: longest text sample kept (characters); a longer one is cut there and says so at its end
 MAX_TEXT_CHARS = 1_000_000
 
@@ -170,6 +168,13 @@ def encode_text(text: Any) -> tuple[bytes, dict[str, Any]]:
     return text.encode("utf-8", "replace"), {}
 
 
+def size_of(data: Any) -> int:
+    """The bytes an array or tensor holds (0 for anything else), known without copying it."""
+    if hasattr(data, "element_size") and hasattr(data, "nelement"):  # torch
+        return int(data.element_size() * data.nelement())
+    return int(getattr(data, "nbytes", 0) or 0)
+
+
 def copy_for_later(kind: str, data: Any) -> tuple[Any, int]:
     """What the caller hands the media thread (a copy it can no longer change), and its size."""
     if isinstance(data, (str, Path)) and kind != "text":
@@ -216,18 +221,28 @@ class MediaWriter:
         self._said: set[str] = set()
         self._thread: threading.Thread | None = None
 
+    def has_room(self, name: str, nbytes: int) -> bool:
+        """Whether an item of ``nbytes`` fits the queue now; if not it is shed, counted and said.
+
+        Asked before the caller copies it: an array past the bound is never copied.
+        """
+        with self._cond:
+            if len(self._queue) < self.max_items and self._queued_bytes + nbytes <= self.max_bytes:
+                return True
+            self.dropped += 1
+            self._say(
+                "dropped",
+                f"media {name!r} dropped: {len(self._queue)} items ({self._queued_bytes:,} bytes) wait "
+                f"to be encoded, at most {self.max_items} ({self.max_bytes:,} bytes); later drops are "
+                "counted in run.stats()['media_dropped']",
+            )
+            return False
+
     def submit(self, fields: dict[str, Any], data: Any, nbytes: int, rate: float = 0.0) -> None:
         """Queue an item (the caller's part): shed and counted when the queue is full."""
+        if not self.has_room(fields["name"], nbytes):
+            return
         with self._cond:
-            if len(self._queue) >= self.max_items or self._queued_bytes + nbytes > self.max_bytes:
-                self.dropped += 1
-                self._say(
-                    "dropped",
-                    f"media {fields['name']!r} dropped: {len(self._queue)} items "
-                    f"({self._queued_bytes:,} bytes) wait to be encoded; later drops are counted "
-                    "in run.stats()['media_dropped']",
-                )
-                return
             self._queue.append((fields, data, nbytes, rate))
             self._queued_bytes += nbytes
             if self._thread is None:

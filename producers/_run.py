@@ -50,7 +50,7 @@ from metricbus.schemas import (
     run_started,
 )
 
-from ._media import MediaWriter, copy_for_later
+from ._media import MediaWriter, copy_for_later, size_of
 from ._publisher import PER_EVENT, Publisher
 from ._spool import SUFFIX, Spool
 from ._system import SystemSampler
@@ -455,6 +455,8 @@ class Run:
                 "kind": kind,
                 "caption": None if caption is None else str(caption)[:1000],
             }
+            if not media.has_room(name, size_of(data)):  # shed before the copy, not after
+                return
             copy, nbytes = copy_for_later(kind, data)
             media.submit(fields, copy, nbytes, rate)
         except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults

@@ -241,3 +241,21 @@ def test_the_media_store_may_live_apart_from_the_data_directory(tmp_path):
     (event,) = _media_events(run)
     assert MediaStore(shared).get(event.body["ref"]) == b"kept on the shared volume"
     assert not (tmp_path / "local" / "media").exists() and run.spool_path.is_relative_to(tmp_path / "local")
+
+
+def test_an_array_past_the_queues_bound_is_shed_before_it_is_copied(tmp_path, monkeypatch):
+    import metricbus.producers._run as run_module
+
+    run = _offline(tmp_path)
+    run.log_text("first", "makes the media thread", step=0)
+    run._media.max_bytes = 10_000  # the queue's bound in bytes (256 MB by default)
+    copied = []
+    real = run_module.copy_for_later
+    monkeypatch.setattr(
+        run_module, "copy_for_later", lambda kind, data: copied.append(kind) or real(kind, data)
+    )
+    run.log_image("big", np.zeros((64, 64, 3), np.uint8), step=1)  # 12,288 bytes
+    run.log_image("small", np.zeros((8, 8, 3), np.uint8), step=1)
+    run.finish()
+    assert run.stats()["media_dropped"] == 1 and copied == ["image"]  # the small one only
+    assert [e.body["name"] for e in _media_events(run)] == ["first", "small"]
