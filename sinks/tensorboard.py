@@ -315,9 +315,9 @@ class TensorBoardSink(Sink):
 
         if self.media is None:
             raise MediaMissing("this sink has no media store to read the bytes from")
+        checked_media_type(body)
         data = self.media.get(body["ref"], body["size"])
         kind, name, step = body["kind"], tag(body["name"]), body["step"]
-        checked_media_type(body)
         if kind == "text":
             return _text_event(wall, step, name, data.decode("utf-8", "replace"))
         if kind == "audio":
