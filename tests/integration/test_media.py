@@ -136,16 +136,14 @@ def test_media_reach_every_sink_and_a_replay(settings, tmp_path):
     assert np.array_equal(np.asarray(Image.open(copied)), PICTURE)
     assert "42" in (files / rows[9]["completion"]["path"]).read_text()
 
+    def replay(to: str, out):
+        command = cli(settings, "replay", "--run", run.run_id, "--to", to, "--out", str(out))
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=180)
+        assert done.returncode == 0, done.stderr
+        return out
+
     # a replay into a new TensorBoard directory gives what live gave
-    out = tmp_path / "replayed"
-    done = subprocess.run(
-        cli(settings, "replay", "--run", run.run_id, "--to", "tensorboard", "--out", str(out)),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    out = replay("tensorboard", tmp_path / "replayed")
     again = tb_media(next(out.glob(f"vision/media-{run.run_id}")))
     assert [(i.step, i.encoded_image_string) for i in again.Images("samples/grid")] == [
         (i.step, i.encoded_image_string) for i in images
@@ -153,15 +151,7 @@ def test_media_reach_every_sink_and_a_replay(settings, tmp_path):
     assert again.Audio("speech")[0].encoded_audio_string == clip.encoded_audio_string
 
     # a replay into a new W&B directory: the same media rows, the same files (W&B's own digests)
-    replayed = tmp_path / "wandb-replayed"
-    done = subprocess.run(
-        cli(settings, "replay", "--run", run.run_id, "--to", "wandb", "--out", str(replayed)),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stderr
+    replayed = replay("wandb", tmp_path / "wandb-replayed")
 
     def media_rows(history):
         return sorted(
