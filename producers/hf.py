@@ -26,6 +26,12 @@ seed 002 counts NaN-scored samples) are logged as ``rewards/{func}`` samples, ev
 in one event after the optimizer step, at the step TRL logs that batch's metrics (TRL's own
 mean and std of that function are then left out: the worker derives them from the samples).
 Reward models (not Python functions) are passed through.
+
+The wrapped functions also see the batch's prompts and completions: at each such step the first
+``completions`` of them (4 by default; 0 for none) are logged next to their scores, as a
+``completions`` table (prompt, completion, a column per function) that every sink shows, and the
+first one as a text sample (``completions/sample``: the dashboard's Media panel pages through it
+by step), so the curves can be read with what the model wrote.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ class MetricbusCallback(TrainerCallback):  # type: ignore[misc]
         project: str | None = None,
         name: str | None = None,
         all_ranks: bool = False,
+        completions: int = 4,
         **init_options: Any,
     ) -> None:
         self._project = project or os.environ.get("METRICBUS_PROJECT") or "huggingface"
@@ -73,6 +80,8 @@ class MetricbusCallback(TrainerCallback):  # type: ignore[misc]
         self.run: Run | None = None
         self._sampled: set[str] = set()  # reward functions whose every score is published
         self._scores: dict[str, list[float]] = {}  # scored since the last optimizer step
+        self._completions = completions  # sampled completions logged per step
+        self._texts: list[tuple[str, str]] = []  # this step's first (prompt, completion) pairs
 
     def _logs_here(self, state: Any) -> bool:
         return self._all_ranks or bool(getattr(state, "is_world_process_zero", True))
@@ -113,10 +122,21 @@ class MetricbusCallback(TrainerCallback):  # type: ignore[misc]
         Every reward function's in one event, so the stream's ``rewards/total_mean`` sums them.
         """
         scores, self._scores = self._scores, {}
+        texts, self._texts = self._texts, []
         if scores and self.run is not None:
-            self.run.log(
-                {f"rewards/{name}": values for name, values in scores.items()}, step=int(state.global_step)
-            )
+            step = int(state.global_step)
+            self.run.log({f"rewards/{name}": values for name, values in scores.items()}, step=step)
+            if texts:
+                names = sorted(scores)
+                rows = [
+                    [prompt, completion, *(_cell(scores[n], i) for n in names)]
+                    for i, (prompt, completion) in enumerate(texts)
+                ]
+                self.run.log_table("completions", ["prompt", "completion", *names], rows, step=step)
+                prompt, completion = texts[0]
+                marks = ", ".join(f"{n} {_cell(scores[n], 0)}".replace(" None", " none") for n in names)
+                sample = f"{prompt}\n---\n{completion}"
+                self.run.log_text("completions/sample", sample, step=step, caption=marks)
 
     def rewards(self, funcs: Callable[..., Any] | Sequence[Any]) -> Any:
         """TRL reward functions that also publish every score (see the module doc)."""
@@ -135,6 +155,10 @@ class MetricbusCallback(TrainerCallback):  # type: ignore[misc]
             scores = func(*args, **kwargs)
             try:
                 if scores is not None and self.run is not None:
+                    if not self._scores:  # the step's first batch, its first function: what it scored
+                        prompts, completions = kwargs.get("prompts") or [], kwargs.get("completions") or []
+                        pairs = zip(prompts, completions, strict=False)
+                        self._texts = [(_text(p), _text(c)) for p, c in pairs][: self._completions]
                     kept = self._scores.setdefault(name, [])
                     kept.extend(math.nan if s is None else s for s in scores)
             except TypeError:  # not a list of numbers: TRL will say so itself
@@ -147,6 +171,21 @@ class MetricbusCallback(TrainerCallback):  # type: ignore[misc]
         """Finish the run."""
         if self.run is not None:
             self.run.finish()
+
+
+def _text(value: Any) -> str:
+    """A prompt or completion as text: a string, or a conversation's messages one a line."""
+    if isinstance(value, list):
+        return "\n".join(
+            f"{m.get('role', '?')}: {m.get('content', '')}" if isinstance(m, dict) else str(m) for m in value
+        )
+    return str(value)
+
+
+def _cell(scores: list[float], i: int) -> float | None:
+    """Sample ``i``'s score (None when it has none, or it is NaN: a table cell)."""
+    value = scores[i] if i < len(scores) else math.nan
+    return None if not isinstance(value, numbers.Real) or math.isnan(value) else float(value)
 
 
 _TRL_REWARD = re.compile(r"rewards/(?P<func>[^/]+)/(?P<stat>mean|std)")

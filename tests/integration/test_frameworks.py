@@ -345,6 +345,26 @@ def test_trl_grpo_gets_seed_002_names_and_every_samples_score(settings, sink, wo
     assert all(len(scores) == 4 for scores in got["rewards/length_reward"].values())
     assert {s: e["reward"] for s, e in zip([1, 2, 3], history, strict=True)} == pytest.approx(got["reward"])
     assert "rewards/length_reward_mean" not in got and "rewards/length_reward/mean" not in got
+    # the sampled completions beside their scores: a table and a text sample per step
+    from metricbus.schemas import MEDIA, TABLE, MediaStore
+
+    deadline = time.monotonic() + 30  # the text samples come through the media thread: a flush later
+    while True:
+        events = read_events(settings.archive_dir, run.run_id)
+        if sum(e.kind == MEDIA for e in events) >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    tables = {e.body["step"]: e.body for e in events if e.kind == TABLE and e.body["name"] == "completions"}
+    assert sorted(tables) == [1, 2, 3]
+    table = tables[1]
+    assert table["columns"] == ["prompt", "completion", "a_reward", "length_reward"] and len(table["rows"]) == 4
+    assert table["rows"][0][2] is None  # a_reward cannot score the first sample: an empty cell
+    for prompt, completion, _, length in table["rows"]:
+        assert prompt in ("abc", "hello", "xyz", "grpo") and length == pytest.approx(len(completion) / 8)
+    samples = [e.body for e in events if e.kind == MEDIA]
+    assert [b["step"] for b in samples] == [1, 2, 3] and samples[0]["caption"].startswith("a_reward none")
+    text = MediaStore.of(settings).get(samples[0]["ref"]).decode()
+    assert text == f"{table['rows'][0][0]}\n---\n{table['rows'][0][1]}"
 
     # the worker derives seed 002's series from the samples: equal to TRL's own means
     derived: dict = {}
