@@ -535,8 +535,10 @@ class Run:
             self._sampler.stop()
         for watcher in self._watchers:
             watcher.remove()
+        started = time.monotonic()
         if self._media is not None:  # its items' events come before RunFinished
             self._media.stop(timeout)
+        left = max(0.0, timeout - (time.monotonic() - started))  # one timeout for the whole finish
         if not isinstance(status, str):  # finish(60) meant the timeout: the run is not lost for it
             log.warning("finish(status=%r): a status is a string; the run is ended as 'finished'", status)
             status = "finished"
@@ -545,9 +547,7 @@ class Run:
         self._quick, self._finished = False, True
         self.status = status
         atexit.unregister(self._atexit)
-        clean = self._publisher.stop(
-            0.0 if self.settings.offline else timeout
-        )  # offline: nothing to wait for
+        clean = self._publisher.stop(0.0 if self.settings.offline else left)  # offline: nothing to wait for
         if self.settings.offline:
             log.info(
                 "run %s (offline mode): its events are in %s; publish them with `metricbus sync`",
