@@ -172,9 +172,10 @@ def _series(
         first = int(rows[a])
         found.append(((int(event[first]), int(not sampled[first]), first, 0), names[codes[first]], points))
     tagged = table["labels"].is_valid().to_numpy(zero_copy_only=False)
-    scalar_rows = np.sort(rows[~sampled[rows]])
+    # the labelled scalars in row order: picked before the sort (sorting every row first cost
+    # 0.2 s a 100k-step run of 20 metrics, a tenth of `compare`; most runs have no labels)
     by_label: dict[str, Points] = {}
-    for i in scalar_rows[tagged[scalar_rows]]:
+    for i in np.sort(rows[tagged[rows] & ~sampled[rows]]):
         point = (int(steps[i]), float(values[i]), int(ts[i]))
         for k, (key, tag) in enumerate(table["labels"][int(i)].as_py() or ()):
             series = labelled(names[codes[i]], key, tag)
