@@ -199,9 +199,22 @@ def _health_of_stack(args: argparse.Namespace, run_id: str) -> dict[str, Any] | 
     return {**found, "source": f"the dashboard at {stack.dashboard_url}"}
 
 
+def _read_all(archive: Path, runs: list[str]) -> dict[str, Any]:
+    """``read_logged`` of each run, several at a time (threads: reading is mostly pyarrow and numpy).
+
+    Two 100k-step runs of 20 metrics compared cold: 1.49 -> 1.33 s (medians of 5).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from metricbus.diagnostics import read_logged
+
+    with ThreadPoolExecutor(max_workers=min(4, len(runs))) as pool:
+        return dict(zip(runs, pool.map(lambda run: read_logged(archive, run), runs), strict=True))
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from metricbus._runs import run_rows
-    from metricbus.diagnostics import compare_series, read_logged
+    from metricbus.diagnostics import compare_series
     from metricbus.diagnostics._compare import flatten, group_runs
     from metricbus.schemas import run_config
 
@@ -221,7 +234,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         runs.insert(0, baseline)
     if len(runs) < 2:
         raise MetricbusError("compare needs at least two runs (name them, or give --project P)")
-    readings = {run: read_logged(settings.archive_dir, run) for run in runs}
+    readings = _read_all(settings.archive_dir, runs)
     configs = {run: run_config(carried) for run, (_, carried) in readings.items()}
     have = sorted({k for c in configs.values() for k in flatten(c)})
     for key in keys or ():
