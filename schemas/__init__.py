@@ -81,6 +81,7 @@ from ._kafka import (
     ssl_context,
     topic_reader,
     unmark_broker_restarting,
+    unreachable,
     wait_for_broker,
 )
 from ._media import (
@@ -198,6 +199,7 @@ __all__ = [
     "ensure_topics",
     "make_admin",
     "reach",
+    "unreachable",
     "read_topic",
     "topic_reader",
     "wait_for_broker",
