@@ -68,18 +68,16 @@ def _image(arr: Any) -> Any:
 
 
 def encode_image(data: Any, what: str) -> tuple[bytes, dict[str, Any]]:
-    """PNG bytes and the Media fields of an array, a PIL image, a matplotlib figure or a file."""
+    """PNG bytes and the Media fields of an array, a PIL image or a file.
+
+    A matplotlib figure arrives here as the PIL image :func:`copy_for_later` rendered it to.
+    """
     from PIL import Image
 
     if isinstance(data, (str, Path)):
         with Image.open(data) as opened:
             opened.load()
             data = opened.convert("RGBA" if "A" in opened.getbands() else "RGB")
-    if hasattr(data, "savefig"):  # a matplotlib figure (SummaryWriter.add_figure, SB3's Figure)
-        buf = io.BytesIO()
-        data.savefig(buf, format="png")
-        data = Image.open(io.BytesIO(buf.getvalue()))
-        data.load()
     if isinstance(data, Image.Image):
         if data.mode not in ("L", "RGB", "RGBA"):
             data = data.convert("RGBA" if "A" in data.getbands() else "RGB")
@@ -217,7 +215,6 @@ class MediaWriter:
         self.logged = 0  #: items kept and their events emitted
         self.dropped = 0  #: shed, the queue full
         self.refused = 0  #: refused by the store (bounds) or its disk
-        self.bytes_kept = 0  #: bytes of the items kept (the store keeps each content once)
         self._said: set[str] = set()
         self._thread: threading.Thread | None = None
 
@@ -314,7 +311,6 @@ class MediaWriter:
             "channels": 0,
             **meta,
         }
-        self.bytes_kept += len(raw)
         self.logged += 1
         self._emit(body)
 

@@ -259,3 +259,26 @@ def test_an_array_past_the_queues_bound_is_shed_before_it_is_copied(tmp_path, mo
     run.finish()
     assert run.stats()["media_dropped"] == 1 and copied == ["image"]  # the small one only
     assert [e.body["name"] for e in _media_events(run)] == ["first", "small"]
+
+
+def test_a_figure_is_rendered_once_in_the_caller_and_kept_as_the_png_it_drew(tmp_path):
+    """Anything with matplotlib's ``savefig`` (SummaryWriter.add_figure, SB3's Figure): drawn at the
+    call, so what the caller draws next is not in what was logged."""
+
+    class Figure:  # matplotlib's interface, without matplotlib (not a dependency)
+        def __init__(self):
+            self.colour, self.saved = (200, 0, 0), 0
+
+        def savefig(self, out, format):  # noqa: A002 - matplotlib's keyword
+            self.saved += 1
+            Image.fromarray(np.full((5, 8, 3), self.colour, np.uint8)).save(out, format=format)
+
+    run = _offline(tmp_path)
+    figure = Figure()
+    run.log_image("curve", figure, step=0)
+    figure.colour = (0, 0, 200)  # drawn on after the call
+    run.finish()
+    (event,) = _media_events(run)
+    logged = np.asarray(Image.open(io.BytesIO(MediaStore.of(run.settings).get(event.body["ref"]))))
+    assert figure.saved == 1 and (event.body["width"], event.body["height"]) == (8, 5)
+    assert tuple(logged[0, 0]) == (200, 0, 0)
