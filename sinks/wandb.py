@@ -141,6 +141,7 @@ class WandbSink(Sink):
         self.root = Path(root)
         #: where Media events' bytes are read (verified); without it they are returned, with why
         self.media = media
+        self._staged_files: list[Path] = []  # media put beside the runs during one write()
         self._wanted = MetricFilter(include, exclude)
         self.mode = wandb_mode(mode)
         self.finish_grace_s = finish_grace_s
@@ -170,6 +171,8 @@ class WandbSink(Sink):
         # printed a traceback here ("--- Logging error ---"); this process's own log is a stream
         logging.raiseExceptions = False
         self.root.mkdir(parents=True, exist_ok=True)
+        for left in (self.root / STAGED_DIR).glob("*"):  # staged by a process that died mid-write
+            left.unlink(missing_ok=True)
         import wandb  # noqa: F401
 
     def recover(self, run_id: str) -> Mapping[str, Sequence[Interval]]:
@@ -216,8 +219,9 @@ class WandbSink(Sink):
                     self._ledger(e.run_id).add(e.producer_id, e.seq)
                 self._pending += 1
         finally:
-            for staged in (self.root / STAGED_DIR).glob("*"):  # W&B copied each into its run's files
+            for staged in self._staged_files:  # W&B copied each into its run's files
                 staged.unlink(missing_ok=True)
+            self._staged_files.clear()
         return rejected
 
     def confirmed(self) -> tuple[int, int]:
@@ -368,6 +372,7 @@ class WandbSink(Sink):
         data = self.media.get(body["ref"], body["size"])
         suffix = {"image": ".png", "video": ".gif", "audio": ".wav", "text": ".txt"}[body["kind"]]
         staged = self.root / STAGED_DIR / f"{body['digest']}{suffix}"
+        self._staged_files.append(staged)
         try:
             staged.parent.mkdir(parents=True, exist_ok=True)
             staged.write_bytes(data)
