@@ -1,13 +1,13 @@
 """The background half of the producer hook: batch, encode, spool, send.
 
 The training thread only appends event tuples to a deque (:meth:`Publisher.submit`). Two
-threads owned by the Publisher do the rest: the *spooler* wakes every ``linger_s``, encodes
-what is queued into EventBatch records and appends them to the spool (so a crash loses at
-most one linger interval, whatever the network does); the *sender* sends from the spool
-(when 256 KB are waiting, at once for a flush, else as a token bucket allows: up to four
-requests at once after a quiet spell, then one per 100 ms) and moves its
-cursor on acknowledgement, and may block on a dead broker without holding anything up.
-Ordering: every spool append happens under one lock, in seq order.
+threads owned by the Publisher do the rest: the *spooler* encodes what is queued into
+EventBatch records every ``linger_s`` (within a 10 ms tick after a quiet spell) and appends
+them to the spool (so a crash loses at most one linger interval, whatever the network does);
+the *sender* sends from the spool (when 256 KB are waiting, at once for a flush, else as a
+token bucket allows: up to four requests at once after a quiet spell, then one per 30 ms, a
+spool pass) and moves its cursor on acknowledgement, and may block on a dead broker without
+holding anything up. Ordering: every spool append happens under one lock, in seq order.
 
 When the queue is full (the training loop outruns encoding, millions of events a second),
 ``log()`` waits up to ``max_block_s`` for room (0 by default), then sheds the event: it gets
@@ -41,7 +41,7 @@ Event = tuple[int, int, str, Any]
 #: items never interleave). Seqs are given as the spooler takes events off the queue, so they
 #: count in the spool's order whichever threads logged (and log() does not count them).
 #: Why not one tuple: a tuple holding a dict stays tracked by the garbage collector, and one
-#: queued for the spooler's linger (20 ms) outlives two young collections, so every queued
+#: queued for the spooler's linger (30 ms) outlives two young collections, so every queued
 #: event was promoted to the oldest generation and the full collections that followed (~150 ms
 #: each with a training job's heap) were a third of the producer's CPU. A head of numbers is
 #: untracked at its first young collection and log()'s dict copy of floats is never tracked,
@@ -52,6 +52,12 @@ PER_EVENT = 2
 #: acknowledged (a memory-only broker that restarted does not); always before a flush returns.
 #: Acknowledged records are retained for ``retain_s`` (60 s) to be sent again if it lost them.
 VERIFY_INTERVAL_S = 1.0
+#: The spooler looks at the queue this often: what comes after a quiet spell is spooled (and
+#: sent) within a tick, a steady stream once per ``linger_s``.
+QUIET_TICK_S = 0.01
+#: The sender with nothing unsent or unchecked sleeps this long unless woken (by the spooler,
+#: which wakes it when it spooled something, or by a flush): not a wake-up every spool pass.
+IDLE_WAKE_S = 1.0
 #: While the broker is restarting (planned), sending pauses this long between checks.
 RESTART_CHECK_S = 0.25
 #: A flush (``finish()``) gives up waiting once nothing has listened at the broker's address for
@@ -76,8 +82,8 @@ class Publisher:
         codec: Codec,
         sdk_version: str,
         prepare: Callable[[list[Any], int], list[Event] | ScalarRows],
-        linger_s: float = 0.02,
-        send_linger_s: float = 0.1,
+        linger_s: float = 0.03,
+        send_linger_s: float = 0.03,
         send_burst: int = 4,
         send_batch_bytes: int = 256 * 1024,
         max_batch_events: int = 2000,
@@ -95,7 +101,8 @@ class Publisher:
         self.codec = codec
         self.sdk_version = sdk_version
         self.linger_s = linger_s
-        #: events per EventBatch record at most (a tight loop's 20 ms linger holds ~2,000). At
+        self._passed_at = 0.0  # the spooler's last pass (monotonic)
+        #: events per EventBatch record at most (a tight loop's 30 ms linger holds ~3,000). At
         #: 500, kafka-python sent four records where one would do (it costs per record and per
         #: request), and the stream worker paid Faust's cost per record four times: 2,000 took
         #: the worker from ~2.7x to ~4-5x its bench's bare loop (bench/stream_throughput.py).
@@ -153,14 +160,18 @@ class Publisher:
         self.said_unreachable = False
         self._verified_at = 0.0
         #: the sender sends when this much is spooled, at once for a flush, and otherwise about
-        #: once per send_linger_s: at a trickle of events (an SB3 episode every few ms) a Kafka
-        #: request per spool pass cost ~1 ms of kafka-python CPU each (measured)
+        #: once per send_linger_s: at a trickle of events (an SB3 episode every few ms) each
+        #: request costs ~0.7 ms of CPU, cold (measured in place: the transport's request, the
+        #: cursor's write). 30 ms, the spool pass: log() -> sent p99 ~31 ms at 100 to 10,000
+        #: events/s (bench/stream_throughput.py) at the CPU a 100 ms linger cost with
+        #: KafkaProducer (bench/integration_overhead.py)
         self.send_linger_s = send_linger_s
         self.send_batch_bytes = send_batch_bytes
         #: ... but not as a floor: a token bucket of ``send_burst`` sends, refilled one per
         #: ``send_linger_s``, lets what a quiet pipe is given go at once (a NaN loss, an episode)
         #: while the long-run rate of requests stays at most one per ``send_linger_s``, as with a
-        #: linger: at 10 events/s a linger held each event up to 100 ms, the bucket sends each
+        #: linger: at 10 events/s a linger held each event up to its length, the bucket sends each
+        #: at the next spool pass
         self.send_burst = send_burst
         self._tokens = float(send_burst)
         self._refilled = time.monotonic()
@@ -324,22 +335,35 @@ class Publisher:
         """Queue to spool every linger interval (fsynced at least once a second while unsent)."""
         try:
             while not self._stopping:
-                self._wake.wait(self.linger_s)
+                woken = self._wake.wait(min(self.linger_s, QUIET_TICK_S))
                 self._wake.clear()
+                if not (woken or self._held or self._pass_due()):
+                    self._sync_if_behind()
+                    continue
+                self._passed_at = time.monotonic()
                 more = True
                 while more and not self._stopping:  # a batch per hold of the lock: under overload
                     with self._lock:  # the queue never empties, and the sender needs the lock too
                         more = self._spool_queue_locked(batches=1)
-                    self._send_wake.set()
+                    if self.spool.unsent_bytes or self._flushing or self._held:
+                        self._send_wake.set()  # else it has nothing new: let it sleep its interval
                     self._sync_if_behind()
         except Exception:  # noqa: BLE001 - the thread must never die silently
             log.exception("metricbus spooler thread failed; queued events go to the spool at finish()")
+
+    def _pass_due(self) -> bool:
+        """Whether events are queued and the last pass was a linger ago.
+
+        A steady stream is spooled once per ``linger_s``; an event after a quiet spell within a
+        tick (QUIET_TICK_S), not up to a whole linger later.
+        """
+        return bool(self._queue) and time.monotonic() - self._passed_at >= self.linger_s
 
     def _send_loop(self) -> None:
         """Spool to Kafka: send, and move the cursor on acknowledgement."""
         try:
             while not self._stopping:
-                self._send_wake.wait(self.linger_s)
+                self._send_wake.wait(self.linger_s if self._sending() else IDLE_WAKE_S)
                 self._send_wake.clear()
                 self._send_spooled()
         except Exception:  # noqa: BLE001 - the thread must never die silently
@@ -471,6 +495,12 @@ class Publisher:
             self.records_sent += len(pending)
             self._retain(records)
             self._verify(force=False)
+
+    def _sending(self) -> bool:
+        """Whether the sender has work of its own; if not, the spooler or a flush wakes it."""
+        return bool(
+            self.spool.unsent_bytes or self._resend_retained or self._failures or self.transport.unverified
+        )
 
     def _send_due(self) -> bool:
         """Whether to send now: a flush waits, enough is spooled, or the bucket holds a send."""

@@ -120,7 +120,7 @@ class Run:
         rank: int | None = None,
         world_size: int | None = None,
         max_queue: int = 100_000,
-        linger_s: float = 0.02,
+        linger_s: float = 0.03,
         max_block_s: float = 0.0,
         transport: Transport | None = None,
     ) -> None:

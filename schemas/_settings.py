@@ -127,6 +127,11 @@ class Settings:
     #: got 20 records per 1.5 s); Kafka answers as soon as data is there, so short only costs
     #: a few idle polls a second.
     fetch_max_wait_ms: int = 100
+    #: The same for the stream worker, which stands between log() and every derived point and
+    #: alert: on the embedded broker a fetch that finds nothing new waits about this long for
+    #: what comes next (measured, log() -> derived point p99: 82 ms at 100, 45 ms at 50). Each
+    #: halving doubles the idle worker's polls (~10 ms of CPU a second each for it and the broker).
+    worker_fetch_max_wait_ms: int = 50
     #: Seconds between checkpoints of the stream worker's state (0: never); a restarted worker
     #: replays the events topic only from its last checkpoint.
     checkpoint_interval_s: float = 60.0

@@ -142,7 +142,7 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
     unacked: set[Any] = set()  # outputs not yet acknowledged by the broker
     digests = RecordDigests()  # a record repeated with other bytes is forged: not a repeat
     _patch_fetch_wait()
-    app.fetch_max_wait_ms = settings.fetch_max_wait_ms  # type: ignore[attr-defined]
+    app.fetch_max_wait_ms = settings.worker_fetch_max_wait_ms  # type: ignore[attr-defined]
     events = app.topic(topics.events, value_serializer="raw", key_serializer="raw")
     aggregates = app.topic(topics.aggregates, value_serializer="raw", key_serializer="raw")
     alerts = app.topic(topics.alerts, value_serializer="raw", key_serializer="raw")

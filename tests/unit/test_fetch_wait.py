@@ -13,18 +13,21 @@ def test_the_fetch_wait_is_short_by_default_and_configurable():
     assert Settings.from_env(settings.to_env()).fetch_max_wait_ms == 500
 
 
-def test_the_faust_worker_consumer_uses_it_instead_of_fausts_fixed_1500_ms():
+def test_the_faust_worker_consumer_uses_its_own_instead_of_fausts_fixed_1500_ms():
+    """The worker's wait is its own (shorter: it stands between log() and every derived point)."""
     from metricbus.stream_jobs import build_app
 
-    async def main():
-        app = build_app(Settings(bootstrap="127.0.0.1:9", fetch_max_wait_ms=70))
+    async def main(settings):
+        app = build_app(settings)
         consumer = app.consumer._thread._create_worker_consumer(app.transport)
         try:
             return consumer._fetch_max_wait_ms
         finally:
             await consumer.stop()
 
-    assert asyncio.run(main()) == 70
+    assert asyncio.run(main(Settings(bootstrap="127.0.0.1:9"))) == 50
+    settings = Settings.from_env({"METRICBUS_WORKER_FETCH_MAX_WAIT_MS": "70", "METRICBUS_BOOTSTRAP": "127.0.0.1:9"})
+    assert asyncio.run(main(settings)) == 70
 
 
 def test_the_faust_worker_producer_compresses_as_the_training_jobs_do():

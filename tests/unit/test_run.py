@@ -373,8 +373,8 @@ def test_with_no_broker_the_run_says_so_once_and_kafka_pythons_own_errors_stay_q
 
 
 def test_a_trickle_of_events_is_sent_in_few_requests_and_checked_at_most_once_a_second(settings):
-    """Each Kafka request costs the producer ~1 ms of CPU: a trickle (an SB3 episode every few ms)
-    goes out in no more requests than one per send linger (100 ms) and the send burst (4), and the
+    """Each Kafka request costs the producer ~0.7 ms of CPU: a trickle (an SB3 episode every few ms)
+    goes out in no more requests than one per send linger (30 ms) and the send burst (4), and the
     broker is asked whether it lost the topic at most once a second, and once more before finish()
     returns."""
 
@@ -401,17 +401,17 @@ def test_a_trickle_of_events_is_sent_in_few_requests_and_checked_at_most_once_a_
     assert run.finish(timeout=10)
     # the time finish() took counts too: on a loaded machine it can outlast a verify interval
     elapsed = time.monotonic() - started
-    # not one request per 20 ms linger (that was ~elapsed / 0.02); the burst, and finish()'s flush
-    assert fake.calls <= elapsed / 0.1 + 4 + 1
+    # not one request per event (60); one per send linger, the burst, and finish()'s flush
+    assert fake.calls <= elapsed / run._publisher.send_linger_s + 4 + 1 < 60
     assert 1 <= fake.verifies <= elapsed / 1.0 + 2 and not fake.unverified  # verified before finish returned
     assert len(metrics(fake.events())) == 60
 
 
 def test_a_quiet_pipe_sends_an_event_at_once(settings):
-    """Events 50 ms apart after a quiet spell go out with the next spool pass (20 ms), not a send
-    linger (100 ms) after the previous send: the linger bounds the request rate (a bucket of 4
-    sends, one more per 100 ms), not each event's wait. At 10 events/s, log() -> sent went from 68
-    to 10 ms at the median (bench/stream_throughput.py)."""
+    """Events 50 ms apart after a quiet spell go out with the next spool pass (30 ms), not a send
+    linger after the previous send: the linger bounds the request rate (a bucket of 4 sends, one
+    more per send linger), not each event's wait. At 10 events/s, log() -> sent went from 68 to
+    10 ms at the median (bench/stream_throughput.py) with a 100 ms linger."""
 
     class Timed(FakeTransport):
         def __init__(self):
@@ -426,7 +426,7 @@ def test_a_quiet_pipe_sends_an_event_at_once(settings):
     run = Run("p", settings=settings, transport=fake, system_metrics=False)
     time.sleep(0.3)  # RunStarted sent: the pipe is quiet
     waits = []
-    for i in range(8):  # within the bucket: 4 sends, and 0.5 more refilled per 50 ms
+    for i in range(8):  # within the bucket: 4 sends, and more refilled per 50 ms
         sent = len(fake.sent_at)
         logged = time.monotonic()
         run.log({"loss": 1.0 / (i + 1)}, step=i)
@@ -437,7 +437,7 @@ def test_a_quiet_pipe_sends_an_event_at_once(settings):
         time.sleep(max(0.0, logged + 0.05 - time.monotonic()))
     assert run.finish(timeout=10)
     waits.sort()
-    assert waits[4] < 0.04, waits  # the median: a spool pass and a send, not a 100 ms linger
+    assert waits[4] < 0.05, waits  # the median: half a spool pass and a send, not a 100 ms linger
 
 
 def test_plain_numbers_take_the_fast_path_and_are_checked_on_the_publishers_thread(settings, caplog):

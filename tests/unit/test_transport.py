@@ -70,7 +70,7 @@ def test_while_the_broker_restarts_nothing_acknowledged_counts_as_checked(tmp_pa
     with pytest.raises(BrokerRestarting):
         transport.verify()
     assert transport.unverified and not transport.take_lost()
-    assert transport._admin is None and transport._producer is None  # nothing is sent on meanwhile
+    assert transport._admin is None and transport._client is None  # nothing is sent on meanwhile
     transport._admin = Admin("new-id")  # the new broker: no marker, the topic re-created
     transport.verify()
     assert transport.take_lost() and not transport.unverified  # the held window is resent
