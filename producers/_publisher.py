@@ -335,7 +335,7 @@ class Publisher:
         """Queue to spool every linger interval (fsynced at least once a second while unsent)."""
         try:
             while not self._stopping:
-                woken = self._wake.wait(min(self.linger_s, QUIET_TICK_S))
+                woken = self._wake.wait(self._spool_wait())
                 self._wake.clear()
                 if not (woken or self._held or self._pass_due()):
                     self._sync_if_behind()
@@ -351,13 +351,18 @@ class Publisher:
         except Exception:  # noqa: BLE001 - the thread must never die silently
             log.exception("metricbus spooler thread failed; queued events go to the spool at finish()")
 
+    def _spool_wait(self) -> float:
+        """Seconds until the spooler looks again: a tick, or the rest of the linger if less."""
+        left = self._passed_at + self.linger_s - time.monotonic()
+        return left if 0 < left < QUIET_TICK_S else QUIET_TICK_S
+
     def _pass_due(self) -> bool:
         """Whether events are queued and the last pass was a linger ago.
 
         A steady stream is spooled once per ``linger_s``; an event after a quiet spell within a
         tick (QUIET_TICK_S), not up to a whole linger later.
         """
-        return bool(self._queue) and time.monotonic() - self._passed_at >= self.linger_s
+        return bool(self._queue) and time.monotonic() - self._passed_at >= self.linger_s - 0.001
 
     def _send_loop(self) -> None:
         """Spool to Kafka: send, and move the cursor on acknowledgement."""

@@ -231,6 +231,8 @@ class KafkaTransport:
         """Send records in order; raise TransportError unless every one was acknowledged."""
         from kafka.errors import KafkaError, for_code
 
+        if not records:
+            return
         client = self._client or self._connect()
         if self._lost:  # found at reconnect: say so before sending, so the caller can resend first
             raise TransportError(f"topic {self.topic} was re-created since the last send (broker restart?)")

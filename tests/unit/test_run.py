@@ -407,6 +407,37 @@ def test_a_trickle_of_events_is_sent_in_few_requests_and_checked_at_most_once_a_
     assert len(metrics(fake.events())) == 60
 
 
+def test_the_spooler_takes_a_steady_stream_once_a_linger_and_an_event_after_a_quiet_spell_at_once(settings):
+    """With a long linger (200 ms) to tell them apart: events 2 ms apart are spooled in passes at
+    most one a linger (a record a pass, what keeps requests few), and an event after a quiet spell
+    within a tick (10 ms), not up to a whole linger later."""
+    fake = FakeTransport()
+    run = Run("p", settings=settings, transport=fake, system_metrics=False, linger_s=0.2)
+    publisher = run._publisher
+    time.sleep(0.5)  # RunStarted spooled: quiet
+    waits = []
+    for i in range(5):
+        before, logged = publisher.events_spooled, time.monotonic()
+        run.log({"loss": 1.0 / (i + 1)}, step=i)
+        while publisher.events_spooled == before and time.monotonic() < logged + 2.0:
+            time.sleep(0.001)
+        waits.append(time.monotonic() - logged)
+        time.sleep(0.3)  # quiet again
+    waits.sort()
+    assert waits[2] < 0.1, waits  # the median: a tick, not half of the 200 ms linger or more
+
+    passes = []
+    appended = publisher.spool.append
+    publisher.spool.append = lambda records: passes.append(1) or appended(records)  # type: ignore[method-assign]
+    started = time.monotonic()
+    for i in range(400):  # 0.8 s or more of an event every 2 ms
+        run.log({"loss": 1.0}, step=100 + i)
+        time.sleep(0.002)
+    elapsed = time.monotonic() - started
+    assert run.finish(timeout=10)
+    assert 2 <= len(passes) <= elapsed / 0.2 + 2, (len(passes), elapsed)  # + finish()'s own
+
+
 def test_a_quiet_pipe_sends_an_event_at_once(settings):
     """Events 50 ms apart after a quiet spell go out with the next spool pass (30 ms), not a send
     linger after the previous send: the linger bounds the request rate (a bucket of 4 sends, one
