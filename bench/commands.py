@@ -1,11 +1,12 @@
 """How long the commands people wait on take, cold (a fresh process each time), on long runs.
 
 Two archived runs of BENCH_STEPS steps (default 100,000) of BENCH_METRICS scalars (20), and
-the time of `metricbus runs`, `metricbus health <run>` and `metricbus compare <a> <b>` in a new
-process each (medians of BENCH_REPEATS), beside the peer in the same run: TensorBoard's own
+the time of `metricbus runs`, `metricbus health <run>`, `metricbus compare <a> <b>` and
+`metricbus status` (sampling itself, and asking a running stack's dashboard) in a new process
+each (medians of BENCH_REPEATS), beside the peer in the same run: TensorBoard's own
 loader (EventAccumulator, its default 1,000 points a tag) reading one of the runs from event
-files written with TensorBoard's writer, in a new process too. Targets: runs and health under
-1 s, compare under 1.5 s.
+files written with TensorBoard's writer, in a new process too. Targets: runs, health and status
+under 1 s, compare under 1.5 s.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import free_port  # noqa: E402
+from _common import bench_broker, free_port  # noqa: E402
 
 STEPS = int(os.environ.get("BENCH_STEPS", 100_000))
 METRICS = int(os.environ.get("BENCH_METRICS", 20))
@@ -115,9 +116,13 @@ def running_stack(data_dir: Path, env: dict[str, str]) -> Iterator[dict[str, str
         proc.wait(30)
 
 
-def timed(argv: list[str], env: dict[str, str]) -> float:
+def timed(argv: list[str], env: dict[str, str], check: bool = True) -> float:
+    """Seconds ``argv`` took in a fresh process. ``check=False``: an answer that exits 1 counts
+    (``status`` says "unhealthy" of a stack whose consumers are not all running)."""
     t = time.perf_counter()
-    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run(argv, env=env, check=check, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"{argv} exited {done.returncode}: {done.stderr.decode()[-500:]}")
     return time.perf_counter() - t
 
 
@@ -160,14 +165,22 @@ def main() -> None:
         for name, argv in commands.items():
             times = sorted(timed(argv, env) for _ in range(REPEATS))
             print(f"  {name:<46}{statistics.median(times):>16.2f}   {', '.join(f'{x:.2f}' for x in times)}")
-        with running_stack(data_dir, env) as stack_env:  # health asks the stack's dashboard
-            times = [timed([*mb, "health", RUNS[0]], stack_env) for _ in range(REPEATS)]
+        with bench_broker() as (_, broker):  # a stack: its dashboard, on a broker that answers
+            live = {**env, "METRICBUS_BOOTSTRAP": broker.bootstrap}
+            times = sorted(timed([*mb, "status"], live, check=False) for _ in range(REPEATS))
+            name = "metricbus status, no stack (samples itself)"
+            print(f"  {name:<46}{statistics.median(times):>16.2f}   {', '.join(f'{x:.2f}' for x in times)}")
+            with running_stack(data_dir, live) as stack_env:  # health and status ask its dashboard
+                times = [timed([*mb, "health", RUNS[0]], stack_env) for _ in range(REPEATS)]
+                asked = sorted(timed([*mb, "status"], stack_env, check=False) for _ in range(REPEATS))
         name = "metricbus health <run>, a stack running"
         first, rest = times[0], sorted(times[1:])
         print(
             f"  {name:<46}{statistics.median(rest or times):>16.2f}   first {first:.2f} (judged there), then "
             + ", ".join(f"{x:.2f}" for x in rest)
         )
+        name = "metricbus status, a stack running"
+        print(f"  {name:<46}{statistics.median(asked):>16.2f}   {', '.join(f'{x:.2f}' for x in asked)}")
 
 
 if __name__ == "__main__":
