@@ -270,7 +270,8 @@ class KafkaTransport:
                 builder.close()
                 yield builder
                 builder = MemoryRecordsBuilder(2, codec, BATCH_BYTES)
-                builder.append(now_ms, key, record)
+                if builder.append(now_ms, key, record) is None:  # an empty batch takes any record
+                    raise TransportError(f"a record of {len(record)} bytes was refused by an empty batch")
         builder.close()
         yield builder
 

@@ -111,3 +111,26 @@ def test_a_topic_up_carried_the_old_one_into_is_lost_with_only_the_unchecked_rec
     transport._unverified = True
     transport.verify()
     assert transport.take_lost() and not transport.carried_over
+
+
+def test_records_go_in_kafka_batches_of_at_most_a_megabyte_in_order_a_larger_one_alone(tmp_path):
+    """What one send puts in each produce request: the records in order, a batch at most
+    BATCH_BYTES before compression (under a broker's default message.max.bytes), a record
+    larger than that in a batch of its own (the topic allows up to MAX_RECORD_BYTES)."""
+    from kafka.record.memory_records import MemoryRecords
+
+    from metricbus.producers._transport import BATCH_BYTES
+
+    transport = KafkaTransport(Settings(data_dir=tmp_path, bootstrap="127.0.0.1:1"))
+    small = [b"%d" % i * 1000 for i in range(10)]
+    big = b"x" * (BATCH_BYTES + 1)
+    records = [*small, big, *small, b"y" * (BATCH_BYTES // 2), b"z" * (BATCH_BYTES // 2)]
+    batches = list(transport._batches(b"run", records))
+    sent = []
+    for batch in batches:
+        assert batch.size_in_bytes() <= BATCH_BYTES or batch.next_offset() == 1  # compressed: smaller
+        found = MemoryRecords(bytes(batch.buffer()))
+        while found.has_next():
+            sent.extend(r.value for r in found.next_batch())
+    assert sent == records
+    assert [b.next_offset() for b in batches] == [10, 1, 11, 1]  # big alone; y and z not together
