@@ -14,6 +14,7 @@ import sys
 
 from metricbus.schemas import MetricbusError
 
+from ._common import WITHOUT_PANDAS, keep_pandas_out
 from ._logs import Printable, Repeats
 from ._parser import build_parser
 from ._stack import up_consumers
@@ -24,6 +25,8 @@ __all__ = ["Repeats", "build_parser", "main", "up_consumers"]
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``metricbus`` console script."""
     args = build_parser().parse_args(argv)
+    if argv is None and args.command in WITHOUT_PANDAS:  # the console script's own process
+        keep_pandas_out()
     root = logging.getLogger()
     if not root.handlers:  # as logging.basicConfig, with a Printable formatter
         console = logging.StreamHandler()

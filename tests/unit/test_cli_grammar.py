@@ -160,3 +160,23 @@ def test_a_client_joins_the_running_stack_unless_told_otherwise_and_ignores_a_de
     assert stack is None and settings.local_port == 9092  # both gone: the defaults
     assert caplog.text.count("is not running any more") == 2
     assert not list((tmp_path / "runtime").glob("*.json"))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["runs", "--json"], ["health", "ppo-lr3e-4", "--json"], ["compare", "ppo-lr3e-4", "20261126-020202-bbbb2222", "--json"]],
+)
+def test_the_archive_reading_commands_answer_the_same_without_pandas_in_their_process(archive, argv, capsys):
+    """`metricbus runs/health/compare` keep pandas out of their own process (pyarrow's dataset
+    module imports it at its import: 0.2 s of a 1 s command); the answer is the one a process
+    with pandas gives, and a caller of main() keeps its pandas."""
+    script = (
+        "import sys; from metricbus.cli import main; sys.argv[0] = 'metricbus'; rc = main(); "
+        "print('pandas' in sys.modules, 'pyarrow.dataset' in sys.modules, file=sys.stderr); sys.exit(rc)"
+    )
+    done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.split()[-2:] == ["False", "True"]  # the archive was read, pandas never imported
+    assert main(argv) == 0
+    assert json.loads(done.stdout) == json.loads(capsys.readouterr().out)
+    assert not any(type(f).__name__ == "_NoPandas" for f in sys.meta_path)  # a caller's imports: its own
