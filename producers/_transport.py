@@ -357,9 +357,9 @@ class KafkaTransport:
 
     def close(self) -> None:
         """Close the clients without waiting; unacknowledged records stay in the spool."""
-        producer, self._client = self._client, None
+        net, self._client = self._client, None
         admin, self._admin = self._admin, None
-        for client in (producer, admin):
+        for client in (net, admin):
             if client is not None:
                 try:
                     client.close()
