@@ -345,7 +345,7 @@ class Publisher:
                 while more and not self._stopping:  # a batch per hold of the lock: under overload
                     with self._lock:  # the queue never empties, and the sender needs the lock too
                         more = self._spool_queue_locked(batches=1)
-                    if self.spool.unsent_bytes or self._flushing or self._held:
+                    if self.spool.unsent_bytes or self._flushing:
                         self._send_wake.set()  # else it has nothing new: let it sleep its interval
                     self._sync_if_behind()
         except Exception:  # noqa: BLE001 - the thread must never die silently
