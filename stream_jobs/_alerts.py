@@ -1,7 +1,9 @@
 """Alert evaluation: per (run, rule, series) state, firing once and resolving with hysteresis.
 
 A condition must hold ``for`` consecutive evaluations to fire, and stay false for
-``resolve_after_s`` (event time) to resolve, so a flapping metric is one alert, not a storm.
+``resolve_after`` evaluations and ``resolve_after_s`` of event time to resolve, so a flapping
+metric is one alert, not a storm. At the run's end an alert whose condition had stopped holding
+for ``resolve_after`` evaluations resolves (a short run that recovered is not left "ended").
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ._rules import OPS, Rule
+from ._shift import ShiftParams, ShiftState
 from ._stats import RollingMoments
 
 _NONE: list[dict[str, Any]] = []  # shared, never appended to: most series match no rule
@@ -29,8 +32,14 @@ class _State:
     streak: int = 0
     firing: bool = False
     false_since: int | None = None
+    false_count: int = 0  #: evaluations in a row the condition was false while firing
     window: RollingMoments | None = None
     previous: float | None = None
+    repeats: int = 0  #: frozen: equal finite values in a row so far
+    exempt: bool = False  #: frozen: the series repeated a value in its warm-up (logged stale by design)
+    #: threshold with patience: its latest (step, value), at most PATIENCE_KEPT
+    history: list[tuple[int, float]] | None = None
+    shift: ShiftState | None = None
 
 
 class AlertEngine:
@@ -116,24 +125,57 @@ class AlertEngine:
             state = self._state.get((run_id, rule.name, series))
             if state is None:
                 state = self._new_state((run_id, rule.name, series))
-            skip = min(max(rule.warmup - state.seen, 0), len(values))
+            vals, stps, stms = values, steps, stamps
+            if rule.kind == "frozen":  # its warm-up is watched, not skipped
+                _watch_repeats(rule, state, vals)
+            else:
+                skip = min(max(rule.warmup - state.seen, 0), len(vals))
+                if skip:  # still warming up: these values are not evaluated
+                    vals, stps, stms = vals[skip:], stps[skip:], stms[skip:]
             state.seen += len(values)
-            if skip:  # still warming up: these values are not evaluated
-                values, steps, stamps = values[skip:], steps[skip:], stamps[skip:]
-            if not values:
+            if not vals:
                 continue
-            if not state.firing and _quiet(rule, state, values):
+            if rule.kind == "shift":
+                out += self._shift(rule, state, run_id, series, vals, stps, stms)
+                continue
+            if not state.firing and _quiet(rule, state, vals):
                 state.streak = 0
                 continue
-            if len(values) >= _VECTOR_MIN:
-                conditions = _conditions(rule, state, values)
-                out += _walk(rule, state, conditions, run_id, series, values, steps, stamps)
+            if len(vals) >= _VECTOR_MIN and not rule.patience_steps:
+                conditions = _conditions(rule, state, vals)
+                out += _walk(rule, state, conditions, run_id, series, vals, stps, stms)
                 continue
-            for value, step, ts_ms in zip(values, steps, stamps, strict=True):
-                condition = self._condition(rule, state, value)
+            for value, step, ts_ms in zip(vals, stps, stms, strict=True):
+                condition = self._condition(rule, state, value, step)
                 alert = self._transition(rule, state, condition, run_id, series, value, step, ts_ms)
                 if alert is not None:
                     out.append(alert)
+        return out
+
+    def _shift(
+        self,
+        rule: Rule,
+        state: _State,
+        run_id: str,
+        series: str,
+        values: Sequence[float],
+        steps: Sequence[int | None],
+        stamps: Sequence[int],
+    ) -> list[dict[str, Any]]:
+        """A ``shift`` rule over a column: evaluated at the end of each block (see ``_shift``)."""
+        if state.shift is None:
+            state.shift = ShiftState()
+        out = []
+        for verdict in state.shift.feed(_shift_params(rule), values, steps, lambda: state.firing):
+            i = verdict.index
+            was_firing = state.firing
+            alert = self._transition(
+                rule, state, verdict.holds, run_id, series, verdict.median, steps[i], stamps[i], verdict.why
+            )
+            if was_firing and not state.firing:
+                state.shift.release()
+            if alert is not None:
+                out.append(alert)
         return out
 
     def _new_state(self, key: tuple[str, str, str]) -> _State:
@@ -142,11 +184,13 @@ class AlertEngine:
         return state
 
     def end(self, run_id: str, ts_ms: int, step: int | None) -> list[dict[str, Any]]:
-        """Close every alert still firing on a run that finished: each gets the state "ended".
+        """Close every alert still firing on a run that finished: "resolved" or "ended".
 
-        A finished run's condition can no longer stop holding, so its alerts would stay
-        "firing" for ever (Alertmanager closes an alert at its end of life likewise). Its rules
-        start afresh if the run is resumed.
+        An alert whose condition had stayed false for the rule's ``resolve_after`` evaluations
+        resolves (the run recovered before it ended, too quickly for ``resolve_after_s``); any
+        other gets "ended": a finished run's condition can no longer stop holding, so its alerts
+        would stay "firing" for ever (Alertmanager closes an alert at its end of life likewise).
+        Its rules start afresh if the run is resumed.
         """
         by_name = {rule.name: rule for rule in self._value_rules}
         out = []
@@ -155,9 +199,17 @@ class AlertEngine:
             rule = by_name.get(key[1])
             if rule is None or not state.firing:
                 continue
-            state.firing, state.streak, state.false_since = False, 0, None
-            why = "the run finished while it fired"
-            out.append(_alert(rule, "ended", run_id, key[2], None, step, ts_ms, why))
+            recovered = state.false_count >= max(1, rule.resolve_after)
+            count = state.false_count
+            state.firing, state.streak, state.false_since, state.false_count = False, 0, None, 0
+            if state.shift is not None:
+                state.shift.release()
+            if recovered:
+                why = f"back within limits for the run's last {count} evaluations"
+                out.append(_alert(rule, "resolved", run_id, key[2], None, step, ts_ms, why))
+            else:
+                why = "the run finished while it fired"
+                out.append(_alert(rule, "ended", run_id, key[2], None, step, ts_ms, why))
         return out
 
     def forget(self, run_id: str) -> None:
@@ -233,13 +285,18 @@ class AlertEngine:
         return out
 
     @staticmethod
-    def _condition(rule: Rule, state: _State, value: float) -> bool:
+    def _condition(rule: Rule, state: _State, value: float, step: int | None = None) -> bool:
         if rule.kind == "nonfinite":
             return not math.isfinite(value)
         if not math.isfinite(value):
             return False  # NaN is the nonfinite rule's business; it never satisfies a threshold
         if rule.kind == "threshold":
-            return OPS[rule.op](value, float(rule.value))
+            below = OPS[rule.op](value, float(rule.value))
+            return below and (not rule.patience_steps or _stalled(rule, state, value, step))
+        if rule.kind == "frozen":
+            state.repeats = state.repeats + 1 if value == state.previous else 1
+            state.previous = value
+            return not state.exempt and state.repeats >= int(rule.window)
         if rule.kind == "rate":
             previous, state.previous = state.previous, value
             return previous is not None and abs(value - previous) > float(rule.max_change)
@@ -267,25 +324,79 @@ class AlertEngine:
         value: float,
         step: int | None,
         ts_ms: int,
+        why: str | None = None,
     ) -> dict[str, Any] | None:
         if condition:
             state.streak += 1
             state.false_since = None
+            state.false_count = 0
             if not state.firing and state.streak >= max(1, int(rule.for_)):
                 state.firing = True
-                return _alert(
-                    rule, "firing", run_id, series, value, step, ts_ms, _why(rule, value, state.streak)
-                )
+                why = why or _why(rule, value, state.streak)
+                return _alert(rule, "firing", run_id, series, value, step, ts_ms, why)
             return None
         state.streak = 0
         if state.firing:
             if state.false_since is None:
                 state.false_since = ts_ms
-            if ts_ms - state.false_since >= rule.resolve_after_s * 1000:
+            state.false_count += 1
+            if (
+                state.false_count >= int(rule.resolve_after)
+                and ts_ms - state.false_since >= rule.resolve_after_s * 1000
+            ):
                 state.firing = False
                 state.false_since = None
+                state.false_count = 0
                 return _alert(rule, "resolved", run_id, series, value, step, ts_ms, "back within limits")
         return None
+
+
+def _shift_params(rule: Rule) -> ShiftParams:
+    return ShiftParams(
+        int(rule.block), int(rule.reference), int(rule.gap), float(rule.slack), float(rule.limit),
+        float(rule.floor), rule.direction,
+    )
+
+
+#: the most values a patience rule keeps (the oldest go first)
+PATIENCE_KEPT = 1000
+
+
+def _stalled(rule: Rule, state: _State, value: float, step: int | None) -> bool:
+    """Whether the series has stopped improving (``value`` counted): see ``Rule.patience_steps``.
+
+    Its mean over the last ``H`` steps is no better (by more than ``min_delta``) than over the
+    ``H`` steps before them, where ``H`` is ``patience_steps``, or ``patience_share`` of the
+    steps so far if that is more. Better is the side the threshold wants: higher for ``<``/``<=``
+    (a target to reach), lower for ``>``/``>=``. With less than ``2H`` steps seen it is still
+    improving, as far as anyone can tell.
+    """
+    if state.history is None:
+        state.history = []
+    history = state.history
+    if step is None:  # no step: values count as steps
+        step = history[-1][0] + 1 if history else 0
+    history.append((step, value))
+    if len(history) > PATIENCE_KEPT:
+        del history[0]
+    span = max(float(rule.patience_steps), float(rule.patience_share) * step)
+    if step - history[0][0] < 2 * span - 1:
+        return False
+    recent = [v for s, v in history if s > step - span]
+    before = [v for s, v in history if step - 2 * span < s <= step - span]
+    if not recent or not before:
+        return False
+    gain = math.fsum(recent) / len(recent) - math.fsum(before) / len(before)
+    return (gain if rule.op[0] == "<" else -gain) <= float(rule.min_delta)
+
+
+def _watch_repeats(rule: Rule, state: _State, values: Sequence[float]) -> None:
+    """A ``frozen`` rule's warm-up: a series that repeats a value in it is never judged."""
+    left = int(rule.warmup) - state.seen
+    if left <= 0 or state.exempt:
+        return
+    head = [state.previous, *values[:left]] if state.previous is not None else list(values[:left])
+    state.exempt = any(a == b for a, b in zip(head, head[1:], strict=False))
 
 
 def _widen(ranges: dict[str, tuple[float, float]], run_id: str, values: Sequence[float]) -> None:
@@ -307,6 +418,12 @@ def _quiet(rule: Rule, state: _State, values: Sequence[float]) -> bool:
         return False
     kind = rule.kind
     if kind == "nonfinite":
+        return True
+    if kind == "frozen":
+        chain = [state.previous, *values] if state.previous is not None else list(values)
+        if any(map(operator.eq, chain, chain[1:])):
+            return False
+        state.previous, state.repeats = values[-1], 1
         return True
     if kind == "threshold":
         op = rule.op
@@ -337,6 +454,14 @@ def _quiet(rule: Rule, state: _State, values: Sequence[float]) -> bool:
 _VECTOR_MIN = 16  # shorter columns go value by value: numpy's fixed cost is larger
 
 
+def _frozen(rule: Rule, state: _State, values: Sequence[float]) -> np.ndarray:
+    """A ``frozen`` rule's condition at every value (equal values in a row, counted across columns)."""
+    cond = np.zeros(len(values), dtype=bool)
+    for i, value in enumerate(values):
+        cond[i] = AlertEngine._condition(rule, state, value)
+    return cond
+
+
 def _conditions(rule: Rule, state: _State, values: Sequence[float]) -> np.ndarray:
     """The rule's condition at every value, as :meth:`AlertEngine._condition` one by one would."""
     a = np.asarray(values, dtype=float)
@@ -345,6 +470,8 @@ def _conditions(rule: Rule, state: _State, values: Sequence[float]) -> np.ndarra
         return ~finite
     if rule.kind == "threshold":
         return finite & OPS[rule.op](a, float(rule.value))  # type: ignore[arg-type]  # elementwise
+    if rule.kind == "frozen":
+        return _frozen(rule, state, values)
     cond = np.zeros(a.size, dtype=bool)
     f = a[finite]
     if not f.size:
@@ -390,26 +517,35 @@ def _walk(
                 out.append(_alert(rule, "firing", run_id, series, values[j], steps[j], stamps[j], why))
             state.streak += end - start
             state.false_since = None
+            state.false_count = 0
             continue
         state.streak = 0
         if not state.firing:
             continue
         if state.false_since is None:
             state.false_since = stamps[start]
-        late = np.flatnonzero(np.asarray(stamps[start:end]) - state.false_since >= resolve_ms)
+        # the first value by which the condition was false long enough, in evaluations and time
+        first = start + max(0, int(rule.resolve_after) - state.false_count - 1)
+        late = np.flatnonzero(np.asarray(stamps[first:end]) - state.false_since >= resolve_ms)
         if late.size:
-            j = start + int(late[0])
+            j = first + int(late[0])
             state.firing = False
             state.false_since = None
+            state.false_count = 0
             why = "back within limits"
             out.append(_alert(rule, "resolved", run_id, series, values[j], steps[j], stamps[j], why))
+        else:
+            state.false_count += end - start
     return out
 
 
 def _why(rule: Rule, value: float, streak: int) -> str:
     if rule.kind == "threshold":
         times = f" for {streak} evaluations" if streak > 1 else ""
-        return f"{value:.4g} {rule.op} {rule.value:g}{times}"
+        stalled = f", no better than {rule.patience_steps} steps before" if rule.patience_steps else ""
+        return f"{value:.4g} {rule.op} {rule.value:g}{times}{stalled}"
+    if rule.kind == "frozen":
+        return f"the same value {value:.6g} {rule.window} times in a row"
     if rule.kind == "rate":
         return f"changed by more than {rule.max_change:g} in one step (now {value:.4g})"
     if rule.kind == "zscore":

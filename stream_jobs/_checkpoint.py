@@ -30,12 +30,14 @@ from ._processor import StreamProcessor
 log = logging.getLogger("metricbus.stream")
 
 #: Bumped whenever the pickled classes change shape; older checkpoints are then refused.
-#: 10: the rank merger keeps the lags it does not know yet; 9: a series keeps where its last
-#: value was (the run's end puts its last smoothed point there), per-label points wait for
-#: their step's end; 8: the classes live under metricbus.stream_jobs (one installed name); 7:
-#: the rank merger's leader time, the finished runs' order; 6: per-label series; 5: one
-#: checkpoint per partition (older ones: refused, rebuilt)
-FORMAT = 10
+#: 11: an alert rule's state keeps its shift detector, frozen count, patience history and
+#: the evaluations it was false for; 10: the rank merger keeps the lags it does not know
+#: yet; 9: a series keeps where its last value was (the run's end puts its last smoothed
+#: point there), per-label points wait for their step's end; 8: the classes live under
+#: metricbus.stream_jobs (one installed name); 7: the rank merger's leader time, the finished
+#: runs' order; 6: per-label series; 5: one checkpoint per partition (older ones: refused,
+#: rebuilt)
+FORMAT = 11
 
 
 def checkpoint_dir(settings: Settings, group_id: str) -> Path:

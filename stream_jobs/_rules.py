@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import math
 import operator
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ OPS: dict[str, Callable[[float, float], bool]] = {
 #: the roles a rule's ``metric`` (or ``only_if``) may name instead of a series: the run's reward
 #: or loss, whatever its framework called it (the stream config's alias catalog)
 ROLES = ("@reward", "@loss")
-KINDS = ("threshold", "nonfinite", "absent", "zscore", "rate")
+KINDS = ("threshold", "nonfinite", "absent", "shift", "frozen", "zscore", "rate")
 _FIELDS = {
     "name",
     "kind",
@@ -37,8 +38,18 @@ _FIELDS = {
     "z",
     "direction",
     "max_change",
+    "block",
+    "reference",
+    "gap",
+    "slack",
+    "limit",
+    "floor",
+    "patience_steps",
+    "patience_share",
+    "min_delta",
     "seconds",
     "severity",
+    "resolve_after",
     "resolve_after_s",
     "message",
     "only_if",
@@ -72,19 +83,29 @@ class Rule:
     """One alert rule. ``metric`` is a glob over logged and derived series names."""
 
     name: str  #: the rule's name, unique in its file: the alert's title
-    kind: str  #: threshold | nonfinite | absent | zscore | rate
+    kind: str  #: threshold | nonfinite | absent | shift | frozen | zscore | rate
     metric: str = "*"  #: a glob over logged and derived series names (``*[Ll]oss*``)
     op: str = ">"  #: threshold: > >= < <=
     value: float = 0.0  #: threshold: the limit
     for_: int = 1  #: consecutive evaluations the condition must hold before firing
-    warmup: int = 0  #: first evaluations of each series that are ignored
-    window: int = 20  #: zscore: values in the reference window
+    warmup: int = 0  #: first evaluations of each series ignored (frozen: watched for repeats)
+    patience_steps: int = 0  #: threshold: holds only while its mean over the last H steps is no better ...
+    patience_share: float = 0.0  #: ... than over the H before; H = max(patience_steps, this x step)
+    min_delta: float = 0.0  #: threshold with patience: improving means better by more than this
+    window: int = 20  #: zscore: values in the reference window; frozen: equal values in a row that fire
     z: float = 4.0  #: zscore: |value - mean| / std above this fires
-    direction: str = "both"  #: zscore: both | above | below
+    direction: str = "both"  #: shift, zscore: both | above | below
+    block: int = 20  #: shift: values per block (each judged by its median)
+    reference: int = 40  #: shift: blocks in the reference a block is judged against
+    gap: int = 2  #: shift: blocks left out between the reference and the block judged
+    slack: float = 3.5  #: shift: CUSUM allowance, in reference sds (a block this far out adds nothing)
+    limit: float = 3.5  #: shift: CUSUM decision limit, in reference sds
+    floor: float = 0.01  #: shift: the smallest reference sd, as a share of the reference median's size
     max_change: float = 0.0  #: rate: |value - previous value| above this fires
     seconds: float = 300.0  #: absent: silence longer than this fires
     severity: str = "warning"  #: critical | warning | info
-    resolve_after_s: float = 30.0  #: the condition must stay false this long before "resolved"
+    resolve_after: int = 3  #: the condition must stay false this many evaluations ...
+    resolve_after_s: float = 30.0  #: ... and this long (event time) before "resolved"
     message: str = ""  #: the alert's text, followed by why it fired (the value against the limit)
     only_if: Scope | None = None  #: the runs this rule applies to (all when None)
     line: int = 0  #: where the rule starts in its file
@@ -175,15 +196,25 @@ def _rule(raw: Any, source: str) -> Rule:
         raise ConfigError(f"{where}: rule {name!r} watches {metric!r}; a role is one of {', '.join(ROLES)}")
     if "only_if" in raw:
         fields["only_if"] = _scope(raw["only_if"], f"{where}: rule {name!r}")
-    if kind == "zscore" and fields.get("direction", "both") not in ("both", "above", "below"):
-        raise ConfigError(f"{where}: zscore rule {name!r}: direction must be both, above or below")
+    if kind in ("zscore", "shift") and fields.get("direction", "both") not in ("both", "above", "below"):
+        raise ConfigError(f"{where}: {kind} rule {name!r}: direction must be both, above or below")
+    if ("patience_steps" in raw or "patience_share" in raw) and kind != "threshold":
+        raise ConfigError(
+            f"{where}: rule {name!r}: patience_steps and patience_share are for threshold rules "
+            "(a target not met while the series has stopped improving)"
+        )
     try:
         rule = Rule(**fields)
-        for numeric in ("value", "z", "max_change", "seconds", "resolve_after_s"):
-            float(getattr(rule, numeric))
-        for integer in ("for_", "warmup", "window"):
+        numerics = ("value", "z", "max_change", "seconds", "resolve_after_s", "slack", "limit", "floor")
+        for numeric in (*numerics, "min_delta", "patience_share"):
+            if not math.isfinite(float(getattr(rule, numeric))):
+                raise ValueError(f"{numeric} must be finite")
+        for integer in ("for_", "warmup", "window", "patience_steps", "gap", "resolve_after"):
             if int(getattr(rule, integer)) < 0:
-                raise ValueError(integer)
+                raise ValueError(f"{integer} must be 0 or more")
+        for positive in ("block", "reference"):
+            if int(getattr(rule, positive)) < 2:
+                raise ValueError(f"{positive} must be 2 or more")
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: rule {name!r} has a value of the wrong type ({exc})") from None
     return rule

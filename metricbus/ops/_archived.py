@@ -31,6 +31,10 @@ log = logging.getLogger("metricbus.board")
 REFRESH_S = 30.0
 #: archived run pages kept, the most recently asked for
 PAGES_KEPT = 4
+#: seconds a refresh may spend deriving archived runs' alerts (the rest wait for the next one)
+ALERTS_BUDGET_S = 5.0
+#: a run not finished whose last event is this recent is live: the topics hold its alerts
+LIVE_FOR_S = 300.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +77,10 @@ class ArchivedRuns:
         self._thread: threading.Thread | None = None
         #: set once the archive's runs were listed (the first listing can take seconds)
         self.listed = threading.Event()
+        #: run -> (its files' stamp, its alerts as the board's rows), newest runs derived first
+        self._alerts: dict[str, tuple[Any, list[dict[str, Any]]]] = {}
+        #: archived runs whose alerts are not derived yet
+        self.alerts_pending = 0
 
     def start(self) -> ArchivedRuns:
         self._thread = threading.Thread(target=self._loop, name="metricbus-archived", daemon=True)
@@ -112,6 +120,40 @@ class ArchivedRuns:
         with self._lock:
             self._rows = table
         self.listed.set()
+        self._derive_alerts(rows, now)
+
+    def _derive_alerts(self, rows: list[dict[str, Any]], now_ms: float) -> None:
+        """Derive the alerts of archived runs whose files changed, newest first, within the budget.
+
+        A live run is left to the topics (its files change at every flush).
+        """
+        deadline = time.monotonic() + ALERTS_BUDGET_S
+        with self._listing:
+            stamps = {run_id: kept[0] for run_id, kept in self._read.items()}
+        todo = []
+        for row in sorted(rows, key=lambda r: -(r["last_ts_ms"] or 0)):
+            live = not row["finished"] and now_ms - (row["last_ts_ms"] or 0) < LIVE_FOR_S * 1000
+            kept = self._alerts.get(row["run_id"])
+            if not live and (kept is None or kept[0] != stamps.get(row["run_id"])):
+                todo.append(row["run_id"])
+        done = 0
+        for run_id in todo:
+            if time.monotonic() > deadline or self._stop.is_set():
+                break
+            derived = alert_rows(self.settings, run_id, self.rules)
+            if derived is not None:
+                with self._lock:
+                    self._alerts[run_id] = (stamps.get(run_id), derived)
+            done += 1
+        with self._lock:
+            for gone in set(self._alerts) - {r["run_id"] for r in rows}:
+                del self._alerts[gone]
+        self.alerts_pending = len(todo) - done
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """The archived runs' alerts derived so far: the board's alert rows, with ``run_id``."""
+        with self._lock:
+            return [a for _, derived in self._alerts.values() for a in derived]
 
     def rows(self) -> dict[str, dict[str, Any]]:
         """Run id -> its runs-table row, in the live board's shape."""
@@ -178,6 +220,19 @@ def fold(settings: Settings, run_id: str, rules: RuleFiles) -> dict[str, Any] | 
         detail["archived"] = True  # the page says it is drawn from the archive
         detail["max_points"] = MAX_POINTS
     return detail
+
+
+def alert_rows(settings: Settings, run_id: str, rules: RuleFiles) -> list[dict[str, Any]] | None:
+    """The alerts ``rules`` raise on an archived run, as the board's rows; None if unreadable."""
+    from metricbus._replay import backtest
+
+    board = RunBoard(settings)
+    try:
+        board.fold((), backtest(settings, rules.rules, run_id, rules.config))
+    except (OSError, ValueError, MetricbusError) as exc:
+        log.warning("archived run %s: cannot derive its alerts (%s)", run_id, exc)
+        return None
+    return board.alerts()
 
 
 def _row(row: dict[str, Any], now_ms: float) -> dict[str, Any]:

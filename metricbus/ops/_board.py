@@ -155,6 +155,27 @@ class RunView:
         }
 
 
+def _json_number(value: Any) -> float | str | None:
+    """A number for the page's JSON: NaN and the infinities as their names."""
+    if value is None or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else str(value)
+
+
+def _after_common(evidence: str | None, message: Any) -> str:
+    """``message`` without the rule's message it shares with ``evidence`` (both begin "<message>: ")."""
+    text = str(message)
+    if not evidence:
+        return text
+    cut = 0
+    for i, (a, b) in enumerate(zip(evidence, text, strict=False)):
+        if a != b:
+            break
+        if text.startswith(": ", i):
+            cut = i + 2
+    return text[cut:] or text
+
+
 class RunBoard:
     """Runs folded from the events, aggregates and alerts topics. Thread-safe snapshots."""
 
@@ -354,19 +375,33 @@ class RunBoard:
         points.append((step, value if math.isfinite(value) else None, ts_ms))
 
     def _alert(self, alert: dict[str, Any]) -> None:
+        """Fold one alert transition into its (rule, metric) row.
+
+        The row keeps what the firing said (its step, value and evidence) when it resolves or
+        ends, beside how and where that happened: a resolved alert still shows why it fired.
+        """
         view = self._run(alert["run_id"][:128])
         key = f"{alert['rule']}/{alert['metric']}"[:300]
-        prior = view.alerts.get(key)
+        prior = view.alerts.get(key) or {}
+        state = str(alert["state"])[:20]
+        firing = state == "firing"
+        value = alert["value"]
         row = {
             "rule": str(alert["rule"])[:200],
             "metric": str(alert["metric"])[:200],
             "severity": str(alert["severity"])[:20],
-            "state": str(alert["state"])[:20],
+            "state": state,
             "step": alert["step"],
             "message": str(alert["message"])[:500],
             "ts_ms": alert["ts_ms"],
-            "fired_ms": alert["ts_ms"] if alert["state"] == "firing" else (prior or {}).get("fired_ms"),
-            "resolved_ms": alert["ts_ms"] if alert["state"] in ("resolved", "ended") else None,
+            "fired_ms": alert["ts_ms"] if firing else prior.get("fired_ms"),
+            "fired_step": alert["step"] if firing else prior.get("fired_step"),
+            # JSON has no NaN: a NaN loss's value is said in words
+            "value": _json_number(value) if firing else prior.get("value"),
+            "evidence": str(alert["message"])[:500] if firing else prior.get("evidence"),
+            "resolved_ms": None if firing else alert["ts_ms"],
+            "resolved_step": None if firing else alert["step"],
+            "resolution": None if firing else _after_common(prior.get("evidence"), alert["message"])[:300],
         }
         if key not in view.alerts and len(view.alerts) >= MAX_SERIES:
             return

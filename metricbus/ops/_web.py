@@ -521,15 +521,21 @@ def _overview(
     settings: Settings, board: RunBoard, pipeline: Pipeline, archive: ArchivedRuns | None = None
 ) -> dict[str, Any]:
     live = board.runs_table()
+    alerts = board.alerts()
+    pending = 0
     if archive is not None:  # the archived runs the topics no longer hold, after the live ones
         held = {r["run_id"] for r in live}
         older = [r for run_id, r in archive.rows().items() if run_id not in held]
         live += sorted(older, key=lambda r: -(r["started_ms"] or 0))
+        alerts += [a for a in archive.alerts() if a["run_id"] not in held]
+        alerts.sort(key=lambda a: -a["ts_ms"])
+        pending = archive.alerts_pending
     return {
         "at": round(time.time(), 3),
         "kafka": settings.bootstrap_servers,
         "runs": live,
-        "alerts": board.alerts()[:200],
+        "alerts": alerts[:200],
+        "alerts_pending": pending,
         "pipeline": pipeline.latest,
         "board": {"records": board.records, "skipped": board.skipped, "error": board.error},
     }

@@ -45,22 +45,39 @@ def test_the_demos_ppo_learning_normally_fires_nothing(settings, worker):
     assert alerts_of_closed_run(settings, run.run_id) == []
 
 
+def test_the_quick_starts_example_learning_from_0_to_1_fires_nothing(settings, worker):
+    """The README's loop: a loss that falls, a reward that rises from 0 to 1, epochs of 100 steps."""
+    rng = np.random.default_rng(1)
+    run = Run("cartpole", name="ppo-lr3e-4", config={"lr": 3e-4}, settings=settings, system_metrics=False)
+    for step in range(1000):
+        loss = 2.0 * math.exp(-step / 300) + 0.05 * rng.random()
+        reward = min(1.0, max(0.0, step / 1000 + 0.05 * rng.standard_normal()))  # variance 0.0025
+        run.log({"Train/Loss": loss, "Train/AvgReward": reward}, step=step, epoch=step // 100)
+    assert run.finish(timeout=30)
+    assert alerts_of_closed_run(settings, run.run_id) == []
+
+
 def test_each_injected_defect_fires_its_rule_at_the_step_that_shows_it(settings, worker):
+    """The change detectors judge a block of 20 values against the 40 blocks before them."""
     rng = np.random.default_rng(0)
-    noise = rng.normal(0, 0.01, 60)
+    noise = rng.normal(0, 0.01, 1000)
 
     nan = Run("defects", name="nan-loss", settings=settings, system_metrics=False)
     for step in range(20):
         nan.log({"Train/Loss": math.nan if step == 12 else 1.0 + noise[step]}, step=step)
 
     collapse = Run("defects", name="reward-collapse", settings=settings, system_metrics=False)
-    for step in range(40):  # seed 004's scale: 0.8 for 30 steps, then 0.05
-        collapse.log({"Train/AvgReward": 0.8 + noise[step] if step < 30 else 0.05}, step=step)
+    for step in range(960):  # rewards in [0, 1]: 0.8 for 905 steps, then 0.05
+        collapse.log({"Train/AvgReward": 0.8 + noise[step] if step < 905 else 0.05}, step=step)
 
     diverging = Run("defects", name="loss-diverging", settings=settings, system_metrics=False)
-    for step in range(40):  # SB3's loss name: the role, not the name, is watched
-        loss = 1.0 + noise[step] if step < 30 else 1.5 ** (step - 29)
+    for step in range(940):  # SB3's loss name: the role, not the name, is watched
+        loss = 1.0 + noise[step] if step < 905 else 1.5 ** (step - 904)
         diverging.log({"train/loss": loss}, step=step)
+
+    frozen = Run("defects", name="loss-frozen", settings=settings, system_metrics=False)
+    for step in range(400):  # a loss no update reaches any more: the same value from step 200
+        frozen.log({"Train/Loss": 1.0 + noise[min(step, 200)]}, step=step)
 
     # two ranks of one run; rank 1 logs each step 20 steps after rank 0 did (in event time). The
     # lag is counted in rank 0's events that the worker has seen when rank 1 reports a step, so
@@ -88,22 +105,25 @@ def test_each_injected_defect_fires_its_rule_at_the_step_that_shows_it(settings,
     for step in range(30, 50):
         ranks[1].log({"Train/Loss": 1.0}, step=step)
 
-    for run in (nan, collapse, diverging, *ranks):
+    for run in (nan, collapse, diverging, frozen, *ranks):
         assert run.finish(timeout=30)
 
     got = fired(alerts_of_closed_run(settings, nan.run_id))
     assert set(got) == {"nan_loss"} and got["nan_loss"]["step"] == 12
     got = fired(alerts_of_closed_run(settings, collapse.run_id))
-    assert set(got) == {"reward_collapse"} and got["reward_collapse"]["step"] == 30
+    # the block of steps 900-919 has 15 collapsed values: its median shows it
+    assert set(got) == {"reward_collapse"} and got["reward_collapse"]["step"] == 919
+    assert "of steps 900-919" in got["reward_collapse"]["message"]
     got = fired(alerts_of_closed_run(settings, diverging.run_id))
-    # 1.5, 2.25, 3.4: each more than 4 standard deviations above its last 20; the third fires
-    assert set(got) == {"loss_diverging"} and got["loss_diverging"]["step"] == 32
+    assert set(got) == {"loss_diverging"} and got["loss_diverging"]["step"] == 919
     assert got["loss_diverging"]["metric"] == "train/loss"
+    got = fired(alerts_of_closed_run(settings, frozen.run_id))
+    assert set(got) == {"loss_frozen"} and got["loss_frozen"]["step"] == 299  # 100 equal values
     alerts = alerts_of_closed_run(settings, ranks[0].run_id)
     got = fired(alerts)
     assert set(got) == {"straggler_rank"} and got["straggler_rank"]["value"] > 5
     # a finished run has nothing left firing: each firing alert resolved or ended
-    for run_id in (nan.run_id, collapse.run_id, diverging.run_id, ranks[0].run_id):
+    for run_id in (nan.run_id, collapse.run_id, diverging.run_id, frozen.run_id, ranks[0].run_id):
         states: dict[str, str] = {}
         for a in alerts_of_closed_run(settings, run_id):
             states[a["rule"]] = a["state"]

@@ -349,8 +349,19 @@ def test_runs_of_an_earlier_stack_are_listed_and_drawn_from_the_archive(settings
     detail = json.loads(body)
     assert code == 200 and detail["archived"] and len(detail["series"]["Train/Loss"]) == 40
     assert detail["series"]["Train/Loss_ema"][0][:2] == [0, 0.5] and detail["config"] == {"lr": 0.1}
-    # the alerts topic forgot it too: the stack's rules over the archived events give its alerts
-    assert [(a["rule"], a["state"], a["step"]) for a in detail["alerts"]] == [("nan_loss", "ended", 39)]
+    # the alerts topic forgot it too: the stack's rules over the archived events give its alerts;
+    # the loss was finite again for its last 9 steps, so the NaN alert resolved by the run's end
+    (alert,) = detail["alerts"]
+    assert (alert["rule"], alert["state"], alert["fired_step"], alert["value"]) == ("nan_loss", "resolved", 30, "nan")
+    assert alert["evidence"].startswith("loss is NaN or infinite") and alert["resolved_step"] == 39
+    # the Alerts page lists it too, from the archive (what an `up` restart leaves)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        listed = [a for a in json.loads(get(f"{dashboard}/api/status")[1])["alerts"] if a["run_id"] == row["run_id"]]
+        if listed:
+            break
+        time.sleep(0.5)
+    assert [(a["rule"], a["fired_step"], a["resolved_step"]) for a in listed] == [("nan_loss", 30, 39)]
     code, page = get(f"{dashboard}/runs/not-a-run-anywhere")
     assert code == 404 and b"not in the archive" in page and b'href="/static/app.css"' in page
     code, report = get(f"{dashboard}/runs/20261101-000000-earlier1/report", timeout=60)
@@ -376,6 +387,14 @@ def test_runs_of_an_earlier_stack_are_listed_and_drawn_from_the_archive(settings
         expect(page.locator("#links a")).to_have_attribute("href", "/runs/20261101-000000-earlier1/report")
         expect(page).to_have_title("from-last-week · metricbus")
         page.screenshot(path=str(tmp_path / "archived-run.png"), full_page=False)
+        page.goto(f"{dashboard}/alerts")
+        alert_row = page.locator("#alerts tr", has_text="20261101-000000-earlier1")
+        expect(alert_row).to_contain_text("nan_loss", timeout=30_000)
+        cells = alert_row.locator("td").all_inner_texts()
+        assert cells[5].split()[0] == "30" and cells[6] == "nan"  # fired at step, value
+        assert "loss is NaN or infinite" in cells[7]  # the evidence
+        assert cells[8].startswith("step 39: back within limits for the run's last 9 evaluations")
+        page.screenshot(path=str(tmp_path / "alerts-after-restart.png"), full_page=False)
         page.goto(f"{dashboard}/runs/not-a-run-anywhere")
         expect(page.get_by_role("link", name="All runs")).to_be_visible()
         browser.close()

@@ -120,8 +120,8 @@ def test_a_bad_rules_file_fails_at_load_with_the_line_and_the_fix(text, fragment
     assert fragment in str(exc.value)
 
 
-def _default_pack_on(step_rewards, epochs=4):
-    """The default rules over a run logging these per-step average rewards, 10 steps an epoch."""
+def _default_pack_on(step_rewards, epoch_len=100):
+    """The default rules over a run logging these per-step average rewards, epochs of ``epoch_len``."""
     proc = StreamProcessor(rules=load_rules(DEFAULT_RULES))
     body = {"epoch": 0, "rank": 0, "samples": {}}
     events = [
@@ -131,10 +131,10 @@ def _default_pack_on(step_rewards, epochs=4):
             i,
             1000 + i,
             METRICS,
-            {**body, "step": i, "epoch": i // 10, "scalars": {"Train/AvgReward": v}},
+            {**body, "step": i, "epoch": i // epoch_len, "scalars": {"Train/AvgReward": v}},
             b"",
         )
-        for i, v in enumerate(step_rewards[: epochs * 10])
+        for i, v in enumerate(step_rewards)
     ]
     events.append(
         Event("r", "p", len(events), 1100, RUN_FINISHED, {"status": "finished", "summary": {}}, b"")
@@ -143,14 +143,15 @@ def _default_pack_on(step_rewards, epochs=4):
 
 
 def test_seed_reward_rules_apply_to_unit_rewards_only():
-    """Seed 004's absolute targets assume rewards in [0, 1]; a CartPole-scale run gets none of them."""
+    """The absolute reward targets assume rewards in [0, 1]; a CartPole-scale run gets none of them."""
     rng = np.random.default_rng(5)
-    unit = (0.3 + 0.3 * rng.random(40)).tolist()  # low and spread: both seed rules are true
-    assert {"epoch_reward_below_target", "epoch_reward_unstable"} <= _default_pack_on(unit)
-    steady = (100 + 5 * rng.random(40)).tolist()
-    erratic = (100 + 120 * rng.random(40)).tolist()  # a learning RL run's spread: not a finding
+    # low, spread and not improving over 25,000 steps (the target compares two spans of 10,000)
+    unit = (0.2 + 0.4 * rng.random(25_000)).tolist()
+    assert {"epoch_reward_below_target", "epoch_reward_unstable"} <= _default_pack_on(unit, 1000)
+    steady = (100 + 5 * rng.random(25_000)).tolist()
+    erratic = (100 + 120 * rng.random(25_000)).tolist()  # a learning RL run's spread: not a finding
     for other_scale in (steady, erratic):
-        assert not _default_pack_on(other_scale)
+        assert not _default_pack_on(other_scale, 1000)
 
 
 def test_a_rule_may_watch_the_runs_reward_or_loss_by_role():
@@ -185,3 +186,104 @@ def test_every_alert_still_firing_when_the_run_finishes_is_ended_once_with_its_i
     assert (ended["rule"], ended["state"], ended["metric"], ended["step"]) == ("nan_loss", "ended", "Train/Loss", 9)
     assert ended["seq"] == fired[0]["seq"] + 1 and "the run finished while it fired" in ended["message"]
     assert proc.process([finished]).alerts == []  # said once: a re-delivered RunFinished ends nothing more
+
+
+# -- the change detectors and the target's patience ------------------------------------------
+
+SHIFT = "rules: [{name: drop, kind: shift, metric: r, direction: below, resolve_after_s: 0}]"
+
+
+def _feed(e, values, chunk=None, start=0, run="run"):
+    """Every value of ``values`` at steps start, start+1, ... (1 s apart), in chunks of ``chunk``."""
+    out, chunk = [], chunk or len(values)
+    for lo in range(0, len(values), chunk):
+        part = [float(v) for v in values[lo : lo + chunk]]
+        steps = list(range(start + lo, start + lo + len(part)))
+        out += e.observe_many(run, "r", part, steps, [s * 1000 for s in steps])
+    return out
+
+
+def test_shift_judges_each_blocks_median_against_the_spread_of_the_reference_blocks_medians():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(1200)
+    x[1005:] -= 3.0  # from the middle of the block of steps 1000-1019
+    (alert,) = _feed(engine(SHIFT), x)
+    medians = np.median(x[:1020].reshape(-1, 20), axis=1)
+    reference = medians[-43:-3]  # the 40 blocks before it, leaving out the 2 just before
+    z = (medians[-1] - np.median(reference)) / reference.std(ddof=1)
+    assert (alert["state"], alert["step"]) == ("firing", 1019)
+    assert alert["value"] == pytest.approx(medians[-1])
+    assert f"is {abs(z):.1f} sd below the median {np.median(reference):.4g} of steps 160-959" in alert["message"]
+    # the first block that fires: a CUSUM step of |z| - 3.5 past 3.5
+    assert abs(z) > 7.0
+
+
+def test_shift_is_silent_until_its_reference_is_full_and_on_a_constant_series_judges_by_its_floor():
+    e = engine(SHIFT)
+    assert _feed(e, [1.0] * 839 + [0.0]) == []  # 42 blocks before the first evaluation
+    e = engine(SHIFT)
+    # a constant 100: its sd is 1 % of 100; a drop to 99.5 is half of one, to 90 ten of them
+    assert _feed(e, [100.0] * 860 + [99.5] * 20) == []
+    (alert,) = _feed(e, [90.0] * 20, start=880)
+    assert alert["step"] == 899 and "(sd 1)" in alert["message"]
+
+
+def test_shift_holds_its_reference_while_it_fires_and_resolves_when_the_series_is_back():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(4000)
+    x[1000:2500] -= 10  # a collapse longer than the reference: judged against the past before it
+    alerts = _feed(engine(SHIFT), x, chunk=333)
+    # fired at the first collapsed block; resolved once blocks after 2500 are back (3 in a row)
+    (fired, resolved) = alerts
+    assert (fired["state"], fired["step"], resolved["state"]) == ("firing", 1019, "resolved")
+    assert resolved["step"] in (2559, 2579)  # 2579: the CUSUM took one block more to fall
+
+
+def test_shift_gives_the_same_alerts_however_the_values_are_cut_into_records():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(3000)
+    x[1500:1510] = math.nan  # left out of its blocks
+    x[2000:] += 5
+    rules = "rules: [{name: s, kind: shift, metric: r, direction: both, block: 10, reference: 30}]"
+    whole = _feed(engine(rules), x)
+    assert whole and whole == _feed(engine(rules), x, chunk=1) == _feed(engine(rules), x, chunk=37)
+
+
+def test_frozen_fires_on_a_value_repeated_window_times_unless_the_series_repeated_in_its_warmup():
+    rules = "rules: [{name: f, kind: frozen, metric: r, window: 50, warmup: 100}]"
+    x = list(np.random.default_rng(6).standard_normal(300))
+    x[150:] = [x[150]] * 150
+    (alert,) = _feed(engine(rules), x, chunk=64)
+    assert (alert["rule"], alert["step"]) == ("f", 199)
+    stale = [float(i // 10) for i in range(300)]  # an epoch's value logged at each of its steps
+    assert _feed(engine(rules), stale) == []
+
+
+def test_a_target_with_patience_leaves_an_improving_run_alone_and_fires_once_it_stalls_below():
+    rules = """
+rules:
+  - {name: low, kind: threshold, metric: r, op: "<", value: 0.7, patience_steps: 100, resolve_after_s: 0}
+"""
+    rising = [0.1 + 0.5 * s / 1000 for s in range(1000)]  # below 0.7 all along, but improving
+    assert _feed(engine(rules), rising) == []
+    stalls = [min(0.1 + 0.5 * s / 300, 0.4) for s in range(1000)]  # flat at 0.4 from step 180
+    (alert,) = _feed(engine(rules), stalls, chunk=50)
+    # both spans of 100 steps flat: steps 280-379 no higher than 180-279
+    assert alert["step"] == 379 and "no better than 100 steps before" in alert["message"]
+
+
+def test_an_alert_resolves_after_resolve_after_evaluations_and_seconds_and_at_the_run_end_if_recovered():
+    rules = "rules: [{name: hi, kind: threshold, metric: r, op: '>', value: 5, resolve_after: 3, resolve_after_s: 60}]"
+    e = engine(rules)
+    # fires at 0; false from step 1, but 3 evaluations within 60 s are not enough to resolve
+    alerts = _feed(e, [9, 1, 1, 1, 1])
+    assert [a["state"] for a in alerts] == ["firing"]
+    (resolved,) = e.end("run", 10_000, 4)  # the run ended with the condition false 4 times
+    assert resolved["state"] == "resolved" and "the run's last 4 evaluations" in resolved["message"]
+    e = engine(rules)
+    _feed(e, [9, 1, 1])
+    (ended,) = e.end("run", 10_000, 2)  # false twice only: it ended firing
+    assert ended["state"] == "ended"
+    e = engine(rules)
+    alerts = _feed(e, [9] + [1] * 70)  # false for 60 s and 3 evaluations: resolved then
+    assert [(a["state"], a["step"]) for a in alerts] == [("firing", 0), ("resolved", 61)]

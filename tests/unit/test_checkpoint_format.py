@@ -37,6 +37,9 @@ rules:
      only_if: {metric: "@reward", within: [0, 1]}}
   - {name: slow, kind: threshold, metric: Performance/Generation_TokensPerSec, op: "<", value: 190, for: 3}
   - {name: collapse, kind: zscore, metric: "@reward", window: 20, z: 2.0, direction: below}
+  - {name: shift, kind: shift, metric: "@reward", direction: below, block: 5, reference: 8}
+  - {name: frozen, kind: frozen, metric: "@loss", window: 50, warmup: 20}
+  - {name: target, kind: threshold, metric: Epoch/AvgReward, op: "<", value: 0.7, patience_steps: 50}
   - {name: jump, kind: rate, metric: Epoch/APITokens, max_change: 400}
 """
 

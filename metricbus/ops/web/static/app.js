@@ -23,8 +23,11 @@ function age(seconds) {
   return `${Math.round(seconds / 86400)} days`;
 }
 
+// the time of day; with the date when it is not today (an archived run's alert, say)
 function when(ms) {
-  return ms == null ? "-" : new Date(ms).toLocaleTimeString();
+  if (ms == null) return "-";
+  const d = new Date(ms);
+  return d.toDateString() === new Date().toDateString() ? d.toLocaleTimeString() : d.toLocaleString();
 }
 
 // an empty table says so (``empty``) instead of showing bare headers
@@ -82,6 +85,7 @@ function runsView(status) {
   ];
 }
 
+// an alert's row: what fired it (step, value, evidence) and how it ended, side by side
 function alertsTable(alerts, withRun, id = "alerts") {
   const rows = alerts.map((a) => [
     ...(withRun ? [el("td", {}, el("a", { href: `/runs/${encodeURIComponent(a.run_id)}` }, a.run_id))] : []),
@@ -89,13 +93,21 @@ function alertsTable(alerts, withRun, id = "alerts") {
     a.severity,
     a.rule,
     a.metric,
-    el("td", { class: "num" }, a.step == null ? "-" : a.step),
-    when(a.fired_ms),
-    when(a.resolved_ms),
-    el("td", { class: "wrap" }, a.message),
+    el("td", { class: "num" }, a.fired_step == null ? "-" : a.fired_step, el("div", { class: "muted" }, when(a.fired_ms))),
+    el("td", { class: "num" }, alertValue(a.value)),
+    el("td", { class: "wrap" }, a.evidence || a.message),
+    a.resolution == null
+      ? el("td", { class: "muted" }, a.state === "firing" ? "still firing" : "-")
+      : el("td", { class: "wrap" }, a.resolved_step == null ? "" : `step ${a.resolved_step}: `, a.resolution, el("div", { class: "muted" }, when(a.resolved_ms))),
   ]);
-  const heads = ["state", "severity", "rule", "metric", "step", "fired", "resolved", "message"];
+  const heads = ["state", "severity", "rule", "metric", "fired at step", "value", "evidence", "resolution"];
   return table(withRun ? ["run", ...heads] : heads, rows, id);
+}
+
+function alertValue(v) {
+  if (v == null) return "-";
+  if (typeof v === "string") return v; // NaN, inf
+  return Number.isInteger(v) ? String(v) : v.toPrecision(4);
 }
 
 function pipelineView(status) {
@@ -687,7 +699,13 @@ function experimentsView() {
 }
 
 if (path.startsWith("/runs/")) runView(decodeURIComponent(path.slice("/runs/".length)));
-else if (path === "/alerts") overview((s) => [el("h2", {}, "Alerts"), s.alerts.length ? alertsTable(s.alerts, true) : el("p", { class: "muted", id: "alerts" }, "No alerts raised on the runs the topics hold.")]);
+else if (path === "/alerts")
+  overview((s) => [
+    el("h2", {}, "Alerts"),
+    el("p", { class: "muted" }, "Live runs' alerts from the alerts topic; earlier runs' from the archive (the stack's rules over their events, as `metricbus backtest` shows them)."),
+    ...(s.alerts_pending ? [el("p", { class: "muted", id: "alerts-pending" }, `Still reading the archive: the alerts of ${s.alerts_pending} earlier runs are not shown yet.`)] : []),
+    s.alerts.length ? alertsTable(s.alerts, true) : el("p", { class: "muted", id: "alerts" }, "No alerts raised on any run."),
+  ]);
 else if (path === "/pipeline") overview(pipelineView);
 else if (path === "/experiments") experimentsView();
 else overview(runsView);
