@@ -469,18 +469,24 @@ def run_extent(archive: Path, run_id: str) -> dict[str, Any] | None:
     }
 
 
-def tidy(archive: Path, run_id: str, derived: bool = True, labels: bool = False) -> pa.Table:
+def tidy(
+    archive: Path,
+    run_id: str,
+    derived: bool = True,
+    labels: bool = False,
+    names: Collection[str] | None = None,
+) -> pa.Table:
     """One run's scalars as tidy rows: run, step, name, value, wall_time (UTC), sorted by step.
 
     ``derived=False`` leaves out the stream worker's derived series; ``labels=True`` adds the
-    ``labels`` of each value's event (a map, null for none).
+    ``labels`` of each value's event (a map, null for none); ``names``: only these series.
     """
     import pyarrow.compute as pc
 
     columns = ["run_id", "producer_id", "kind", "step", "name", "value", "ts_ms", "seq"]
     if labels:
         columns.append("labels")
-    table = read_table(archive, run_id, columns=columns)
+    table = read_table(archive, run_id, columns=columns, names=names)
     keep = pc.and_(pc.equal(table["kind"], METRICS), pc.is_valid(table["value"]))
     if not derived:
         keep = pc.and_(keep, pc.not_equal(table["producer_id"], DERIVED_PRODUCER))

@@ -37,6 +37,10 @@ from ._stats import Blocks, Welford, Window, fsum, trend_class
 log = logging.getLogger("metricbus.stream")
 
 
+#: Epoch/RewardCV is emitted only when the epoch's mean reward is at least this share of the
+#: size of its largest per-step average (else the mean is near 0 and the ratio means nothing)
+CV_MIN_MEAN_SHARE = 0.1
+
 class Point(NamedTuple):
     """One derived value; becomes an Aggregate record.
 
@@ -650,7 +654,10 @@ class RunDeriver:
             source = (self._reward_samples.name if samples else self._reward.name) or "?"
             point("Epoch/AvgReward", source, "epoch_mean", avg)
             point("Epoch/RewardVariance", source, "epoch_variance", reward.variance)
-            if avg != 0:  # scale-free spread, for alert rules that must fit any reward scale
+            # scale-free spread, for rules that must fit any reward scale; undefined (no point)
+            # where the mean is near 0 beside the epoch's own values, where std / |mean| says how
+            # close to 0 the mean is rather than how spread the rewards are
+            if avg != 0 and abs(avg) >= CV_MIN_MEAN_SHARE * max(abs(reward.min), abs(reward.max)):
                 point("Epoch/RewardCV", source, "epoch_cv", reward.std / abs(avg))
             if "reward" in self._previous:
                 point("Epoch/RewardTrend", source, "epoch_trend", avg - self._previous["reward"])

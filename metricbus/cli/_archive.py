@@ -318,7 +318,10 @@ def print_comparison(
         for group, members in result.groups.items():
             home = " (baseline)" if group == result.baseline_group else ""
             print(printable(f"  {group}{home}: {', '.join(names[r] for r in members)}"))
-        print("each group: the IQM of its runs' final-window means [95% bootstrap interval]")
+        print(
+            "each group: the IQM of its runs' final-window means [95% bootstrap interval]; against the "
+            "baseline, Welch's test on those means and the 95% interval of the difference it implies"
+        )
         against = {(c.metric, c.group): c for c in result.group_metrics}
         for metric in dict.fromkeys(sc.metric for sc in result.group_scores):
             scores = [sc for sc in result.group_scores if sc.metric == metric]
@@ -326,27 +329,29 @@ def print_comparison(
             print(printable(f"  {metric} ({way} is better)"))
             for sc in scores:
                 line = f"    {sc.group:<28} IQM {sc.iqm:.4g}{interval_text(*sc.interval)}  n={len(sc.runs)}"
+                if sc.group == result.baseline_group:
+                    line += "  (baseline)"
+                print(printable(line + ("  <- best IQM" if sc.best else "")))
                 c = against.get((metric, sc.group))
                 if c is not None:
-                    flag = "REGRESSION" if c.verdict == "worse" else c.verdict
-                    line += (
-                        f"  vs baseline: {c.iqm - c.baseline_iqm:+.4g}{interval_text(*c.difference_interval)}"
-                        f"  Welch p={c.p_value:.3g} g={c.effect_size:+.2f}  {flag}"
+                    flag = "REGRESSION, " if c.verdict == "worse" else ""
+                    print(
+                        printable(
+                            f"      vs baseline: mean {c.mean - c.baseline_mean:+.4g}, Welch p={c.p_value:.3g}, "
+                            f"g={c.effect_size:+.2f}: {flag}{c.said}"
+                        )
                     )
-                elif sc.group == result.baseline_group:
-                    line += "  (baseline)"
-                print(printable(line + ("  <- best" if sc.best else "")))
     if not by_run or (shown and result.group_metrics and not all_runs):
         if result.metrics:
             print("(each run against the baseline run: --per-run)")
         return
     print(f"per run, against {baseline}: final windows compared with Welch's t-test (effect size: Hedges' g)")
     for m in result.metrics:
-        flag = "REGRESSION" if m.verdict == "worse" and not result.group_metrics else m.verdict
+        flag = "REGRESSION, " if m.verdict == "worse" and not result.group_metrics else ""
         print(
             printable(
                 f"  {m.metric:<32} {names[m.run]}: {m.mean:.4g} vs {m.baseline_mean:.4g}  p={m.p_value:.3g}  "
-                f"g={m.effect_size:+.2f}  {flag}"
+                f"g={m.effect_size:+.2f}  {flag}{m.said}"
             )
         )
 

@@ -3,10 +3,16 @@
 For each metric, each run's *final window* is its last ``window`` finite values (default: the
 last tenth, at least 5). Against the baseline run (the first, or ``baseline=``), the verdict is
 Welch's t-test on the two final windows (``scipy.stats.ttest_ind(equal_var=False)``: the runs'
-variances differ as a rule, and the windows are short), with Hedges' g as the effect size. A
-change is a *regression* when it is significant (p < ``alpha``) and in the worse direction
-(lower is better for names with loss, kl, time, memory, variance or std, as the stream's trend
-direction; higher for everything else).
+variances differ as a rule, and the windows are short), with Hedges' g as the effect size.
+
+One decision, one interval: every verdict comes with the 95 % confidence interval of the
+difference of means that its test implies (Welch's, ``ttest_ind(...).confidence_interval()``),
+so the verdict is "better" or "worse" exactly when that interval leaves out 0 (p < ``alpha``),
+in the metric's direction (lower is better for names with loss, kl, time, memory, variance or
+std, as the stream's trend direction; higher for everything else). When it does not, the
+answer says how many runs a group would take to tell the difference seen apart (80 % power
+at the observed effect size) instead of "no change": with three seeds and unequal variances a
+real difference is often not yet separable.
 
 Values within one window are consecutive points of one run, not independent samples: the test
 says whether the two windows differ beyond their own noise, which is what "did this change move
@@ -15,12 +21,11 @@ the metric" asks of one seed each.
 Across seeds: runs whose configs differ only in seed keys (``seed``, ``env_seed``, ...) form a
 group, named by the config keys that do differ (``lr=0.001``); ``group_by`` names the keys
 instead. Each run's final-window mean is one observation. Each group gets its interquartile
-mean with a bootstrap interval (``_groups``), and the best group by the metric's direction is
-named. When the baseline's group and another hold two or more runs each, they are compared
-with Welch's t-test on those means (seeds are independent runs, so here the test's assumption
-holds; with three to five seeds a bootstrap alone would rest on too few values to resample),
-beside the bootstrap interval of the difference of IQMs. The groups' Welch verdicts then
-decide the exit status.
+mean with a bootstrap interval (``_groups``: a description of the group, not a decision), and
+the group with the best IQM by the metric's direction is named. When the baseline's group and
+another hold two or more runs each, they are compared with Welch's t-test on those means
+(seeds are independent runs, so here the test's assumption holds), and its interval of the
+difference of means is printed beside the verdict; those verdicts decide the exit status.
 
 Runs are aligned on an axis: the step, the wall time since each run's start, or a logged
 metric such as env steps or tokens; every run is cut at the largest x that all of them reached
@@ -38,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from metricbus.diagnostics._groups import difference_interval, grouped, iqm, iqm_interval
+from metricbus.diagnostics._groups import grouped, iqm, iqm_interval
 from metricbus.diagnostics._series import Series, on_axis, scalars, split, up_to
 from metricbus.schemas import Event, run_config
 from metricbus.stream_jobs import StreamConfig
@@ -59,7 +64,24 @@ class MetricComparison:
     baseline_mean: float
     p_value: float
     effect_size: float  #: Hedges' g, (run - baseline) / pooled std, bias-corrected
-    verdict: str  #: "better" | "worse" | "no significant change"
+    verdict: str  #: "better" | "worse" | "cannot tell"
+    #: of mean - baseline mean, 95 %, Welch's: the verdict is "cannot tell" exactly when it holds 0
+    interval: tuple[float, float] = (math.nan, math.nan)
+    needed: int | None = None  #: values a side that would tell the difference seen apart (80 % power)
+    said: str = ""  #: the verdict in words, with its interval
+
+
+@dataclasses.dataclass(frozen=True)
+class Welch:
+    """Welch's t-test of ``b`` against ``a``: the verdict and the interval it implies, together."""
+
+    p_value: float
+    effect_size: float  #: Hedges' g
+    verdict: str  #: "better" | "worse" | "cannot tell"
+    difference: float  #: mean(b) - mean(a)
+    interval: tuple[float, float]  #: 95 % (1 - alpha) confidence interval of the difference
+    needed: int | None  #: per side, to separate the difference seen at 80 % power; None: separated
+    said: str
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -116,10 +138,13 @@ class GroupComparison:
     baseline_mean: float
     p_value: float
     effect_size: float
-    verdict: str
+    verdict: str  #: "better" | "worse" | "cannot tell"
     iqm: float = math.nan
     baseline_iqm: float = math.nan
-    difference_interval: tuple[float, float] = (math.nan, math.nan)  #: of IQM - baseline IQM, 95%
+    #: of mean - baseline mean over the runs, 95 %, Welch's: "cannot tell" exactly when it holds 0
+    interval: tuple[float, float] = (math.nan, math.nan)
+    needed: int | None = None  #: runs a group that would separate the difference seen (80 % power)
+    said: str = ""  #: the verdict in words, with its interval
 
 
 @dataclasses.dataclass
@@ -163,25 +188,88 @@ class Comparison:
 
 
 def welch(
-    metric: str, a: Sequence[float], b: Sequence[float], alpha: float = 0.05
-) -> tuple[float, float, str]:
-    """``(p, Hedges' g, verdict)`` of ``b`` against ``a`` (Welch's t-test: :func:`welch_p`)."""
+    metric: str, a: Sequence[float], b: Sequence[float], alpha: float = 0.05, runs: bool = False
+) -> Welch:
+    """Welch's t-test of ``b`` against ``a`` (:func:`welch_p`), with its interval and its words.
+
+    The verdict is decided by the same statistic as the interval: "better"/"worse" exactly when
+    the (1 - ``alpha``) interval of mean(b) - mean(a) leaves out 0. ``runs``: ``a`` and ``b`` are
+    runs' means (a group each), which the words say, rather than values of a window.
+    """
+    from scipy.special import stdtrit
+
     sa, sb = stdev(a), stdev(b)
+    diff = statistics.fmean(b) - statistics.fmean(a)
     if sa == 0 and sb == 0:  # two constant windows: the t statistic is undefined, the answer is not
-        p = 0.0 if statistics.fmean(a) != statistics.fmean(b) else 1.0
+        p = 0.0 if diff != 0 else 1.0
+        interval = (diff, diff)
     else:
         p = welch_p(a, b, sa, sb)
+        va, vb = sa * sa / len(a), sb * sb / len(b)
+        with np.errstate(all="ignore"):
+            df = (va + vb) ** 2 / (va * va / (len(a) - 1) + vb * vb / (len(b) - 1))
+            half = float(stdtrit(df, 1 - alpha / 2)) * math.sqrt(va + vb)
+        interval = (diff - half, diff + half) if math.isfinite(half) else (-math.inf, math.inf)
     pooled = math.sqrt(
         ((len(a) - 1) * sa * sa + (len(b) - 1) * sb * sb) / (len(a) + len(b) - 2)
     )  # ** raised past 1e154
     correction = 1 - 3 / (4 * (len(a) + len(b)) - 9)
-    diff = statistics.fmean(b) - statistics.fmean(a)
     g = diff / pooled * correction if pooled > 0 else (math.inf if diff else 0.0) * (1 if diff >= 0 else -1)
-    verdict = "no significant change"
-    if p < alpha and diff != 0:
+    separated = diff != 0 and (interval[0] > 0 or interval[1] < 0)
+    verdict, needed = "cannot tell", None
+    if separated:
         up = StreamConfig().higher_is_better(split(metric)[0])
         verdict = "better" if (diff > 0) == up else "worse"
-    return p, g, verdict
+    else:
+        needed = runs_needed(diff, sa, sb, alpha)
+    said = _said(verdict, interval, len(a), len(b), needed, alpha, "runs" if runs else "values")
+    return Welch(p, g, verdict, diff, interval, needed, said)
+
+
+#: the power :func:`runs_needed` plans for
+POWER = 0.8
+
+
+def runs_needed(diff: float, sa: float, sb: float, alpha: float = 0.05) -> int | None:
+    """Values a side that a two-sided test at ``alpha`` needs to separate ``diff`` with 80 % power.
+
+    The normal approximation with Guenther's correction for the t test, at the effect seen
+    (``diff`` over the two sides' root-mean-square sd). None when nothing separates it: no
+    difference, or no spread to measure it against.
+    """
+    from scipy.special import ndtri
+
+    spread = math.sqrt((sa * sa + sb * sb) / 2)
+    if diff == 0 or not math.isfinite(spread) or spread == 0:
+        return None
+    d = abs(diff) / spread
+    za, zb = float(ndtri(1 - alpha / 2)), float(ndtri(POWER))
+    n = 2 * ((za + zb) / d) ** 2 + za * za / 4
+    return max(2, math.ceil(n)) if math.isfinite(n) and n < 1e9 else None
+
+
+def _said(
+    verdict: str,
+    interval: tuple[float, float],
+    na: int,
+    nb: int,
+    needed: int | None,
+    alpha: float,
+    unit: str,
+) -> str:
+    """The verdict as a sentence that agrees with its interval (``unit``: "runs" or "values")."""
+    level = f"{round((1 - alpha) * 100)} %"
+    where = f"[{interval[0]:.4g}, {interval[1]:.4g}]"
+    if verdict != "cannot tell":
+        return f"{verdict}: the {level} interval of the difference, {where}, leaves out 0"
+    sizes = f"{na} vs {nb} {unit}"
+    if needed is None:
+        return f"no difference to speak of: {sizes}, {level} interval {where}"
+    each = "a group" if unit == "runs" else "a side"
+    return (
+        f"cannot tell at {level}: {sizes} leave 0 in the interval {where}; "
+        f"about {needed} {unit} {each} would separate a difference this size (80 % power)"
+    )
 
 
 def welch_p(a: Sequence[float], b: Sequence[float], sa: float, sb: float) -> float:
@@ -214,9 +302,20 @@ def compare_metric(
     a, b = final_window(baseline[1], window), final_window(other[1], window)
     if len(a) < 2 or len(b) < 2:
         return None
-    p, g, verdict = welch(metric, a, b, alpha)
+    w = welch(metric, a, b, alpha)
     return MetricComparison(
-        metric, other[0], statistics.fmean(b), stdev(b), len(b), statistics.fmean(a), p, g, verdict
+        metric,
+        other[0],
+        statistics.fmean(b),
+        stdev(b),
+        len(b),
+        statistics.fmean(a),
+        w.p_value,
+        w.effect_size,
+        w.verdict,
+        w.interval,
+        w.needed,
+        w.said,
     )
 
 
@@ -336,7 +435,7 @@ def compare_series(
             mine = [means[r] for r in members]
             if group == home or len(mine) < 2 or len(base) < 2:
                 continue
-            p, g, verdict = welch(metric, base, mine, alpha)
+            w = welch(metric, base, mine, alpha, runs=True)
             compared.append(
                 GroupComparison(
                     metric,
@@ -347,12 +446,14 @@ def compare_series(
                     base,
                     statistics.fmean(mine),
                     statistics.fmean(base),
-                    p,
-                    g,
-                    verdict,
+                    w.p_value,
+                    w.effect_size,
+                    w.verdict,
                     iqm(mine),
                     iqm(base),
-                    difference_interval(base, mine),
+                    w.interval,
+                    w.needed,
+                    w.said,
                 )
             )
     return Comparison(

@@ -15,10 +15,10 @@ A group's *score* on a metric is the interquartile mean (IQM) of its runs' final
 means, with a 95% percentile-bootstrap interval over the runs (Agarwal et al., 2021,
 "Deep RL at the Edge of the Statistical Precipice"; rliable's recommended aggregate: robust
 to one outlying seed, less noisy than the median). With fewer than four runs the IQM trims
-nothing and is the mean. Against a baseline group the difference of IQMs gets its own
-bootstrap interval (each group resampled on its own); the verdict that decides ``compare``'s
-exit status stays Welch's t-test on the per-run means (see ``_compare``), which holds with
-three seeds where a bootstrap has only ten distinct resamples to draw from. Both are shown.
+nothing and is the mean. The score describes a group; comparing two groups is ``_compare``'s
+Welch test, whose interval decides: a bootstrap over three seeds has ten distinct resamples
+to draw from, so its interval of a difference is narrower than the test's and would
+contradict the verdict beside it.
 """
 
 from __future__ import annotations
@@ -157,32 +157,6 @@ def iqm_interval(values: Sequence[float], seed: int = 0) -> tuple[float, float]:
         confidence_level=CONFIDENCE,
         method="percentile",
         vectorized=True,
-        rng=np.random.default_rng(seed),
-    )
-    return float(found.confidence_interval.low), float(found.confidence_interval.high)
-
-
-def _iqm_difference(base: np.ndarray, other: np.ndarray, axis: int = -1) -> Any:
-    return _iqm_along(other, axis) - _iqm_along(base, axis)
-
-
-def difference_interval(base: Sequence[float], other: Sequence[float], seed: int = 0) -> tuple[float, float]:
-    """The 95% bootstrap interval of IQM(other) - IQM(base), each group resampled on its own."""
-    a, b = np.asarray(base, dtype=np.float64), np.asarray(other, dtype=np.float64)
-    if len(a) < 2 or len(b) < 2:
-        return math.nan, math.nan
-    if np.all(a == a[0]) and np.all(b == b[0]):
-        return float(b[0] - a[0]), float(b[0] - a[0])
-    from scipy import stats  # half a second: only where there is something to resample
-
-    found = stats.bootstrap(
-        (a, b),
-        _iqm_difference,
-        n_resamples=RESAMPLES,
-        confidence_level=CONFIDENCE,
-        method="percentile",
-        vectorized=True,
-        paired=False,
         rng=np.random.default_rng(seed),
     )
     return float(found.confidence_interval.low), float(found.confidence_interval.high)

@@ -403,11 +403,12 @@ def build(
                 "<h3>Groups across seeds</h3>",
                 "<p class='muted'>each group: the mean of its runs at each step with a band of one "
                 "sample std either side (runs interpolated onto shared steps); the IQM of its runs' "
-                "final-window means with a 95% bootstrap interval, and against the baseline group the "
-                "difference of IQMs with its interval and Welch's t-test on the runs' means</p>",
+                "final-window means with a 95% bootstrap interval, and against the baseline group "
+                "Welch's t-test on the runs' means with the 95% interval of the difference of means it "
+                "implies: the verdict is decided by that interval</p>",
                 "<div id='group-charts'></div>",
                 _table(
-                    ["metric", "group", "runs", "IQM [95% CI]", "vs baseline [95% CI]", "Welch p", "verdict"],
+                    ["metric", "group", "runs", "IQM [95% CI]", "mean vs baseline [95% CI]", "Welch p", "verdict"],
                     score_rows,
                     "group-scores",
                 ),
@@ -430,6 +431,7 @@ def build(
         "</pre>",
         "<p class='muted'>charts: uPlot (MIT licence, © Leon Sorokin), inlined</p>",
         f"<script>{_asset('uPlot.iife.min.js')}</script>",
+        f"<script>{_asset('plot.js')}</script>",  # the dashboard's axis labels and readouts
         # metric names are untrusted: no "<" survives in the inlined JSON, so none closes the script
         "<script>const DATA = " + json.dumps(data, allow_nan=False).replace("<", "\\u003c") + ";",
         f"{_JS}</script>",
@@ -483,9 +485,9 @@ def _score_rows(result: Any) -> list[list[Any]]:
                 sc.group + (" (best)" if sc.best else ""),
                 len(sc.runs),
                 f"{sc.iqm:.4g}{interval(*sc.interval)}",
-                f"{c.iqm - c.baseline_iqm:+.4g}{interval(*c.difference_interval)}" if c else base,
+                f"{c.mean - c.baseline_mean:+.4g}{interval(*c.interval)}" if c else base,
                 f"{c.p_value:.3g}" if c else "-",
-                ("REGRESSION" if c.verdict == "worse" else c.verdict) if c else "-",
+                (("REGRESSION: " if c.verdict == "worse" else "") + c.said) if c else "-",
             ]
         )
     return rows
@@ -537,7 +539,8 @@ def _media_section(items: Mapping[str, list[dict[str, Any]]], store: MediaStore 
 
 
 def _asset(name: str) -> str:
-    return resources.files("metricbus.ops").joinpath(f"web/static/vendor/uplot/{name}").read_text()
+    where = "web/static/" if name == "plot.js" else "web/static/vendor/uplot/"
+    return resources.files("metricbus.ops").joinpath(where + name).read_text()
 
 
 def _cell(value: Any) -> str:
@@ -590,6 +593,10 @@ def _epoch_table(epochs: dict[int, dict[str, float]]) -> str:
 
 
 _CSS = """
+.readout { position: absolute; z-index: 5; pointer-events: none; background: rgba(255,255,255,0.96);
+  border: 1px solid #cfd6e4; border-radius: 4px; padding: 4px 7px; font-size: 12px; white-space: nowrap; }
+.readout-title { color: #68707d; }
+.readout-row i { display: inline-block; width: 10px; height: 3px; margin-right: 5px; vertical-align: middle; }
 body { font: 14px system-ui, sans-serif; margin: 24px; color: #1d2430; max-width: 1200px; }
 h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; }
 .muted { color: #68707d; } .score { font-size: 34px; font-weight: 600; margin: 4px 0; }
@@ -650,7 +657,7 @@ function draw(mode) {
     }))];
     const opts = {
       width: 380, height: 200, scales: { x: { time: mode === "wall" } }, series,
-      axes: [{ label: AXES[mode], labelSize: 18, size: 40 }, { size: 56 }],
+      axes: [{ label: AXES[mode], labelSize: 18, size: 40 }, mbPlot.yAxis()],
       tzDate: (ts) => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"),
     };
     new uPlot(opts, [xs, ...columns], box);
@@ -690,10 +697,20 @@ function drawGroups() {
         bands.push({ series: [values.length - 2, values.length - 1], fill: color + "26" });
       }
     });
-    const axes = [{ label: "step", labelSize: 18, size: 40 }, { size: 56 }];
+    const axes = [{ label: "step", labelSize: 18, size: 40 }, mbPlot.yAxis()];
     const width = Math.max(400, root.clientWidth - 16);
     const scales = { x: { time: false } };
-    new uPlot({ width, height: 300, series, bands, axes, scales, legend: { show: false } }, values, box);
+    const lines = series.map((s, i) => [s, i]).filter(([s, i]) => i > 0 && !/ [+-]std$/.test(s.label));
+    const readout = mbPlot.readout((u, idx) => ({
+      title: `step ${xs[idx]}`,
+      rows: lines.filter(([, i]) => u.data[i][idx] != null)
+        .map(([s, i]) => [s.label, s.stroke, mbPlot.value(u.data[i][idx])]),
+    }));
+    const plotBox = document.createElement("div");
+    plotBox.style.position = "relative";
+    box.appendChild(plotBox);
+    const opts = { width, height: 300, series, bands, axes, scales, legend: { show: false } };
+    new uPlot({ ...opts, plugins: [readout] }, values, plotBox);
     const legend = document.createElement("p"); // a group an entry: its band's edges are no lines to read
     legend.className = "legend";
     g.bands.forEach((b, i) => {

@@ -23,7 +23,7 @@ from typing import Any
 
 from metricbus.schemas import DERIVED_PRODUCER, MetricbusError, Settings, check_run_id
 
-from ._board import MAX_POINTS, RunBoard
+from ._board import MAX_COLUMNS, MAX_POINTS, RunBoard, flat_params
 
 log = logging.getLogger("metricbus.board")
 
@@ -79,6 +79,8 @@ class ArchivedRuns:
         self.listed = threading.Event()
         #: run -> (its files' stamp, its alerts as the board's rows), newest runs derived first
         self._alerts: dict[str, tuple[Any, list[dict[str, Any]]]] = {}
+        #: run -> the last value of each logged scalar (read with its alerts)
+        self._last: dict[str, dict[str, float | None]] = {}
         #: archived runs whose alerts are not derived yet
         self.alerts_pending = 0
 
@@ -140,14 +142,16 @@ class ArchivedRuns:
         for run_id in todo:
             if time.monotonic() > deadline or self._stop.is_set():
                 break
-            derived = alert_rows(self.settings, run_id, self.rules)
-            if derived is not None:
+            read = read_run(self.settings, run_id, self.rules)
+            if read is not None:
                 with self._lock:
-                    self._alerts[run_id] = (stamps.get(run_id), derived)
+                    self._alerts[run_id] = (stamps.get(run_id), read[0])
+                    self._last[run_id] = read[1]
             done += 1
         with self._lock:
             for gone in set(self._alerts) - {r["run_id"] for r in rows}:
                 del self._alerts[gone]
+                self._last.pop(gone, None)
         self.alerts_pending = len(todo) - done
 
     def alerts(self) -> list[dict[str, Any]]:
@@ -155,10 +159,14 @@ class ArchivedRuns:
         with self._lock:
             return [a for _, derived in self._alerts.values() for a in derived]
 
-    def rows(self) -> dict[str, dict[str, Any]]:
-        """Run id -> its runs-table row, in the live board's shape."""
+    def rows(self, columns: bool = False) -> dict[str, dict[str, Any]]:
+        """Run id -> its runs-table row, in the live board's shape (``columns``: RunView.summary)."""
         with self._lock:
-            return dict(self._rows)
+            if not columns:
+                return {run_id: _slim(row) for run_id, row in self._rows.items()}
+            return {
+                run_id: {**row, "last": self._last.get(run_id, {})} for run_id, row in self._rows.items()
+            }
 
     def holds(self, run_id: str) -> bool:
         """Whether the archive has rows of ``run_id`` (looked up on disk, not in the listing)."""
@@ -222,17 +230,45 @@ def fold(settings: Settings, run_id: str, rules: RuleFiles) -> dict[str, Any] | 
     return detail
 
 
-def alert_rows(settings: Settings, run_id: str, rules: RuleFiles) -> list[dict[str, Any]] | None:
-    """The alerts ``rules`` raise on an archived run, as the board's rows; None if unreadable."""
-    from metricbus._replay import backtest
+def read_run(
+    settings: Settings, run_id: str, rules: RuleFiles
+) -> tuple[list[dict[str, Any]], dict[str, float | None]] | None:
+    """An archived run read once: its alerts and the last value of each scalar it logged.
+
+    The alerts are those ``rules`` raise on it, as the board's rows; a NaN last value is None.
+    None when the run cannot be read.
+    """
+    import math
+
+    from metricbus._replay import archived, raising
+    from metricbus.schemas import METRICS
+
+    last: dict[str, float | None] = {}
+    alerts: list[dict[str, Any]] = []
+
+    def logged() -> Iterator[Any]:
+        for chunk in archived(settings, run_id):
+            for e in chunk:
+                if e.kind == METRICS:
+                    for name, value in (e.body.get("scalars") or {}).items():
+                        if name in last or len(last) < MAX_COLUMNS:
+                            last[name] = value if math.isfinite(value) else None
+                yield e
 
     board = RunBoard(settings)
     try:
-        board.fold((), backtest(settings, rules.rules, run_id, rules.config))
+        for _ in raising(logged(), alerts, rules.rules, rules.config):
+            pass
+        board.fold((), alerts)
     except (OSError, ValueError, MetricbusError) as exc:
         log.warning("archived run %s: cannot derive its alerts (%s)", run_id, exc)
         return None
-    return board.alerts()
+    return board.alerts(), last
+
+
+def _slim(row: dict[str, Any]) -> dict[str, Any]:
+    """A row without its columns (what ``status`` and the overview stream carry)."""
+    return {k: v for k, v in row.items() if k not in ("params", "final")}
 
 
 def _row(row: dict[str, Any], now_ms: float) -> dict[str, Any]:
@@ -256,4 +292,6 @@ def _row(row: dict[str, Any], now_ms: float) -> dict[str, Any]:
         "started_ms": row["first_ts_ms"],
         "firing": [],
         "archived": True,
+        "params": flat_params(row["config"]),
+        "final": {k: v for k, v in (row["summary"] or {}).items() if isinstance(v, (int, float, str))},
     }

@@ -58,6 +58,7 @@ MAX_CONFIG_BYTES = 64 * 1024
 MAX_RANKS = 4096  #: ranks listed per run (a hostile stream may name 2**31)
 MAX_MEDIA_NAMES = 32  #: media names kept per run ...
 MAX_MEDIA_ITEMS = 100  #: ... and items per name, the latest steps
+MAX_COLUMNS = 48  #: config keys and last values a runs-table row carries
 
 
 @dataclasses.dataclass
@@ -92,6 +93,8 @@ class RunView:
     #: per media name its items (by step, the latest kept): step, kind, digest, caption, size
     media: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
     media_count: int = 0  #: media items folded so far (the page redraws its media when it moves)
+    #: the series the stream worker derived (the rest the run logged)
+    derived: set[str] = dataclasses.field(default_factory=set)
 
     def state(self, now_ms: int) -> str:
         if self.finished is not None:
@@ -107,9 +110,17 @@ class RunView:
     def firing(self) -> list[dict[str, Any]]:
         return [a for a in self.alerts.values() if a["state"] == "firing"]
 
-    def summary(self, now_ms: int) -> dict[str, Any]:
-        """The runs-table row (JSON-ready)."""
+    def summary(self, now_ms: int, columns: bool = False) -> dict[str, Any]:
+        """The runs-table row (JSON-ready); ``columns``: with its config, last values and summary."""
+        extra = {}
+        if columns:
+            last: dict[str, float | None] = {}
+            for name, points in self.series.items():
+                if name not in self.derived and points and len(last) < MAX_COLUMNS:
+                    last[name] = points[-1][1]
+            extra = {"params": flat_params(self.config), "last": last, "final": dict(self.final)}
         return {
+            **extra,
             "run_id": self.run_id,
             "project": self.project,
             "name": self.name,
@@ -142,6 +153,7 @@ class RunView:
                 for name, points in sorted(self.series.items())
             },
             "max_points": MAX_POINTS,
+            "derived": sorted(self.derived),
             # the charts the page puts first: the run's reward and loss (the alias catalog)
             "roles": {
                 "reward": next((n for n in REWARD_ALIASES if n in self.series), None),
@@ -153,6 +165,29 @@ class RunView:
             "media": {name: list(items) for name, items in sorted(self.media.items())},
             "media_count": self.media_count,
         }
+
+
+def flat_params(config: Any, limit: int = MAX_COLUMNS) -> dict[str, Any]:
+    """A run's config as the runs table shows it: its scalar leaves, nested keys joined by ".".
+
+    Lists and other values are shown as short text; at most ``limit`` keys.
+    """
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if len(out) >= limit:
+            return
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            out[prefix[:100]] = value if not isinstance(value, str) else value[:100]
+        else:
+            out[prefix[:100]] = json.dumps(value, default=str)[:100]
+
+    if isinstance(config, dict):
+        walk("", config)
+    return out
 
 
 def _json_number(value: Any) -> float | str | None:
@@ -281,6 +316,8 @@ class RunBoard:
             epoch = body.get("epoch")
             for name, value in (body.get("scalars") or {}).items():
                 self._point(view, name, step, value, ts_ms)
+                if derived and name in view.series:
+                    view.derived.add(name)
                 if derived and epoch is not None and name.startswith("Epoch/"):
                     row = view.epochs.setdefault(int(epoch), {})
                     if len(row) < 64:
@@ -409,10 +446,11 @@ class RunBoard:
 
     # -- reading -------------------------------------------------------------------------
 
-    def runs_table(self) -> list[dict[str, Any]]:
+    def runs_table(self, columns: bool = False) -> list[dict[str, Any]]:
+        """The runs-table rows; ``columns``: with config, last values and summary (RunView.summary)."""
         now = int(time.time() * 1000)
         with self.lock:
-            rows = [v.summary(now) for v in self.runs.values() if v.started_ms or v.events]
+            rows = [v.summary(now, columns) for v in self.runs.values() if v.started_ms or v.events]
         order = {"live": 0, "stalled": 1}
         return sorted(rows, key=lambda r: (order.get(r["state"], 2), -(r["started_ms"] or 0)))
 

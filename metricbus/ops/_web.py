@@ -18,6 +18,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -177,7 +178,8 @@ def build_app(
         return HTMLResponse(shell)
 
     def api_status(request: Request) -> Response:
-        return JSONResponse(_overview(settings, board, pipeline, archive))
+        columns = request.query_params.get("columns") == "1"
+        return JSONResponse(_overview(settings, board, pipeline, archive, columns))
 
     def api_run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -187,13 +189,15 @@ def build_app(
         return JSONResponse({**detail, "tensorboard": _tensorboard_dirs(settings, run_id)})
 
     async def stream(request: Request) -> Response:
+        columns = request.query_params.get("columns") == "1"  # the runs page's config and values
+
         async def events() -> Any:
             version, sent = -1, 0.0
             while not await request.is_disconnected():
                 if board.version != version or time.monotonic() - sent > KEEPALIVE_S:
                     version = board.version
                     sent = time.monotonic()
-                    yield _sse("status", _overview(settings, board, pipeline, archive))
+                    yield _sse("status", _overview(settings, board, pipeline, archive, columns))
                 await asyncio.sleep(1.0)
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=_NO_CACHE)
@@ -287,6 +291,18 @@ def build_app(
             health_cache[key] = (time.monotonic(), time.monotonic() - started, found, files)
         return JSONResponse(found)
 
+    def series_csv(request: Request) -> Response:
+        """Every archived point of one series of a run, as CSV (the chart's download)."""
+        run_id, name = request.path_params["run_id"], request.query_params.get("name", "")
+        if not _valid(run_id) or not name or len(name) > 1000:
+            return JSONResponse({"error": "a run and ?name=<series> are needed"}, status_code=404)
+        rows = _series_rows(settings, run_id, name)
+        if rows is None:
+            return JSONResponse({"error": f"run {run_id!r} is not in the archive (yet)"}, status_code=404)
+        filename = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{run_id}-{name}").strip("_") + ".csv"
+        headers = {"Content-Disposition": f'attachment; filename="{filename}"'}
+        return Response(rows, media_type="text/csv", headers=headers)
+
     def api_experiments(request: Request) -> Response:
         """The archive's runs table (of ``?project=``), with its config keys."""
         project = request.query_params.get("project") or None
@@ -378,6 +394,7 @@ def build_app(
         Route("/api/runs/{run_id:str}", api_run),
         Route("/api/runs/{run_id:str}/stream", run_stream),
         Route("/api/runs/{run_id:str}/health", api_health),
+        Route("/api/runs/{run_id:str}/series.csv", series_csv),
         Route("/api/media/{digest:str}", media),
         Route("/metrics", metrics),
         Route("/healthz", healthz),
@@ -517,15 +534,41 @@ def _report(settings: Settings, run_id: str, rules: RuleFiles) -> str:
     return str(build(run_id, run, {}, alerts, media=MediaStore.of(settings)))
 
 
+def _series_rows(settings: Settings, run_id: str, name: str) -> str | None:
+    """``step,wall_time,value`` of every archived point of ``name`` (logged or derived), in order."""
+    import csv
+    import io
+
+    from metricbus.sinks import tidy
+
+    try:
+        table = tidy(settings.archive_dir, run_id, names=[name])
+    except (FileNotFoundError, ValueError, OSError):
+        return None
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["step", "wall_time", "value"])
+    for step, wall, value in zip(
+        table["step"].to_pylist(), table["wall_time"].to_pylist(), table["value"].to_pylist(), strict=True
+    ):
+        writer.writerow([step, wall.isoformat(timespec="milliseconds"), repr(value)])
+    return out.getvalue()
+
+
 def _overview(
-    settings: Settings, board: RunBoard, pipeline: Pipeline, archive: ArchivedRuns | None = None
+    settings: Settings,
+    board: RunBoard,
+    pipeline: Pipeline,
+    archive: ArchivedRuns | None = None,
+    columns: bool = False,
 ) -> dict[str, Any]:
-    live = board.runs_table()
+    """What ``status`` and the overview pages show; ``columns``: each run's config and values too."""
+    live = board.runs_table(columns)
     alerts = board.alerts()
     pending = 0
     if archive is not None:  # the archived runs the topics no longer hold, after the live ones
         held = {r["run_id"] for r in live}
-        older = [r for run_id, r in archive.rows().items() if run_id not in held]
+        older = [r for run_id, r in archive.rows(columns).items() if run_id not in held]
         live += sorted(older, key=lambda r: -(r["started_ms"] or 0))
         alerts += [a for a in archive.alerts() if a["run_id"] not in held]
         alerts.sort(key=lambda a: -a["ts_ms"])

@@ -58,21 +58,21 @@ def test_the_quick_starts_example_learning_from_0_to_1_fires_nothing(settings, w
 
 
 def test_each_injected_defect_fires_its_rule_at_the_step_that_shows_it(settings, worker):
-    """The change detectors judge a block of 20 values against the 40 blocks before them."""
+    """The change detectors judge a block of 20 values against the 60 blocks before them."""
     rng = np.random.default_rng(0)
-    noise = rng.normal(0, 0.01, 1000)
+    noise = rng.normal(0, 0.01, 1400)
 
     nan = Run("defects", name="nan-loss", settings=settings, system_metrics=False)
     for step in range(20):
         nan.log({"Train/Loss": math.nan if step == 12 else 1.0 + noise[step]}, step=step)
 
     collapse = Run("defects", name="reward-collapse", settings=settings, system_metrics=False)
-    for step in range(960):  # rewards in [0, 1]: 0.8 for 905 steps, then 0.05
-        collapse.log({"Train/AvgReward": 0.8 + noise[step] if step < 905 else 0.05}, step=step)
+    for step in range(1360):  # rewards in [0, 1]: 0.8 for 1,305 steps, then 0.05
+        collapse.log({"Train/AvgReward": 0.8 + noise[step] if step < 1305 else 0.05}, step=step)
 
     diverging = Run("defects", name="loss-diverging", settings=settings, system_metrics=False)
-    for step in range(940):  # SB3's loss name: the role, not the name, is watched
-        loss = 1.0 + noise[step] if step < 905 else 1.5 ** (step - 904)
+    for step in range(1340):  # SB3's loss name: the role, not the name, is watched
+        loss = 1.0 + noise[step] if step < 1305 else 1.5 ** (step - 1304)
         diverging.log({"train/loss": loss}, step=step)
 
     frozen = Run("defects", name="loss-frozen", settings=settings, system_metrics=False)
@@ -111,11 +111,11 @@ def test_each_injected_defect_fires_its_rule_at_the_step_that_shows_it(settings,
     got = fired(alerts_of_closed_run(settings, nan.run_id))
     assert set(got) == {"nan_loss"} and got["nan_loss"]["step"] == 12
     got = fired(alerts_of_closed_run(settings, collapse.run_id))
-    # the block of steps 900-919 has 15 collapsed values: its median shows it
-    assert set(got) == {"reward_collapse"} and got["reward_collapse"]["step"] == 919
-    assert "of steps 900-919" in got["reward_collapse"]["message"]
+    # the block of steps 1300-1319 has 15 collapsed values: its median shows it
+    assert set(got) == {"reward_collapse"} and got["reward_collapse"]["step"] == 1319
+    assert "of steps 1300-1319" in got["reward_collapse"]["message"]
     got = fired(alerts_of_closed_run(settings, diverging.run_id))
-    assert set(got) == {"loss_diverging"} and got["loss_diverging"]["step"] == 919
+    assert set(got) == {"loss_diverging"} and got["loss_diverging"]["step"] == 1319
     assert got["loss_diverging"]["metric"] == "train/loss"
     got = fired(alerts_of_closed_run(settings, frozen.run_id))
     assert set(got) == {"loss_frozen"} and got["loss_frozen"]["step"] == 299  # 100 equal values

@@ -23,6 +23,7 @@ from .conftest import CHROMIUM, cli, free_port, get
 
 pytestmark = pytest.mark.integration
 
+
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: `make test` installs it")
 def test_a_live_run_in_the_browser_gains_points_and_shows_a_nan_alert(
     settings, worker, dashboard, sink, tmp_path
@@ -352,12 +353,19 @@ def test_runs_of_an_earlier_stack_are_listed_and_drawn_from_the_archive(settings
     # the alerts topic forgot it too: the stack's rules over the archived events give its alerts;
     # the loss was finite again for its last 9 steps, so the NaN alert resolved by the run's end
     (alert,) = detail["alerts"]
-    assert (alert["rule"], alert["state"], alert["fired_step"], alert["value"]) == ("nan_loss", "resolved", 30, "nan")
+    assert (alert["rule"], alert["state"], alert["fired_step"], alert["value"]) == (
+        "nan_loss",
+        "resolved",
+        30,
+        "nan",
+    )
     assert alert["evidence"].startswith("loss is NaN or infinite") and alert["resolved_step"] == 39
     # the Alerts page lists it too, from the archive (what an `up` restart leaves)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        listed = [a for a in json.loads(get(f"{dashboard}/api/status")[1])["alerts"] if a["run_id"] == row["run_id"]]
+        listed = [
+            a for a in json.loads(get(f"{dashboard}/api/status")[1])["alerts"] if a["run_id"] == row["run_id"]
+        ]
         if listed:
             break
         time.sleep(0.5)
@@ -461,9 +469,12 @@ def test_an_sb3_run_page_shows_reward_and_loss_first_smoothed_and_never_scrolls_
             expect(first).to_have_attribute("data-section", "Reward and loss", timeout=30_000)
             for name in ("rollout/ep_rew_mean", "train/loss"):
                 chart = page.locator(f'.chart[data-series="{name}"]')
-                expect(chart).to_have_attribute(
-                    "data-overlays", f"{name}_ema {name}_recent_mean", timeout=30_000
-                )
+                expect(chart).to_have_attribute("data-points", re.compile(r"^[1-9]"), timeout=30_000)
+                # drawn with the page's own smoothing over the faint raw series, not the server's
+                # one-point _ema / _recent_mean (logged once per rollout, they were stray dots)
+                shown = page.evaluate(f"window.mbCharts[{json.dumps(name)}].plot.series.map((s) => s.show)")
+                assert shown == [True, True, True], shown
+                assert page.locator(f'.chart[data-series="{name}_ema"]').count() == 0
                 box = chart.bounding_box()
                 assert box is not None and box["y"] + box["height"] <= 900, (name, box)  # the first screen
             expect(page.locator("#tensorboard-cmd")).to_contain_text("tensorboard --logdir", timeout=30_000)
@@ -474,6 +485,25 @@ def test_an_sb3_run_page_shows_reward_and_loss_first_smoothed_and_never_scrolls_
             )
             assert width[0] <= width[1], width  # no sideways scroll at 1280 px
             page.screenshot(path=str(tmp_path / "sb3-run.png"), full_page=False)
+            # what is charted: every series SB3 logged that varies, a chart each; its constants a
+            # table row; what the worker derived in closed sections after them
+            series = page.evaluate("window.mbRun.series")
+            derived = set(page.evaluate("window.mbRun.derived"))
+            charted = set(page.evaluate("Object.keys(window.mbCharts)"))
+            constants = set(page.locator("#constants-table tbody td:first-child").all_inner_texts())
+            summary = page.locator("#summary-table tbody td:first-child").all_inner_texts()
+            for name, points in series.items():
+                if name in derived or name.startswith("final/"):
+                    continue
+                assert name in charted or name in constants, name  # nothing logged is hidden
+                assert name in summary, name  # and its last value leads the summary
+            assert {"train/learning_rate", "train/clip_range"} <= constants  # constant schedules
+            first_screen = len([n for n in charted if n not in derived])
+            (tmp_path / "chart-count.json").write_text(
+                json.dumps({"series": len(series), "logged_charts": first_screen, "charts": len(charted)})
+            )
+            for closed in page.locator("#charts > details:not([open])").all():
+                assert closed.get_attribute("data-section").startswith("Derived: ")
             # sections collapse and open again
             section = page.locator('#charts > details[data-section="train"]')
             chart = section.locator('.chart[data-series="train/entropy_loss"]')
@@ -489,5 +519,118 @@ def test_an_sb3_run_page_shows_reward_and_loss_first_smoothed_and_never_scrolls_
             tmp_path / "sb3-run.png", Path(os.environ["METRICBUS_SCREENSHOTS"]) / "dashboard-sb3-run.png"
         )
         shutil.copy(
+            tmp_path / "chart-count.json", Path(os.environ["METRICBUS_SCREENSHOTS"]) / "sb3-chart-count.json"
+        )
+        shutil.copy(
             tmp_path / "tags.json", Path(os.environ["METRICBUS_SCREENSHOTS"]) / "sb3-tensorboard-tags.json"
+        )
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: `make test` installs it")
+def test_every_chart_reads_out_the_value_under_the_pointer_with_honest_axes_log_smoothing_and_downloads(
+    settings, worker, dashboard, sink, tmp_path
+):
+    """The values a person reads off the run page: readouts, tick labels, log scale, smoothing, CSV, PNG."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from metricbus.sinks import tidy
+
+    sink()  # the archive: what the CSV download reads
+    run = Run("charts", name="readable", settings=settings, system_metrics=False)
+    logged = {}
+    for step in range(200):
+        values = {
+            "train/learning_rate": 3e-4 * (1 - step / 2000),  # a schedule near 3e-4: 3e-4 .. 2.7e-4
+            "train/approx_kl": 0.005 + 0.0025 * math.sin(step / 10),  # 0.0025 .. 0.0075
+            "train/advantage": math.sin(step / 7),  # crosses 0: no log scale
+            "train/loss": 2.0 * math.exp(-step / 50) + 0.01,  # falls over two decades: a log scale helps
+            "train/clip_range": 0.2,  # a constant: a table row, not a chart
+        }
+        logged[step] = values
+        run.log(values, step=step, epoch=step // 50)
+    assert run.finish(timeout=30)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+            page.goto(f"{dashboard}/runs/{run.run_id}")
+            for name in ("train/learning_rate", "train/approx_kl", "train/advantage", "train/loss"):
+                expect(page.locator(f'.chart[data-series="{name}"]')).to_have_attribute(
+                    "data-points", "200", timeout=30_000
+                )
+            expect(page.locator("#constants-table")).to_contain_text("train/clip_range")
+            assert page.locator('.chart[data-series="train/clip_range"]').count() == 0
+
+            # tick labels read off the chart's own axis: distinct, and no tick that is not 0 says "0"
+            for name in ("train/learning_rate", "train/approx_kl"):
+                ticks = page.evaluate(
+                    f"(() => {{ const u = window.mbCharts[{json.dumps(name)}].plot;"
+                    " return [u.axes[1]._splits, u.axes[1]._values]; })()"
+                )
+                splits, labels = ticks
+                assert len(labels) >= 2 and len(set(labels)) == len(labels), (name, labels)
+                for value, label in zip(splits, labels, strict=True):
+                    assert value == 0 or float(label) != 0, (name, labels)
+                    assert float(label) == pytest.approx(value, rel=0.05), (name, labels)
+            lr_labels = page.evaluate("window.mbCharts['train/learning_rate'].plot.axes[1]._values")
+            assert all("e-4" in label for label in lr_labels), lr_labels
+
+            # hovering one chart shows, in every chart of the run, its value at that step
+            over = page.locator('.chart[data-series="train/approx_kl"] .u-over')
+            over.scroll_into_view_if_needed()
+            box = over.bounding_box()
+            page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5)
+            readouts = page.locator("#charts > details[open] .chart .readout:not([hidden])")
+            expect(readouts).to_have_count(4)  # the run's own four; the derived sections are closed
+            for name in ("train/learning_rate", "train/approx_kl", "train/advantage", "train/loss"):
+                text = page.locator(f'.chart[data-series="{name}"] .readout').inner_text()
+                step = int(re.match(r"step (\d+)", text).group(1))
+                shown = float(re.search(r"value (\S+)", text).group(1))
+                assert shown == pytest.approx(logged[step][name], rel=1e-3, abs=1e-12), (name, text)
+            page.screenshot(
+                path=str(tmp_path / "readouts.png"),
+                clip={**box, "y": box["y"] - 300, "height": 560, "x": 0, "width": 1400},
+            )
+
+            # a log scale where the values allow one; refused, with its reason, where they cross 0
+            log_button = page.locator('.chart[data-series="train/loss"] .tool.log')
+            log_button.click()
+            assert page.evaluate("window.mbCharts['train/loss'].plot.scales.y.distr") == 3
+            refused = page.locator('.chart[data-series="train/advantage"] .tool.log')
+            expect(refused).to_be_disabled()
+            assert "0 or below" in refused.get_attribute("title")
+
+            # smoothing: TensorBoard's debiased EMA over the raw points, at the slider's weight
+            page.locator("#run-smoothing").fill("0.9")
+            smoothed = page.evaluate("window.mbCharts['train/advantage'].plot.data[2]")
+            raw = [logged[s]["train/advantage"] for s in range(200)]
+            last, expected = 0.0, []
+            for n, v in enumerate(raw, 1):
+                last = last * 0.9 + 0.1 * v
+                expected.append(last / (1 - 0.9**n))
+            assert smoothed == pytest.approx(expected, rel=1e-9, abs=1e-12)
+            assert "smooth=0.9" in page.url  # kept in the address
+
+            # downloads: the series' every archived point as CSV; the chart as a PNG
+            deadline = time.monotonic() + 60
+            while tidy(settings.archive_dir, run.run_id, names=["train/approx_kl"]).num_rows < 200:
+                assert time.monotonic() < deadline, "the archive sink never wrote the run"
+                time.sleep(0.5)
+            with page.expect_download() as got:
+                page.locator('.chart[data-series="train/approx_kl"] .tool.csv').click()
+            rows = got.value.path().read_text().splitlines()
+            archived = tidy(settings.archive_dir, run.run_id, names=["train/approx_kl"])
+            assert rows[0] == "step,wall_time,value" and len(rows) == 201
+            assert [float(r.split(",")[2]) for r in rows[1:]] == archived["value"].to_pylist()
+            assert [int(r.split(",")[0]) for r in rows[1:]] == list(range(200))
+            with page.expect_download() as got:
+                page.locator('.chart[data-series="train/approx_kl"] .tool.png').click()
+            image = got.value.path().read_bytes()
+            assert image[:8] == b"\x89PNG\r\n\x1a\n" and len(image) > 2000
+            assert got.value.suggested_filename == "train_approx_kl.png"
+        finally:
+            browser.close()
+    if os.environ.get("METRICBUS_SCREENSHOTS"):
+        shutil.copy(
+            tmp_path / "readouts.png", Path(os.environ["METRICBUS_SCREENSHOTS"]) / "dashboard-readouts.png"
         )

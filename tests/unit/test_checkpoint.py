@@ -24,7 +24,7 @@ def outputs(processor, events):
 
 def test_a_restored_processor_derives_and_alerts_like_the_one_that_never_stopped(tmp_path):
     events = run_events(random.Random(11), n=2000)
-    for e in events[1510:1700]:  # reward_collapse: a block's median far below the 40 before
+    for e in events[1510:1700]:  # reward_collapse: a block's median far below the 60 before
         e.body["scalars"]["Train/AvgReward"] = -10.0
     first, second = events[:1005], events[1005:]  # mid-block: the detector's block is half full
     uninterrupted = StreamProcessor(rules=load_rules(DEFAULT_RULES))

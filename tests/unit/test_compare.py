@@ -43,7 +43,7 @@ def test_a_worse_loss_is_a_regression_with_scipys_p_value_and_hedges_g():
     better = compare_metric("Train/AvgReward", ("a", base), ("b", worse))
     assert better.verdict == "better"  # the same rise is good news for a reward
     same = compare_metric("Train/Loss", ("a", base), ("c", list(1.0 + 0.05 * rng.standard_normal(200))))
-    assert same.verdict == "no significant change" and same.p_value > 0.05
+    assert same.verdict == "cannot tell" and same.p_value > 0.05 and same.interval[0] < 0 < same.interval[1]
     assert compare_metric("x", ("a", [1.0]), ("b", [2.0])) is None
 
 
@@ -157,3 +157,34 @@ def test_the_iqm_equals_scipys_trimmed_mean_at_every_small_size():
     for n in range(1, 14):
         values = rng.normal(0, 1, n).tolist()
         assert iqm(values) == pytest.approx(stats.trim_mean(values, 0.25))
+
+
+def test_a_verdict_agrees_with_the_interval_printed_beside_it_and_says_how_many_seeds_would_tell():
+    """Three seeds a learning rate, one group 66x lower with a spread the other has not: the
+    interval of the difference of means (Welch's) holds 0, so the verdict cannot be "no change"
+    beside an interval that leaves it out, nor "better": it says how many runs would separate it."""
+    from metricbus.diagnostics._compare import welch
+
+    base = [0.62, 1.31, 0.08]  # a loss: lower is better
+    lower = [0.0099, 0.0103, 0.0102]
+    w = welch("Train/Loss", base, lower)
+    got = stats.ttest_ind(lower, base, equal_var=False)
+    assert w.p_value == pytest.approx(got.pvalue)
+    ci = got.confidence_interval(0.95)
+    assert w.interval == pytest.approx((ci.low, ci.high))
+    assert w.interval[0] < 0 < w.interval[1] and w.verdict == "cannot tell"
+    assert w.needed is not None and w.needed > 3
+    assert f"cannot tell at 95 %: 3 vs 3 values leave 0 in the interval [{ci.low:.4g}, {ci.high:.4g}]" in w.said
+    assert f"about {w.needed} values a side would separate" in w.said
+    # with the runs that many, the same difference and spreads separate: the estimate is honest
+    rng = np.random.default_rng(0)
+    wins = 0
+    for _ in range(400):
+        a = rng.normal(np.mean(base), np.std(base, ddof=1), w.needed)
+        b = rng.normal(np.mean(lower), np.std(lower, ddof=1), w.needed)
+        wins += welch("Train/Loss", list(a), list(b)).verdict == "better"
+    assert 0.7 < wins / 400 < 0.95  # about the 80 % power it was planned for
+    # separated: the verdict and the interval agree, whichever way the metric goes
+    sep = welch("Train/Loss", [1.0, 1.1, 0.9, 1.05], [0.2, 0.25, 0.22, 0.21])
+    assert sep.verdict == "better" and sep.interval[1] < 0 and "leaves out 0" in sep.said
+    assert welch("Train/AvgReward", [1.0, 1.1, 0.9, 1.05], [0.2, 0.25, 0.22, 0.21]).verdict == "worse"

@@ -496,3 +496,17 @@ def test_no_two_definitions_share_a_derived_name():
     assert {k: n for k, n in at.items() if n > 1} == {}
     assert definitions["time/fps_p99"] == {("time/fps", "p99")}
     assert [p.value for p in points if p.name == "time/fps_p99"][-1] == 51.0  # over p99_window: all 40 values
+
+
+def test_the_reward_cv_is_undefined_where_the_epochs_mean_is_near_0_beside_its_values():
+    """A mean of 0.01 among per-step rewards of -0.5..0.5: std / |mean| would read 30, meaning nothing."""
+    events = [(RUN_STARTED, run_started("p", "n"), 0)]
+    steps = [(0, 1.0), (1, 2.0), (2, 3.0), (10, -0.5), (11, 0.53), (12, -0.0)]
+    for step, reward in steps:
+        body = {"step": step, "epoch": step // 10, "rank": 0, "scalars": {"Train/AvgReward": reward}, "samples": {}}
+        events.append((METRICS, body, 1000 + step))
+    events.append((RUN_FINISHED, {"status": "finished", "summary": {}}, 5000))
+    pts = by_name(derive_all(events))
+    assert [p.epoch for p in pts["Epoch/AvgReward"]] == [0, 1]
+    (cv,) = pts["Epoch/RewardCV"]  # epoch 1's mean 0.01 is under a tenth of 0.53: no point
+    assert cv.epoch == 0 and cv.value == pytest.approx(np.std([1, 2, 3]) / 2)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from metricbus.diagnostics._groups import aligned, band_of, curve, difference_interval, iqm, iqm_interval
+from metricbus.diagnostics._groups import aligned, band_of, curve, iqm, iqm_interval
 
 from .test_compare import archived
 
@@ -26,21 +26,6 @@ def test_the_iqm_is_the_mean_of_the_middle_half_and_its_interval_is_scipys_boots
     assert iqm_interval(values) == iqm_interval(values)  # seeded: the same answer each time
     assert all(math.isnan(v) for v in iqm_interval([1.0]))  # one run: no interval
     assert iqm_interval([2.0, 2.0, 2.0]) == (2.0, 2.0)
-
-
-def test_the_difference_interval_resamples_each_group_on_its_own():
-    base, other = [1.0, 1.2, 0.9, 1.1], [2.0, 2.4, 1.9]
-    low, high = difference_interval(base, other)
-    want = stats.bootstrap(
-        (np.array(base), np.array(other)),
-        lambda a, b, axis: stats.trim_mean(b, 0.25, axis=axis) - stats.trim_mean(a, 0.25, axis=axis),
-        n_resamples=2000,
-        method="percentile",
-        paired=False,
-        rng=np.random.default_rng(0),
-    ).confidence_interval
-    assert (low, high) == pytest.approx((want.low, want.high))
-    assert 0 < low < iqm(other) - iqm(base) < high
 
 
 def test_runs_at_other_steps_are_interpolated_onto_the_steps_all_of_them_cover():
@@ -95,7 +80,7 @@ def test_grouping_by_a_named_key_gives_each_group_its_iqm_and_names_the_best():
         assert scores[group].std == pytest.approx(np.std(mine, ddof=1))
     assert scores["lr=0.001"].best and not scores["lr=0.01"].best
     (worse,) = result.group_metrics
-    assert worse.verdict == "worse" and worse.difference_interval[1] < 0
+    assert worse.verdict == "worse" and worse.interval[1] < 0
     by_default = compare_runs(runs, metrics=["Train/AvgReward"])
     assert len(by_default.groups) == 4  # every key that differs but seeds: lr and batch
     other_base = compare_runs(runs, metrics=["Train/AvgReward"], group_by=["lr"], baseline_group="lr=0.01")

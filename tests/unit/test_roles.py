@@ -139,7 +139,7 @@ def test_the_default_reward_rules_follow_the_runs_reward_whatever_its_name(rewar
     assert {"epoch_reward_below_target", "epoch_reward_unstable"} <= fired
     erratic = (100 + 120 * rng.random(30_000)).tolist()  # CartPole's scale: no absolute target applies
     assert not _default_rules_on(erratic, reward, as_samples, epoch_len=1000)
-    collapse = [0.8 + 0.01 * (i % 3) for i in range(900)] + [0.05] * 30  # rewards in [0, 1], then 0.05
+    collapse = [0.8 + 0.01 * (i % 3) for i in range(1300)] + [0.05] * 30  # rewards in [0, 1], then 0.05
     assert "reward_collapse" in _default_rules_on(collapse, reward, as_samples)
 
 
