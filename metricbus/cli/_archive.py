@@ -337,8 +337,8 @@ def print_comparison(
                     flag = "REGRESSION, " if c.verdict == "worse" else ""
                     print(
                         printable(
-                            f"      vs baseline: mean {c.mean - c.baseline_mean:+.4g}, Welch p={c.p_value:.3g}, "
-                            f"g={c.effect_size:+.2f}: {flag}{c.said}"
+                            f"      vs baseline: mean {c.mean - c.baseline_mean:+.4g}, "
+                            f"Welch p={c.p_value:.3g}, g={c.effect_size:+.2f}: {flag}{c.said}"
                         )
                     )
     if not by_run or (shown and result.group_metrics and not all_runs):

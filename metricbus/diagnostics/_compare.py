@@ -435,7 +435,7 @@ def compare_series(
             mine = [means[r] for r in members]
             if group == home or len(mine) < 2 or len(base) < 2:
                 continue
-            w = welch(metric, base, mine, alpha, runs=True)
+            test = welch(metric, base, mine, alpha, runs=True)
             compared.append(
                 GroupComparison(
                     metric,
@@ -446,14 +446,14 @@ def compare_series(
                     base,
                     statistics.fmean(mine),
                     statistics.fmean(base),
-                    w.p_value,
-                    w.effect_size,
-                    w.verdict,
+                    test.p_value,
+                    test.effect_size,
+                    test.verdict,
                     iqm(mine),
                     iqm(base),
-                    w.interval,
-                    w.needed,
-                    w.said,
+                    test.interval,
+                    test.needed,
+                    test.said,
                 )
             )
     return Comparison(

@@ -408,7 +408,8 @@ def build(
                 "implies: the verdict is decided by that interval</p>",
                 "<div id='group-charts'></div>",
                 _table(
-                    ["metric", "group", "runs", "IQM [95% CI]", "mean vs baseline [95% CI]", "Welch p", "verdict"],
+                    ["metric", "group", "runs", "IQM [95% CI]"]
+                    + ["mean vs baseline [95% CI]", "Welch p", "verdict"],
                     score_rows,
                     "group-scores",
                 ),

@@ -492,7 +492,7 @@ def test_an_sb3_run_page_shows_reward_and_loss_first_smoothed_and_never_scrolls_
             charted = set(page.evaluate("Object.keys(window.mbCharts)"))
             constants = set(page.locator("#constants-table tbody td:first-child").all_inner_texts())
             summary = page.locator("#summary-table tbody td:first-child").all_inner_texts()
-            for name, points in series.items():
+            for name in series:
                 if name in derived or name.startswith("final/"):
                     continue
                 assert name in charted or name in constants, name  # nothing logged is hidden
