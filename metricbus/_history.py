@@ -18,11 +18,12 @@ from metricbus.schemas import (
 )
 
 
-def _pandas() -> Any:
+def _pandas(what: str) -> Any:
+    """pandas, or the error that names ``what`` needs it and the pip line that brings it."""
     try:
         import pandas
     except ImportError:
-        raise MetricbusError("metricbus.history() needs pandas: pip install 'metricbus[analysis]'") from None
+        raise MetricbusError(f"metricbus.{what}() needs pandas: pip install 'metricbus[analysis]'") from None
     return pandas
 
 
@@ -44,11 +45,17 @@ def history(
     ``labels=``) also fills its label's column, ``<metric> [<key>=<value>]``. Else tidy rows:
     run, step, name, value, wall_time, labels (a dict). ``metrics`` keeps only those names;
     ``derived=False`` leaves the stream worker's series out.
+
+    ``run`` is found as every command finds it: its id, a unique prefix of the id, its name or
+    the start of its name. MetricbusError naming the archive when no run matches, listing the
+    candidates when several do.
     """
+    from metricbus._runs import find_run
     from metricbus.sinks import tidy
 
-    pandas = _pandas()
-    table = tidy(_archive(settings), check_run_id(run), derived=derived, labels=True)
+    pandas = _pandas("history")
+    archive = _archive(settings)
+    table = tidy(archive, check_run_id(find_run(archive, run)), derived=derived, labels=True)
     frame = table.to_pandas()
     frame["labels"] = [dict(v) if v is not None else {} for v in frame["labels"]]
     if metrics is not None:
@@ -78,12 +85,14 @@ def runs(project: str | None = None, settings: Settings | None = None) -> Any:
     ``config`` is the run's config (its starts and updates merged) and ``summary`` what
     ``finish(summary=...)`` recorded, each also one column per key: ``config/lr``,
     ``config/model/width`` (nested keys flattened as compare names them), ``summary/<key>``:
-    ``frame[frame["config/lr"] == 1e-3]``, ``frame.groupby("config/lr")``.
+    ``frame[frame["config/lr"] == 1e-3]``, ``frame.groupby("config/lr")``. A ``project`` the
+    archive has no run of is a MetricbusError naming the archive and the projects it holds.
     """
     from metricbus._runs import run_rows
     from metricbus.diagnostics._compare import flatten
 
-    pandas = _pandas()
+    pandas = _pandas("runs")
+    _check_project(_archive(settings), project)
     columns = ["run_id", "project", "name", "state", "first_step", "last_step", "events", "started", "ended"]
     rows = [
         {
@@ -119,8 +128,9 @@ def curves(
     from metricbus.diagnostics._compare import group_runs
     from metricbus.diagnostics._groups import bands, curve
 
-    pandas = _pandas()
+    pandas = _pandas("curves")
     archive = _archive(settings)
+    _check_project(archive, project)
     chosen = [find_run(archive, r) for r in runs] if runs is not None else None
     rows = [r for r in run_rows(archive, project) if chosen is None or r["run_id"] in chosen]
     groups = group_runs({r["run_id"]: r["config"] for r in rows}, group_by)
@@ -134,5 +144,16 @@ def curves(
     return pandas.DataFrame(out, columns=["group", "step", "mean", "lower", "upper", "runs"])
 
 
+def _check_project(archive: Path, project: str | None) -> None:
+    """MetricbusError naming the archive and its projects when ``project`` has no run there."""
+    from metricbus.sinks import run_projects
+
+    if project is None or run_projects(archive, project):
+        return
+    held = sorted(set(run_projects(archive).values()))
+    listed = ", ".join(held[:20]) + (" ..." if len(held) > 20 else "") if held else "none"
+    raise MetricbusError(f"no run of project {project!r} in the archive {archive} (its projects: {listed})")
+
+
 def _when(ts_ms: int) -> Any:
-    return _pandas().Timestamp(ts_ms, unit="ms", tz="UTC")
+    return _pandas("runs").Timestamp(ts_ms, unit="ms", tz="UTC")

@@ -561,8 +561,8 @@ class Run:
                 else f"not within {timeout:.1f}s"
             )
             log.warning(
-                "run %s: not every event reached %s (%s); they are kept in %s. "
-                "Publish them later with `metricbus sync`.",
+                "run %s: not every event reached %s (%s); they wait in %s: the next `metricbus up` "
+                "on this data dir publishes them (or `metricbus sync`)",
                 self.run_id,
                 self._describe_target(),
                 why,
@@ -685,7 +685,8 @@ class Run:
             self._publisher.said_unreachable = True
             log.warning(
                 "metricbus: %s: the broker at %s is unreachable (nothing listens there: start one with "
-                "`metricbus up`); its events are kept in %s and sent when it answers, or by `metricbus sync`",
+                "`metricbus up`); its events are kept in %s, sent when it answers or by the next "
+                "`metricbus up` (or `metricbus sync`)",
                 run,
                 self.settings.bootstrap_servers,
                 self.spool_path.parent,

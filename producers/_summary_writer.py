@@ -9,9 +9,10 @@ them. What metricbus does not carry yet (graphs, embeddings, PR curves, meshes, 
 once per kind and counted in ``writer.unsupported``, never silently dropped. ``walltime`` is
 accepted; the event keeps the time of the call (said once when a caller passes one).
 
-The run starts at the first call: project from ``project=`` or ``$METRICBUS_PROJECT`` (else
-"tensorboard"), name from the ``log_dir``'s last part (torch's default ``runs/<date>_<host>``
-when none is given), so TensorBoard's run directory names carry over; it says in one line where
+The run starts at the first call: project from ``project=`` or ``$METRICBUS_PROJECT``, else
+the ``log_dir``'s parent (``logs/ppo/lr3e-4``: project ``ppo``, run ``lr3e-4``; torch's default
+``runs/<date>_<host>``: project ``runs``), name from the ``log_dir``'s last part, so
+TensorBoard's run directory names carry over; it says in one line where
 the stack's TensorBoard sink writes the files, since nothing is written under ``log_dir``. Like
 every metricbus call, no method raises into the training loop.
 """
@@ -70,7 +71,8 @@ class SummaryWriter:
             log_dir = os.path.join("runs", f"{stamp}_{socket.gethostname()}{comment}")
         self.log_dir = log_dir
         self._name = Path(log_dir).name or None
-        self._project = project or os.environ.get("METRICBUS_PROJECT") or "tensorboard"
+        parent = Path(log_dir).parent.name
+        self._project = project or os.environ.get("METRICBUS_PROJECT") or parent or "tensorboard"
         self._options = init_options
         self._run = run
         self._config: dict[str, Any] = {}

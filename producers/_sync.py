@@ -6,7 +6,7 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from metricbus.schemas import Settings
+from metricbus.schemas import SchemaError, Settings, decode_record, default_codec
 
 from ._spool import Spool, SpoolBusyError, pending_spools
 from ._transport import KafkaTransport, Transport, TransportError
@@ -19,9 +19,19 @@ class SyncReport:
     """What one sync did."""
 
     records_sent: int = 0
+    events_sent: int = 0  #: the events those records held (a record holds a batch of them)
     spools_done: list[Path] = dataclasses.field(default_factory=list)
     spools_busy: list[Path] = dataclasses.field(default_factory=list)
     spools_failed: dict[Path, str] = dataclasses.field(default_factory=dict)
+
+
+def events_in(record: bytes) -> int:
+    """How many events a spooled record holds (0 for one that does not decode: sent as it is)."""
+    try:
+        events, columns = decode_record(default_codec(), record)
+    except SchemaError:
+        return 0
+    return len(events) + (len(columns.seqs) if columns is not None else 0)
 
 
 #: records sent between two checks that the broker still holds what it acknowledged
@@ -64,6 +74,7 @@ def sync_spools(settings: Settings, transport: Transport | None = None) -> SyncR
                     transport.send(key, [record for record, _ in batch])
                     sent = batch[-1][1]
                     report.records_sent += len(batch)
+                    report.events_sent += sum(events_in(record) for record, _ in batch)
                     if report.records_sent % CHECK_EVERY < len(batch):
                         _checked(transport, spool, sent)
                 if sent is not None:

@@ -9,9 +9,10 @@ config; every ``on_log`` arrives at ``state.global_step``, in the epoch that ste
 unless ``all_ranks=True`` (then every rank logs as its own rank of one run).
 
 Importing this module also registers ``report_to="metricbus"`` with transformers (project from
-``$METRICBUS_PROJECT``, else "huggingface"; the run named after ``run_name``).
+``$METRICBUS_PROJECT``, else "huggingface"; the run named after ``run_name``, else the last
+part of ``output_dir``).
 
-TRL (GRPO and friends): its per-function reward means arrive under seed 002's names
+TRL (GRPO and friends): its per-function reward means arrive under the GRPO reward metrics' names
 (``rewards/{func}/mean`` -> ``rewards/{func}_mean``, ``/std`` -> ``_std``). To publish every
 sample's score, so the stream derives ``rewards/{func}_mean/_std/_min/_max``, ``_recent_mean``,
 ``_hist``, ``rewards/total_mean`` and ``final/{func}_*`` from all of them, wrap the reward
@@ -62,6 +63,19 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _run_name(args: Any) -> str | None:
+    """The run's name as the Trainer names it: ``run_name``, else ``output_dir``'s last part.
+
+    transformers' own default for ``run_name`` is ``output_dir`` (a path): its last part.
+    """
+    import os
+
+    for given in (getattr(args, "run_name", None), getattr(args, "output_dir", None)):
+        if given:
+            return os.path.basename(os.path.normpath(str(given))) or str(given)
+    return None
+
+
 class MetricbusCallback(TrainerCallback):  # type: ignore[misc]
     """Publishes a Trainer's logs to metricbus (see the module doc)."""
 
@@ -94,8 +108,7 @@ class MetricbusCallback(TrainerCallback):  # type: ignore[misc]
         model_config = getattr(model, "config", None)
         if model_config is not None and hasattr(model_config, "to_dict"):
             config.update({f"model/{k}": v for k, v in _jsonable(model_config.to_dict()).items()})
-        name = self._name or (getattr(args, "run_name", None) or None)
-        self.run = Run(self._project, name=name, config=config, **self._options)
+        self.run = Run(self._project, name=self._name or _run_name(args), config=config, **self._options)
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any

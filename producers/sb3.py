@@ -132,6 +132,17 @@ def _hyperparameters(model: Any) -> dict[str, Any]:
     return out
 
 
+def _run_name(model: Any) -> str | None:
+    """``PPO-CartPole-v1``: the algorithm and the environment's id, as SB3 users name runs."""
+    algorithm = type(model).__name__
+    try:
+        specs = model.get_env().get_attr("spec")
+        env_id = getattr(specs[0], "id", None) if specs else None
+    except Exception:  # noqa: BLE001 - a custom VecEnv without specs: the algorithm alone
+        env_id = None
+    return f"{algorithm}-{env_id}" if env_id else algorithm
+
+
 class MetricbusCallback(BaseCallback):
     """Publish an SB3 run to metricbus: its logger's keys and every episode (see the module doc)."""
 
@@ -148,9 +159,8 @@ class MetricbusCallback(BaseCallback):
 
     def _on_training_start(self) -> None:
         if self.run is None:
-            self.run = Run(
-                self._project, name=self._name, config=_hyperparameters(self.model), **self._options
-            )
+            name = self._name or _run_name(self.model)
+            self.run = Run(self._project, name=name, config=_hyperparameters(self.model), **self._options)
         if isinstance(self.model, OnPolicyAlgorithm):
             self._rollout_size = self.model.n_steps * self.model.n_envs
         formats = self.model.logger.output_formats

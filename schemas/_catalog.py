@@ -1,7 +1,7 @@
 """The metric names each framework logs for a run's reward, loss and throughput: the alias catalog.
 
-Seed 004 names its series ``Train/AvgReward`` and ``Train/Loss``; SB3 writes ``rollout/ep_rew_mean``
-and ``train/loss``, the Hugging Face Trainer ``loss``, TRL ``reward``, CleanRL
+The TensorBoard PPO metric set names its series ``Train/AvgReward`` and ``Train/Loss``; SB3
+writes ``rollout/ep_rew_mean`` and ``train/loss``, the Hugging Face Trainer ``loss``, TRL ``reward``, CleanRL
 ``charts/episodic_return``. One list per role, best first, shared by the stream worker (which
 series a run's Epoch/* and rules follow), the TensorBoard sink (its custom-scalars charts) and
 the diagnostics (health, report).
@@ -13,8 +13,8 @@ from __future__ import annotations
 #: step's average (both kinds are listed; the deriver prefers samples when a run logs both).
 #: For RL frameworks the episode return is the reward.
 REWARD_ALIASES: tuple[str, ...] = (
-    "Train/AvgReward",  # seed 004, scalar
-    "Train/Reward",  # seed 004, samples
+    "Train/AvgReward",  # the TensorBoard PPO metric set, scalar
+    "Train/Reward",  # the TensorBoard PPO metric set, samples
     "rollout/episode_return",  # metricbus.sb3: every finished episode's return, samples
     "rollout/ep_rew_mean",  # SB3's logger: mean return of the last 100 episodes
     "reward",  # TRL (GRPO, RLOO, Online DPO): the batch's mean reward
@@ -26,7 +26,7 @@ REWARD_ALIASES: tuple[str, ...] = (
 
 #: The loss: the one scalar a run minimises.
 LOSS_ALIASES: tuple[str, ...] = (
-    "Train/Loss",  # seed 004
+    "Train/Loss",  # the TensorBoard PPO metric set
     "train/loss",  # SB3 (PPO, A2C, DQN), TRL through wandb naming
     "loss",  # Hugging Face Trainer and TRL's on_log
     "train_loss",  # Lightning's usual self.log("train_loss", ...)
@@ -36,7 +36,8 @@ LOSS_ALIASES: tuple[str, ...] = (
 )
 
 #: Throughput: each gets ``<name>_avg`` (run mean) and ``<name>_p99`` beside it, as names that
-#: end with the config's ``throughput_suffix`` get seed 004's ``..._Avg/P99TokensPerSec``.
+#: end with the config's ``throughput_suffix`` get ``..._Avg/P99TokensPerSec`` (the TensorBoard
+#: PPO metric set's).
 THROUGHPUT_ALIASES: tuple[str, ...] = (
     "time/fps",  # SB3
     "charts/SPS",  # CleanRL

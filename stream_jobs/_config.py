@@ -19,7 +19,7 @@ from metricbus.schemas import (
 
 from ._statistics import STATISTICS
 
-#: Seed 004: the batch's per-sample rewards logged as samples under this name become
+#: The TensorBoard PPO metric set: the batch's per-sample rewards logged as samples under this name become
 #: Train/AvgReward, Train/RewardStd, Train/RewardMin, Train/RewardMax, Train/RewardVariance.
 SEED_004_REWARD_SAMPLES = {
     "Train/Reward": {
@@ -43,7 +43,7 @@ METRIC_STATS = tuple(STATISTICS)
 class StreamConfig:
     """Windows and names of the derived series; each field documents itself."""
 
-    #: Seed 002's ``_recent_mean``: the mean of the last N values.
+    #: The GRPO reward metrics' ``_recent_mean``: the mean of the last N values.
     window: int = 10
     #: TensorBoard's smoothing weight for ``<metric>_ema``.
     ema_weight: float = 0.6
@@ -74,34 +74,35 @@ class StreamConfig:
     #: arrays logged in the step (the largest one per step), and without either it is not emitted.
     sample_count_metric: str = "Train/NumSamples"
     #: Samples name -> {statistic: derived name}; statistics without an alias are named
-    #: ``<samples name>_<statistic>`` (seed 002's ``rewards/{name}_mean`` and friends).
+    #: ``<samples name>_<statistic>`` (the GRPO reward metrics' ``rewards/{name}_mean`` and friends).
     sample_aliases: Mapping[str, Mapping[str, str]] = dataclasses.field(
         default_factory=lambda: dict(SEED_004_REWARD_SAMPLES)
     )
     #: Logged scalars whose name ends with one of these are summed per epoch into
-    #: ``Epoch/<suffix>`` (seed 004's Epoch/APITokens).
+    #: ``Epoch/<suffix>`` (the TensorBoard PPO metric set's Epoch/APITokens).
     epoch_sums: tuple[str, ...] = ("APITokens",)
     #: Scalars ending with this get a running ``..._Avg<suffix>`` and ``..._P99<suffix>``
-    #: (seed 004: Performance/Generation_TokensPerSec -> Generation_AvgTokensPerSec, ...P99...).
+    #: (the TensorBoard PPO metric set: Performance/Generation_TokensPerSec ->
+    #: Generation_AvgTokensPerSec, ...P99...).
     throughput_suffix: str = "TokensPerSec"
     #: Cross-rank merge: a rank that stays silent counts as missing once another rank's events
     #: are this many seconds of event time past its last event (heartbeats included); the
     #: steps it did not report are then emitted without it, and its later values count as late.
     rank_timeout_s: float = 30.0
-    #: Seed 002's ``rewards/{name}_hist``: every samples series gets ``<name>_hist``, a histogram
-    #: of its last ``hist_window`` scores in ``hist_bins`` bins, every ``hist_every`` steps once
+    #: The GRPO reward metrics' ``rewards/{name}_hist``: every samples series gets ``<name>_hist``,
+    #: a histogram of its last ``hist_window`` scores in ``hist_bins`` bins, every ``hist_every`` steps once
     #: it holds ``hist_min_samples`` scores.
     hist_every: int = 10
     hist_window: int = 1000
     hist_bins: int = 20
     hist_min_samples: int = 10
-    #: Seed 002's rubric summary: at the end of the run, samples series under this prefix
+    #: The GRPO metrics' rubric summary: at the end of the run, samples series under this prefix
     #: (``criteria/{rubric}/{criterion}``) become rows of the table ``summary_table``
     #: (criterion, mean, std, min, max, samples).
     summary_prefix: str = "criteria/"
     summary_table: str = "rubric_criteria_summary"
     #: What every logged scalar M gets as ``M_<stat>`` (beside M in TensorBoard's and W&B's
-    #: sections, seed 002's suffix pattern), at every ``smooth_every``-th value of M: any of
+    #: sections, the GRPO metrics' suffix pattern), at every ``smooth_every``-th value of M: any of
     #: recent_mean, ema, std, min, max, median, p99 (over the last ``window`` values), count
     #: (finite values so far), nonfinite (NaN and inf values so far), slope and trend
     #: (+1 improving, 0 stable, -1 declining, with the metric's direction; over the last

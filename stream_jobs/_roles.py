@@ -1,7 +1,7 @@
 """Which logged series is a run's reward, its loss and its throughput, whatever framework logged it.
 
-Seed 004 names its series ``Train/AvgReward`` and ``Train/Loss``; SB3 writes ``rollout/ep_rew_mean``
-and ``train/loss``, the Hugging Face Trainer ``loss``, TRL ``reward``, CleanRL
+The TensorBoard PPO metric set names its series ``Train/AvgReward`` and ``Train/Loss``; SB3
+writes ``rollout/ep_rew_mean`` and ``train/loss``, the Hugging Face Trainer ``loss``, TRL ``reward``, CleanRL
 ``charts/episodic_return``. The stream config holds a catalog of names per role (defaults in
 ``schemas._catalog``, extensible); each run binds each role to the first catalog name it logs
 (within one record, the earlier catalog entry wins) and keeps it for the rest of the run, so

@@ -82,8 +82,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
     settings = _settings(args)
     report = sync_spools(settings)
     print(
-        f"published {report.records_sent} records from {len(report.spools_done)} spool(s) to "
-        f"{settings.bootstrap_servers}"
+        f"published {report.events_sent} events ({report.records_sent} records) of "
+        f"{len({p.parent for p in report.spools_done})} run(s) to {settings.bootstrap_servers}"
     )
     for path in report.spools_busy:
         print(f"skipped {path}: its run is still live and publishes it itself")
@@ -170,7 +170,7 @@ def cmd_health(args: argparse.Namespace) -> int:
     source = f"  (as {health['source']} judged it)" if health.get("source") else ""
     print(f"run {run_id}: health {health['score']:.0f}/100{source}")
     for part in health["parts"]:
-        print(f"  {part['name']:<13} -{part['deducted']:>4.1f} of {part['weight']}")
+        print(f"  {part['name']:<13} {points_of(part)}")
         for line in part["evidence"]:
             print(f"      {printable(line)}")
     if health["labels"]:
@@ -354,6 +354,12 @@ def print_comparison(
                 f"g={m.effect_size:+.2f}  {flag}{m.said}"
             )
         )
+
+
+def points_of(part: dict[str, Any]) -> str:
+    """``28.5 of 30 (1.5 deducted)``: a health part as a score, read the way it is meant."""
+    kept, weight, lost = part["weight"] - part["deducted"], part["weight"], part["deducted"]
+    return f"{kept:>4.1f} of {weight}  " + ("(nothing deducted)" if lost == 0 else f"({lost:.1f} deducted)")
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -34,9 +34,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                 )
         except BrokerError as exc:  # said, with what is kept here (the spools); --watch goes on
             snap = unreachable(settings, str(exc))
-            if not args.watch:
+            if not args.watch:  # said once, in the answer: the exit status an error's (2)
                 print(strict_json(snap, indent=2) if args.json else format_status(snap), flush=True)
-                raise
+                return 2
         if args.json:
             print(strict_json(snap, indent=None if args.watch else 2), flush=True)
         else:

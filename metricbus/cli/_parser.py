@@ -82,13 +82,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_broker)
 
     s = command("up", help="broker (unless --bootstrap) + topics + every consumer, until Ctrl-C")
-    s.add_argument("--port", type=int, help="port of the embedded broker (default 9092)")
-    s.add_argument("--rules", help="alert rules YAML for the stream worker (default: the seed rule pack)")
+    s.add_argument(
+        "--port",
+        type=int,
+        help="the embedded broker's port (default 9092; the dashboard's is --dashboard-port)",
+    )
+    s.add_argument("--rules", help="alert rules YAML for the stream worker (default: the built-in rule pack)")
     s.add_argument(
         "--config", help="StreamConfig YAML for the stream worker (see `metricbus worker --config`)"
     )
     s.add_argument(
-        "--dashboard-port", type=int, help="dashboard on 127.0.0.1:PORT (default 8765, or a free one)"
+        "--dashboard-port",
+        type=int,
+        help="the dashboard's port on 127.0.0.1 (default: the one this data dir's dashboard had last, "
+        "else 8765, else a free one)",
     )
     s.add_argument("--no-dashboard", action="store_true", help="run no dashboard")
     s.add_argument(
@@ -135,9 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_sink)
 
     s = command("worker", help="run the stream jobs (rolling statistics, epochs, alerts)")
-    s.add_argument("--rules", help="alert rules YAML (default: the seed rule pack)")
+    s.add_argument("--rules", help="alert rules YAML (default: the built-in rule pack)")
     s.add_argument(
-        "--config", help="YAML of StreamConfig fields: windows, names, metric_stats (default: the seeds')"
+        "--config", help="YAML of StreamConfig fields: windows, names, metric_stats (default: built-in)"
     )
     s.add_argument("--wait-s", type=float, metavar="S", help=WAIT_HELP)
     s.set_defaults(func=cmd_worker)
@@ -186,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_replay)
 
     s = command("backtest", help="what alert rules would have fired on an archived run")
-    s.add_argument("--rules", help="alert rules YAML (default: the seed rule pack, as `metricbus up` runs)")
+    s.add_argument("--rules", help="alert rules YAML (default: the built-in pack, as `metricbus up` runs)")
     s.add_argument("--config", help="YAML of StreamConfig fields, as for `metricbus worker --config`")
     _add_run(s)
     s.set_defaults(func=cmd_backtest)
@@ -295,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--token", help="required on every request (default: $METRICBUS_DASHBOARD_TOKEN)")
     s.add_argument("--since", type=float, metavar="S", help="read runs from the last S seconds only")
     s.add_argument(
-        "--rules", help="alert rules run over archived runs' pages and reports (default: the seed rule pack)"
+        "--rules", help="alert rules run over archived runs' pages and reports (default: the built-in pack)"
     )
     s.add_argument("--config", help="stream config those rules' derived series follow (YAML)")
     s.set_defaults(func=cmd_dashboard)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from pathlib import Path
 
-from metricbus.schemas import MetricbusError, ensure_topics
+from metricbus.schemas import MetricbusError, Settings, ensure_topics
 
 from ._common import (
     _settings,
@@ -37,6 +38,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     consumers = up_consumers(args)
     stop = _stop_on_signals()
     stack = Stack(settings, consumers)
+    delivery = None
     try:
         stack.start()
         announce(
@@ -52,13 +54,48 @@ def cmd_up(args: argparse.Namespace) -> int:
         stack.wait_started(stop)
         if not stop.is_set():
             print("metricbus is up; Ctrl-C stops everything", flush=True)
+            delivery = deliver_spools(settings)
         stack.run_until(stop)
     finally:
         withdraw()
         print("metricbus: stopping the consumers (each flushes and commits), then the broker", flush=True)
         stack.stop()
+        if delivery is not None:
+            delivery.join(10.0)  # its sends fail fast once the broker is gone
         print("metricbus stopped", flush=True)
     return 0
+
+
+def deliver_spools(settings: Settings) -> threading.Thread | None:
+    """Publish, on a thread of its own, what runs logged while no stack ran (``metricbus sync``).
+
+    Says on the terminal how many runs wait, and then what was published. None when none wait.
+    Spools of live runs are left to their own publishers.
+    """
+    from metricbus.producers import pending_spools, sync_spools
+
+    waiting = pending_spools(settings.spool_dir)
+    if not waiting:
+        return None
+    runs = len({p.parent for p in waiting})
+    where = settings.spool_dir
+    print(f"spool        {runs} run(s) logged while no stack ran wait in {where}: publishing", flush=True)
+
+    def sync() -> None:
+        try:
+            report = sync_spools(settings)
+        except MetricbusError as exc:
+            print(f"spool        not published ({exc}); `metricbus sync` publishes them later", flush=True)
+            return
+        done = len({p.parent for p in report.spools_done})
+        print(f"spool        published {report.events_sent} events of {done} run(s)", flush=True)
+        for path, why in report.spools_failed.items():
+            later = "`metricbus sync` publishes it later"
+            print(f"spool        {path.parent.name} not published ({why}); {later}", flush=True)
+
+    thread = threading.Thread(target=sync, name="metricbus-up-spools", daemon=True)
+    thread.start()
+    return thread
 
 
 def up_consumers(args: argparse.Namespace) -> dict[str, list[str]]:

@@ -348,8 +348,12 @@ def build(
         "<h2>Health</h2>",
         f"<p id='score' class='score'>{health.score:.0f}/100</p>",
         _table(
-            ["part", "deducted", "of", "evidence"],
-            [[p.name, f"{p.deducted:.1f}", p.weight, "; ".join(p.evidence) or "-"] for p in health.parts],
+            ["part", "points", "deducted", "evidence"],
+            [
+                [p.name, f"{p.weight - p.deducted:.1f} of {p.weight}", f"{p.deducted:.1f}"]
+                + ["; ".join(p.evidence) or "-"]
+                for p in health.parts
+            ],
             "health",
         ),
         "<p class='muted'><label>x axis <select id='xaxis'>"

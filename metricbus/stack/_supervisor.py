@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,25 +64,60 @@ CONSUMERS: dict[str, list[str]] = {
 }
 #: Consumer -> the module it needs; without it `up` says how to install it and skips it.
 OPTIONAL = {"sink-tensorboard": "tensorboard", "sink-wandb": "wandb", "dashboard": "starlette"}
-#: Where `up` serves the dashboard unless told otherwise (a busy port: any free one, said).
+#: Where `up` serves the dashboard unless told otherwise, or this data dir's last port.
 DASHBOARD_PORT = 8765
+#: The file in the data dir that keeps the dashboard's port across restarts (its links hold).
+PORT_FILE = "dashboard.port"
 
 
-def dashboard_port(wanted: int | None) -> int:
-    """``wanted``, or DASHBOARD_PORT if free, else a free port (the URL is printed either way)."""
+def free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:``port`` (it can be bound now)."""
     import socket
 
-    if wanted:
-        return wanted
     with socket.socket() as s:
         try:
-            s.bind(("127.0.0.1", DASHBOARD_PORT))
-            return DASHBOARD_PORT
+            s.bind(("127.0.0.1", port))
         except OSError:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-    log.warning("port %d is in use: the dashboard takes %d", DASHBOARD_PORT, port)
+            return False
+    return True
+
+
+def dashboard_port(wanted: int | None, data_dir: Path | None = None, taken: Collection[int] = ()) -> int:
+    """The dashboard's port, kept in ``<data dir>/dashboard.port``: a run's printed link holds.
+
+    ``wanted``, else the port this data dir's dashboard had last, else DASHBOARD_PORT, else a
+    free one; never one of ``taken`` (the broker's).
+    """
+    import socket
+
+    remembered = _remembered(data_dir)
+    if wanted:
+        port = wanted
+    else:
+        tried = [p for p in (remembered, DASHBOARD_PORT) if p and p not in taken]
+        port = next((p for p in tried if free(p)), 0)
+        if not port:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            log.warning("port %d is in use: the dashboard takes %d", remembered or DASHBOARD_PORT, port)
+    if data_dir is not None and port != remembered:
+        try:
+            Path(data_dir).mkdir(parents=True, exist_ok=True)
+            (Path(data_dir) / PORT_FILE).write_text(f"{port}\n")
+        except OSError as exc:
+            log.warning("cannot keep the dashboard's port in %s (%s)", data_dir, exc)
     return port
+
+
+def _remembered(data_dir: Path | None) -> int | None:
+    if data_dir is None:
+        return None
+    try:
+        port = int((Path(data_dir) / PORT_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return port if 0 < port < 65536 else None
 
 
 def available_consumers() -> dict[str, list[str]]:
@@ -145,8 +180,11 @@ class Stack:
         env["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
         self._env = env
         consumers = dict(available_consumers() if consumers is None else consumers)
+        self._check_ports(consumers)
         if "dashboard" in consumers and "--port" not in consumers["dashboard"]:
-            consumers["dashboard"] = [*consumers["dashboard"], "--port", str(dashboard_port(None))]
+            taken = [settings.local_port] if settings.is_local else []
+            port = dashboard_port(None, Path(settings.data_dir), taken)
+            consumers["dashboard"] = [*consumers["dashboard"], "--port", str(port)]
         self.children = [
             _Child(name, [sys.executable, "-m", "metricbus", *args], self.log_dir / f"{name}.log")
             for name, args in consumers.items()
@@ -167,6 +205,25 @@ class Stack:
         self._recommitted: dict[str, dict[tuple[str, int], int]] = {}
         #: the console consumer's alerts, said on this terminal too
         self._echo = AlertEcho(self.log_dir / "alerts-console.log", settings.archive_dir, self.report)
+
+    def _check_ports(self, consumers: dict[str, list[str]]) -> None:
+        """Refuse, before anything starts, ports that clash or are in use: one clear line each."""
+        argv = consumers.get("dashboard", [])
+        web = int(argv[argv.index("--port") + 1]) if "--port" in argv else None
+        broker = self.settings.local_port if self.settings.is_local else None
+        if broker is not None and web == broker:
+            raise MetricbusError(
+                f"--port {broker} is the embedded broker's and --dashboard-port {web} the dashboard's: "
+                "give them different ports"
+            )
+        if broker is not None and not free(broker):
+            raise MetricbusError(
+                f"port {broker} is in use: the embedded broker needs a free port (--port P; the "
+                "dashboard's is --dashboard-port), or point at the broker that listens there "
+                f"with --bootstrap 127.0.0.1:{broker}"
+            )
+        if web is not None and not free(web):
+            raise MetricbusError(f"port {web} is in use: give the dashboard another (--dashboard-port P)")
 
     def start(self) -> Stack:
         """Start the broker, create the topics, start every consumer."""

@@ -133,6 +133,7 @@ def test_sb3_callback_gets_every_key_sb3_writes_and_every_episode(settings, sink
     model.learn(total_timesteps=2048, callback=callback)
     run = callback.run
     assert run is not None and run.config["algo"] == "PPO" and run.config["n_steps"] == 256
+    assert run.name == "PPO-CartPole-v1"  # the algorithm and the environment, as SB3 users name runs
 
     with open(tmp_path / "sb3" / "progress.csv") as f:
         rows = list(csv.DictReader(f))
@@ -211,6 +212,7 @@ def test_hf_trainer_callback_gets_every_log_hf_records(settings, sink, worker, t
     run = callback.run
     assert run is not None and run.status == "finished"
     assert run.config["learning_rate"] == 1e-3 and run.config["model/n_layer"] == 1
+    assert run.name == "out"  # no run_name: the output_dir's last part, as the Trainer names its runs
 
     expected: dict = {}
     for entry in trainer.state.log_history:  # HF's own record of every on_log

@@ -383,3 +383,76 @@ def test_up_restarts_a_broker_over_its_memory_bound_and_nothing_is_lost_or_deriv
         assert any("memory-only" in line or "METRICBUS_BROKER_MAX_MB" in line for line in lines)
     finally:
         stop_up(proc)
+
+
+def test_two_ups_in_a_row_on_one_data_dir_serve_the_dashboard_at_the_same_url(tmp_path):
+    """The links a run printed still work after a restart: the data dir keeps the dashboard's port."""
+    (tmp_path / "dashboard.port").write_text(f"{free_port()}\n")  # chosen by an earlier `up`
+    urls = []
+    for _ in range(2):
+        proc, _, lines = start_up(tmp_path, "--dashboard-port", "0")
+        try:
+            (url,) = [line.split()[1] for line in lines if line.startswith("dashboard    http")]
+            urls.append(url)
+        finally:
+            stop_up(proc, clean=True)
+    assert urls[0] == urls[1] == f"http://127.0.0.1:{(tmp_path / 'dashboard.port').read_text().strip()}/"
+
+
+def test_ports_that_clash_or_are_taken_are_refused_before_anything_starts_in_one_line(tmp_path):
+    port = free_port()
+    same = subprocess.run(
+        metricbus("up", "--port", str(port), "--dashboard-port", str(port), data_dir=tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert same.returncode == 2 and same.stdout == ""  # nothing started, nothing described
+    assert same.stderr.count("\n") == 1
+    assert (
+        f"--port {port} is the embedded broker's and --dashboard-port {port} the dashboard's" in same.stderr
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        result = subprocess.run(
+            metricbus("up", "--port", str(busy), "--no-dashboard", data_dir=tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1
+    assert f"port {busy} is in use: the embedded broker needs a free port (--port P" in result.stderr
+
+
+def test_up_publishes_what_runs_spooled_while_no_stack_ran(tmp_path):
+    """A script run before `up` kept its events in the spool; `up` delivers them, saying so."""
+    from metricbus.producers import Run
+    from metricbus.schemas import Settings
+    from metricbus.sinks import tidy
+
+    offline = Settings(data_dir=tmp_path, bootstrap=f"127.0.0.1:{free_port()}")  # nothing listens
+    run = Run("early", name="before-up", settings=offline, system_metrics=False)
+    for step in range(300):
+        run.log({"Train/Loss": 1.0 / (step + 1)}, step=step)
+    assert not run.finish(timeout=2)  # kept in the spool, said
+    proc, _, lines = start_up(tmp_path)
+    try:
+        said = wait_line(proc, "published", timeout=60)
+        assert any("1 run(s) logged while no stack ran wait in" in line for line in lines + said)
+        assert any("published 302 events of 1 run(s)" in line for line in said), said
+        deadline = time.monotonic() + 60
+        while True:  # the archive sink writes it: nothing else was run
+            rows = (
+                tidy(tmp_path / "archive", run.run_id, derived=False)
+                if (tmp_path / "archive").exists()
+                else None
+            )
+            if rows is not None and rows.num_rows == 300:
+                break
+            assert time.monotonic() < deadline, "the spooled run never reached the archive"
+            time.sleep(0.5)
+        assert rows["value"].to_pylist() == [1.0 / (s + 1) for s in range(300)]
+    finally:
+        stop_up(proc, clean=True)

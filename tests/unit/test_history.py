@@ -12,6 +12,7 @@ from metricbus.schemas import (
     RUN_FINISHED,
     RUN_STARTED,
     Event,
+    MetricbusError,
     Settings,
     config_update,
     default_codec,
@@ -105,7 +106,8 @@ def test_runs_shows_a_run_once_in_its_own_project_whatever_folders_hold_it(tmp_p
     frame = metricbus.runs(settings=settings)
     assert list(frame["run_id"]) == ["run-d", "run-e"] and set(frame["project"]) == {"grpo/gemma"}
     assert list(metricbus.runs(project="grpo/gemma", settings=settings)["run_id"]) == ["run-d", "run-e"]
-    assert metricbus.runs(project="grpo", settings=settings).empty
+    with pytest.raises(MetricbusError, match=r"no run of project 'grpo' .* \(its projects: grpo/gemma\)"):
+        metricbus.runs(project="grpo", settings=settings)  # a project's prefix is not the project
     assert archived_runs(settings.archive_dir, None, "grpo/gemma") == ["run-d", "run-e"]  # replay --project
 
 
@@ -127,3 +129,43 @@ def test_labelled_values_get_their_labels_in_tidy_rows_and_a_column_per_label_wh
     assert wide["episode/reward"].tolist() == [0.0, 1.0, 2.0, 3.0]
     assert wide["episode/reward [task=a]"].tolist()[::2] == [0.0, 2.0]
     assert math.isnan(wide["episode/reward [task=a]"][1])
+
+
+def test_the_api_finds_a_run_as_every_command_does_and_says_when_it_cannot(settings):
+    """By id, unique id prefix, name or the start of a name; an unknown or ambiguous one is an error."""
+    whole = metricbus.history("run-a", settings=settings)
+    for ref in ("name-run-a", "name-run-a"[:8] + "-a", "run-a"):
+        assert metricbus.history(ref, settings=settings).equals(whole), ref
+    with pytest.raises(
+        MetricbusError, match=r"no run 'nope' in the archive .*archive.*`metricbus runs` lists them"
+    ):
+        metricbus.history("nope", settings=settings)
+    with pytest.raises(MetricbusError, match=r"'run-' names 3 runs: run-a, run-b, run-c"):
+        metricbus.history("run-", settings=settings)
+    with pytest.raises(
+        MetricbusError, match=r"no run of project 'dqn' in the archive .* \(its projects: ppo, sft\)"
+    ):
+        metricbus.runs(project="dqn", settings=settings)
+    with pytest.raises(MetricbusError, match="no run 'nope'"):
+        metricbus.curves("ppo", "Train/Loss", runs=["nope"], settings=settings)
+
+
+def test_a_missing_pandas_names_the_function_that_needs_it(settings, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_pandas(name, *args, **kwargs):
+        if name == "pandas":
+            raise ImportError("no pandas here")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pandas)
+    for call, name in (
+        (lambda: metricbus.runs(settings=settings), "runs"),
+        (lambda: metricbus.history("run-a", settings=settings), "history"),
+    ):
+        with pytest.raises(
+            MetricbusError, match=rf"metricbus\.{name}\(\) needs pandas: pip install 'metricbus\[analysis\]'"
+        ):
+            call()

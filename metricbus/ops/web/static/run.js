@@ -346,14 +346,14 @@ async function showHealth(runId, box) {
   } catch (e) {
     return;
   }
-  const parts = h.parts.map((p) => [p.name, el("td", { class: "num" }, `-${p.deducted.toFixed(1)} of ${p.weight}`), el("td", { class: "wrap" }, p.evidence.join("; ") || "-")]);
+  const parts = h.parts.map((p) => [p.name, el("td", { class: "num" }, `${(p.weight - p.deducted).toFixed(1)} of ${p.weight}`), el("td", { class: "muted" }, p.deducted ? `${p.deducted.toFixed(1)} deducted` : "nothing deducted"), el("td", { class: "wrap" }, p.evidence.join("; ") || "-")]);
   const labels = (h.labels || []).map((r) => [r.label, el("td", { class: "num" }, r.events), Object.entries(r).filter(([k]) => k !== "label" && k !== "events").map(([k, v]) => `${k} ${v.toPrecision(4)}`).join(", ")]);
   const worst = h.parts.filter((p) => p.deducted > 0).sort((a, b) => b.deducted - a.deducted)[0];
   box.replaceChildren(
     el("p", { class: "score", id: "health-score" }, `${Math.round(h.score)}/100`),
     el("p", { class: "muted" }, worst ? `most deducted: ${worst.name} (${worst.evidence[0] || "-"})` : "nothing deducted"),
     el("details", { id: "health-details" }, el("summary", {}, "every part and its evidence"),
-      table(["part", "deducted", "evidence"], parts, "health-parts"),
+      table(["part", "points", "deducted", "evidence"], parts, "health-parts"),
       ...(labels.length ? [table(["label", "events", "final-window means"], labels, "health-labels")] : [])),
   );
 }
