@@ -33,6 +33,7 @@ import os
 import statistics
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -139,7 +140,7 @@ def part1_cell(args: tuple[str, str, int, int]) -> tuple[str, str, int, int, dic
     any_fired = 0
     steps = np.arange(n)
     for i in range(count):
-        reward, loss = healthy(family, shape, n, seed=hash((family, shape, n, i)) % 2**32)
+        reward, loss = healthy(family, shape, n, seed=zlib.crc32(f"{family}/{shape}/{n}/{i}".encode()))
         epoch_len = EPOCH_LENGTHS[i % len(EPOCH_LENGTHS)]
         series: Series = {
             "Train/AvgReward": ("@reward", steps, reward),
@@ -497,7 +498,7 @@ def zscore_cell(args: tuple[str, int, int]) -> tuple[str, int, int, int]:
     )
     fired = 0
     for i in range(count):
-        rng = np.random.default_rng(hash((family, n, i)) % 2**32)
+        rng = np.random.default_rng(zlib.crc32(f"{family}/{n}/{i}".encode()))
         alerts = feed(AlertEngine(rules), {"r": ("@reward", noise(family, rng, n))}, n)
         fired += any(a["state"] == "firing" for a in alerts)
     return family, n, fired, count

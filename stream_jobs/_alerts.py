@@ -37,8 +37,8 @@ class _State:
     previous: float | None = None
     repeats: int = 0  #: frozen: equal finite values in a row so far
     exempt: bool = False  #: frozen: the series repeated a value in its warm-up (logged stale by design)
-    #: threshold with patience: its latest (step, value), at most PATIENCE_KEPT
-    history: list[tuple[int, float]] | None = None
+    #: threshold with patience: (last step, sum, count) of its values, at most PATIENCE_KEPT
+    history: list[tuple[int, float, int]] | None = None
     shift: ShiftState | None = None
 
 
@@ -138,7 +138,8 @@ class AlertEngine:
             if rule.kind == "shift":
                 out += self._shift(rule, state, run_id, series, vals, stps, stms)
                 continue
-            if not state.firing and _quiet(rule, state, vals):
+            # a patience rule sees every value, on either side of its threshold (its history)
+            if not state.firing and not rule.patience_steps and _quiet(rule, state, vals):
                 state.streak = 0
                 continue
             if len(vals) >= _VECTOR_MIN and not rule.patience_steps:
@@ -291,8 +292,9 @@ class AlertEngine:
         if not math.isfinite(value):
             return False  # NaN is the nonfinite rule's business; it never satisfies a threshold
         if rule.kind == "threshold":
-            below = OPS[rule.op](value, float(rule.value))
-            return below and (not rule.patience_steps or _stalled(rule, state, value, step))
+            # every value joins the patience history, on either side of the threshold
+            stalled = not rule.patience_steps or _stalled(rule, state, value, step)
+            return OPS[rule.op](value, float(rule.value)) and stalled
         if rule.kind == "frozen":
             state.repeats = state.repeats + 1 if value == state.previous else 1
             state.previous = value
@@ -358,7 +360,8 @@ def _shift_params(rule: Rule) -> ShiftParams:
     )
 
 
-#: the most values a patience rule keeps (the oldest go first)
+#: the most entries a patience rule keeps: past it, neighbouring entries are merged in pairs, so
+#: the history reaches back over the whole run at a coarser grain (its means stay exact sums)
 PATIENCE_KEPT = 1000
 
 
@@ -373,21 +376,27 @@ def _stalled(rule: Rule, state: _State, value: float, step: int | None) -> bool:
     """
     if state.history is None:
         state.history = []
-    history = state.history
+    history = state.history  # (last step, sum, count) of one value or of merged neighbours
     if step is None:  # no step: values count as steps
         step = history[-1][0] + 1 if history else 0
-    history.append((step, value))
+    history.append((step, value, 1))
     if len(history) > PATIENCE_KEPT:
-        del history[0]
+        pairs = zip(history[0::2], history[1::2], strict=False)
+        merged = [(b[0], a[1] + b[1], a[2] + b[2]) for a, b in pairs]
+        history[:] = merged + ([history[-1]] if len(history) % 2 else [])
     span = max(float(rule.patience_steps), float(rule.patience_share) * step)
     if step - history[0][0] < 2 * span - 1:
         return False
-    recent = [v for s, v in history if s > step - span]
-    before = [v for s, v in history if step - 2 * span < s <= step - span]
+    recent = [(v, n) for s, v, n in history if s > step - span]
+    before = [(v, n) for s, v, n in history if step - 2 * span < s <= step - span]
     if not recent or not before:
         return False
-    gain = math.fsum(recent) / len(recent) - math.fsum(before) / len(before)
+    gain = _mean(recent) - _mean(before)
     return (gain if rule.op[0] == "<" else -gain) <= float(rule.min_delta)
+
+
+def _mean(entries: list[tuple[float, int]]) -> float:
+    return math.fsum(v for v, _ in entries) / sum(n for _, n in entries)
 
 
 def _watch_repeats(rule: Rule, state: _State, values: Sequence[float]) -> None:
@@ -542,7 +551,7 @@ def _walk(
 def _why(rule: Rule, value: float, streak: int) -> str:
     if rule.kind == "threshold":
         times = f" for {streak} evaluations" if streak > 1 else ""
-        stalled = f", no better than {rule.patience_steps} steps before" if rule.patience_steps else ""
+        stalled = ", no better than over the span before" if rule.patience_steps else ""
         return f"{value:.4g} {rule.op} {rule.value:g}{times}{stalled}"
     if rule.kind == "frozen":
         return f"the same value {value:.6g} {rule.window} times in a row"

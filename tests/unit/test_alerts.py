@@ -176,14 +176,27 @@ def test_every_alert_still_firing_when_the_run_finishes_is_ended_once_with_its_i
     proc = StreamProcessor(rules=load_rules(DEFAULT_RULES))
     body = {"epoch": None, "rank": 0, "samples": {}}
     events = [
-        Event("r", "p", i, 1000 + i, METRICS, {**body, "step": i, "scalars": {"Train/Loss": math.nan if i >= 5 else 1.0}}, fp)
+        Event(
+            "r",
+            "p",
+            i,
+            1000 + i,
+            METRICS,
+            {**body, "step": i, "scalars": {"Train/Loss": math.nan if i >= 5 else 1.0}},
+            fp,
+        )
         for i in range(10)
     ]
     fired = proc.process(events).alerts
     assert [(a["rule"], a["state"]) for a in fired] == [("nan_loss", "firing")]
     finished = Event("r", "p", 10, 2000, RUN_FINISHED, {"status": "failed", "summary": {}}, fp)
     (ended,) = proc.process([finished]).alerts
-    assert (ended["rule"], ended["state"], ended["metric"], ended["step"]) == ("nan_loss", "ended", "Train/Loss", 9)
+    assert (ended["rule"], ended["state"], ended["metric"], ended["step"]) == (
+        "nan_loss",
+        "ended",
+        "Train/Loss",
+        9,
+    )
     assert ended["seq"] == fired[0]["seq"] + 1 and "the run finished while it fired" in ended["message"]
     assert proc.process([finished]).alerts == []  # said once: a re-delivered RunFinished ends nothing more
 
@@ -213,7 +226,9 @@ def test_shift_judges_each_blocks_median_against_the_spread_of_the_reference_blo
     z = (medians[-1] - np.median(reference)) / reference.std(ddof=1)
     assert (alert["state"], alert["step"]) == ("firing", 1019)
     assert alert["value"] == pytest.approx(medians[-1])
-    assert f"is {abs(z):.1f} sd below the median {np.median(reference):.4g} of steps 160-959" in alert["message"]
+    assert (
+        f"is {abs(z):.1f} sd below the median {np.median(reference):.4g} of steps 160-959" in alert["message"]
+    )
     # the first block that fires: a CUSUM step of |z| - 3.5 past 3.5
     assert abs(z) > 7.0
 
@@ -269,7 +284,7 @@ rules:
     stalls = [min(0.1 + 0.5 * s / 300, 0.4) for s in range(1000)]  # flat at 0.4 from step 180
     (alert,) = _feed(engine(rules), stalls, chunk=50)
     # both spans of 100 steps flat: steps 280-379 no higher than 180-279
-    assert alert["step"] == 379 and "no better than 100 steps before" in alert["message"]
+    assert alert["step"] == 379 and "no better than over the span before" in alert["message"]
 
 
 def test_an_alert_resolves_after_resolve_after_evaluations_and_seconds_and_at_the_run_end_if_recovered():
@@ -287,3 +302,28 @@ def test_an_alert_resolves_after_resolve_after_evaluations_and_seconds_and_at_th
     e = engine(rules)
     alerts = _feed(e, [9] + [1] * 70)  # false for 60 s and 3 evaluations: resolved then
     assert [(a["state"], a["step"]) for a in alerts] == [("firing", 0), ("resolved", 61)]
+
+
+def test_a_targets_patience_reaches_back_over_a_long_run_of_short_epochs_and_judges_every_value():
+    """Values above the target count too (a dip below it is judged against the whole span), and a
+    long run of short epochs keeps its history at a coarser grain rather than forgetting it."""
+    rules = """
+rules:
+  - {name: low, kind: threshold, metric: r, op: "<", value: 0.7, patience_steps: 100, patience_share: 0.1}
+"""
+    e = engine(rules)
+    # 5,000 epochs of 50 steps: rising from 0.5 to 0.95, one dip below 0.7 late in the run
+    values = [0.5 + 0.45 * i / 5000 for i in range(5000)]
+    values[4000] = 0.65
+    steps = [50 * i + 49 for i in range(5000)]
+    fired = []
+    for lo in range(0, 5000, 500):
+        fired += e.observe_many(
+            "run", "r", values[lo : lo + 500], steps[lo : lo + 500], [s * 10 for s in steps[lo : lo + 500]]
+        )
+    assert fired == []  # still improving over the last tenth of the run: no alert
+    state = next(iter(e._state.values()))
+    assert len(state.history) <= 1000 and sum(n for _, _, n in state.history) == 5000
+    stalls = [0.6] * 3000  # flat below the target from the start: judged once two spans are seen
+    (alert,) = _feed(engine(rules), stalls, chunk=100)
+    assert alert["state"] == "firing" and alert["step"] == 199
