@@ -2,7 +2,8 @@
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
-COPY metricbus metricbus   # its component folders are links to the ones below
+# metricbus/ holds links to the component folders, which are copied beside it
+COPY metricbus metricbus
 COPY schemas schemas
 COPY producers producers
 COPY sinks sinks

@@ -98,3 +98,57 @@ def test_up_with_wandb_alerts_runs_every_wandb_sink_instance_with_alerts():
     assert consumers["sink-wandb"] == consumers["sink-wandb-2"] == ["sink", "wandb", "--alerts"]
     assert consumers["sink-parquet"] == ["sink", "parquet"]
     assert "--alerts" not in up_consumers(build_parser().parse_args(["up"]))["sink-wandb"]
+
+
+def test_the_dockerfile_parses_with_buildkits_own_parser_and_copies_what_exists():
+    """A comment after COPY's arguments is read by Docker as more sources: `docker build` fails."""
+    import dockerfile
+
+    commands = dockerfile.parse_file(str(ROOT / "Dockerfile"))
+    assert [c.cmd for c in commands][:1] == ["FROM"] and commands[-1].cmd == "ENTRYPOINT"
+    for c in commands:
+        if c.cmd not in ("COPY", "ADD"):
+            continue
+        *sources, dest = c.value
+        assert sources and not any(v.startswith("#") for v in c.value), (
+            c.original,
+            "a comment read as a source",
+        )
+        if len(sources) > 1:
+            assert dest.endswith("/"), (c.original, "several sources need a directory to copy into")
+        for source in sources:
+            assert (ROOT / source).exists(), (c.original, source)
+
+
+def test_hadolint_finds_no_error_in_the_dockerfile():
+    import shutil
+    import subprocess
+    import sys
+
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    assert Path(hadolint).exists(), "hadolint is in the dev extra: pip install -e '.[dev]'"
+    result = subprocess.run(
+        [hadolint, "--no-color", "--failure-threshold", "error", str(ROOT / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_builds_the_image_from_this_dockerfile_and_every_service_uses_one_that_exists():
+    compose = load()
+    anchor = compose["x-metricbus"] if "x-metricbus" in compose else None
+    built = [s for s in compose["services"].values() if "build" in s] or (
+        [anchor] if anchor and "build" in anchor else []
+    )
+    assert built, "nothing builds the metricbus image"
+    for service in built:
+        context = service["build"] if isinstance(service["build"], str) else service["build"]["context"]
+        assert (ROOT / context / "Dockerfile").exists()
+    for name, service in compose["services"].items():
+        assert "image" in service or "build" in service, name
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0] if isinstance(volume, str) else volume.get("source", "")
+            if source.startswith((".", "/")):
+                assert (ROOT / source).exists(), (name, source)
