@@ -143,7 +143,7 @@ class Publisher:
         #: turns the queue's items into encodable events on this thread, given the first's seq,
         #: their seqs consecutive (Run._bodies; it may leave out a queued event it refuses)
         self.prepare = prepare
-        self._next_seq = 0  #: the seq of the next event taken off the queue
+        self._next_seq = 0  #: the seq of the next event taken off the queue (also how many were)
         self._lock = threading.Lock()
         self._wake = threading.Event()  # the spooler's
         self._send_wake = threading.Event()
@@ -234,8 +234,9 @@ class Publisher:
 
     @property
     def events_submitted(self) -> int:
-        """Events accepted so far (queued in memory or already in the spool)."""
-        return self.events_spooled + len(self._queue) // PER_EVENT
+        """Events accepted so far: queued in memory, or taken off the queue (spooled, held while
+        the spool's disk refuses, or lost when it never made room: ``lost_events``)."""
+        return self._next_seq + len(self._queue) // PER_EVENT
 
     @property
     def backlog(self) -> int:
@@ -315,10 +316,14 @@ class Publisher:
             if self._held_events:
                 log.error(
                     "%d events could not be written to the spool %s (its disk is full) and are lost "
-                    "when this process ends",
+                    "when this process ends (counted in lost_events)",
                     self._held_events,
                     self.spool.path,
                 )
+                if self._closed:  # nothing will write them any more: lost, counted where callers read
+                    self.lost_events += self._held_events
+                    self._held, self._held_events, self._held_bytes = [], 0, 0
+                    return False
             return not self._queue and not self._held_events and self.spool.unsent_bytes == 0
 
     def _close_locked(self) -> None:

@@ -107,3 +107,21 @@ def test_a_cursor_the_full_disk_refuses_is_kept_in_memory_and_saved_later(small_
     spool.commit(first)
     assert int((small_disk / "s.cursor").read_text()) == first
     spool.close()
+
+
+def test_every_event_a_full_spool_loses_is_counted_where_callers_read_it(settings, caplog):
+    """The log named them lost and finish() said False, but stats() said lost_events 0."""
+    import re
+
+    fake = FakeTransport()
+    fake.down = True  # no broker answers: everything must go through the spool, whose disk is full
+    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    disk = run._publisher.spool._file = FillingDisk(run._publisher.spool._file)
+    disk.full = True
+    for i in range(500):
+        run.log({"x": float(i)}, step=i)
+    assert run.finish(timeout=1) is False
+    (named,) = re.findall(r"(\d+) events could not be written to the spool", caplog.text)
+    stats = run.stats()
+    assert int(named) > 0 and stats["lost_events"] == int(named)
+    assert stats["lost_events"] + stats["dropped_events"] <= stats["events"]
