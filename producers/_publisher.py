@@ -19,10 +19,11 @@ never shed.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import repeat, starmap
 from typing import Any
 
@@ -50,6 +51,8 @@ PER_EVENT = 2
 
 #: While sending, the broker is asked at most this often whether it still holds what it
 #: acknowledged (a memory-only broker that restarted does not); always before a flush returns.
+#: How long the spooler waits, at most, for the sender to take the lock it waits for (a turn).
+SENDER_TURN_S = 0.05
 #: Acknowledged records are retained for ``retain_s`` (60 s) to be sent again if it lost them.
 VERIFY_INTERVAL_S = 1.0
 #: The spooler looks at the queue this often: what comes after a quiet spell is spooled (and
@@ -145,6 +148,12 @@ class Publisher:
         self.prepare = prepare
         self._next_seq = 0  #: the seq of the next event taken off the queue (also how many were)
         self._lock = threading.Lock()
+        #: the sender's turn at the lock: Python's Lock is not fair, and under overload the
+        #: spooler, taking it back for batch after batch, kept the sender out for seconds
+        self._sender_waits = threading.Event()
+        self._sender_in = threading.Event()
+        #: set once the sender connected, or found it cannot yet (``Run`` waits for it briefly)
+        self.connected = threading.Event()
         self._wake = threading.Event()  # the spooler's
         self._send_wake = threading.Event()
         self._stopping = False
@@ -234,8 +243,11 @@ class Publisher:
 
     @property
     def events_submitted(self) -> int:
-        """Events accepted so far: queued in memory, or taken off the queue (spooled, held while
-        the spool's disk refuses, or lost when it never made room: ``lost_events``)."""
+        """Events accepted so far: queued in memory, or taken off the queue.
+
+        Those taken are spooled, held while the spool's disk refuses, or lost when it never made
+        room (``lost_events``).
+        """
         return self._next_seq + len(self._queue) // PER_EVENT
 
     @property
@@ -352,6 +364,8 @@ class Publisher:
                         more = self._spool_queue_locked(batches=1)
                     if self.spool.unsent_bytes or self._flushing:
                         self._send_wake.set()  # else it has nothing new: let it sleep its interval
+                    if self._sender_waits.is_set():  # its turn: wait until it has the lock
+                        self._sender_in.wait(SENDER_TURN_S)
                     self._sync_if_behind()
         except Exception:  # noqa: BLE001 - the thread must never die silently
             log.exception("metricbus spooler thread failed; queued events go to the spool at finish()")
@@ -372,6 +386,7 @@ class Publisher:
     def _send_loop(self) -> None:
         """Spool to Kafka: send, and move the cursor on acknowledgement."""
         try:
+            self._connect()
             while not self._stopping:
                 self._send_wake.wait(self.linger_s if self._sending() else IDLE_WAKE_S)
                 self._send_wake.clear()
@@ -490,7 +505,7 @@ class Publisher:
                 return
             if not self._send_due():
                 return
-            with self._lock:
+            with self._sender_lock():
                 pending = self.spool.read_unsent(max_records=64)
             if not pending:
                 # a flush's check comes once all is sent: not while the spooler still holds some
@@ -499,12 +514,37 @@ class Publisher:
             records = [record for record, _ in pending]
             if not self._send(records):
                 return
-            with self._lock:
+            with self._sender_lock():
                 self.spool.commit(pending[-1][1])
             self._tokens = max(0.0, self._tokens - 1)
             self.records_sent += len(pending)
             self._retain(records)
             self._verify(force=False)
+
+    def _connect(self) -> None:
+        """Connect before there is anything to send; then say so (``connected``).
+
+        A connect is several requests, each waiting for the GIL: a training loop that already
+        logs as fast as it can (an overload) kept the first one from finishing for seconds.
+        """
+        try:
+            connect = getattr(self.transport, "connect", None)
+            if connect is not None:
+                connect()
+        except TransportError:
+            pass  # sends try again, with their backoff; the run says where its events wait
+        finally:
+            self.connected.set()
+
+    @contextlib.contextmanager
+    def _sender_lock(self) -> Iterator[None]:
+        """The lock, for the sender: the spooler lets it in between two batches (see __init__)."""
+        self._sender_in.clear()
+        self._sender_waits.set()
+        with self._lock:
+            self._sender_waits.clear()
+            self._sender_in.set()
+            yield
 
     def _sending(self) -> bool:
         """Whether the sender has work of its own; if not, the spooler or a flush wakes it."""

@@ -92,6 +92,10 @@ class OfflineTransport:
         """Nothing to release."""
 
 
+#: How long ``init`` waits for the sender's first connect (a broker that answers takes ~0.1 s)
+CONNECT_WAIT_S = 2.0
+
+
 class Run:
     """One training run publishing to metricbus. Create it with ``metricbus.init()``.
 
@@ -169,6 +173,8 @@ class Run:
         if self.rank == 0:
             self._say_where(stack)
         self._publisher.start()  # after the line above: it may say the broker is unreachable itself
+        if not self.settings.offline:  # connected before the loop runs (an overload starved it)
+            self._publisher.connected.wait(CONNECT_WAIT_S)
         #: the run's config: what it started with (RunStarted's), and keys set since with
         #: ``run.config.update(...)`` / ``run.config[key] = ...`` (each a ConfigUpdate event)
         self.config = RunConfig(_config_dict(config), self.update_config)

@@ -227,6 +227,11 @@ class KafkaTransport:
                 f"waiting up to {TOPIC_WAIT_S:.0f} s for it to be created again"
             )
 
+    def connect(self) -> None:
+        """Connect now (the first send would); TransportError when it cannot."""
+        if self._client is None:
+            self._connect()
+
     def send(self, key: bytes, records: list[bytes]) -> None:
         """Send records in order; raise TransportError unless every one was acknowledged."""
         from kafka.errors import KafkaError, for_code

@@ -150,3 +150,23 @@ def test_a_script_that_never_calls_finish_delivers_everything_at_exit(settings, 
     assert "already closed" not in result.stderr and "unreachable" not in result.stderr, result.stderr
     events = read_events(settings, 52)
     assert sorted(seq for _, seq, _, _ in events) == list(range(52))  # RunStarted, 50 Metrics, RunFinished
+
+
+def test_under_overload_the_run_publishes_from_the_start_not_after_it(settings):
+    """log() as fast as Python calls it: the connect (several requests, each waiting for the GIL the
+    loop holds) took the first seconds, and nothing went out meanwhile. The run connects before
+    init returns, and sends while the loop still runs."""
+    run = Run("overload", settings=settings, system_metrics=False)
+    assert run._publisher.connected.is_set() and run._publisher.transport._client is not None
+    t0 = time.monotonic()
+    first = None
+    step = 0
+    while time.monotonic() - t0 < 4.0:
+        run.log({"a": 1.0, "b": 2.0}, step=step)
+        step += 1
+        if first is None and step % 1000 == 0 and run._publisher.records_sent:
+            first = time.monotonic() - t0
+    assert first is not None, "nothing was sent during 4 s of logging"
+    assert run.finish(timeout=120)
+    stats = run.stats()
+    assert stats["lost_events"] == 0 and stats["events"] == step + 2 - stats["dropped_events"]
