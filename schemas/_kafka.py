@@ -42,13 +42,19 @@ class _ClosedSocketWait(logging.Filter):
     """The same race, seen from the IO thread's scheduler.
 
     A task waiting to read a socket that ``close()`` already took away fails to register it
-    ("Unhandled exception in task", a ValueError for file descriptor -1). Only that exception
-    of that line is dropped.
+    ("Unhandled exception in task", a ValueError for file descriptor -1); or, woken with data
+    just as ``close()`` detached the transport's protocol, hands the data to no protocol (an
+    AttributeError on ``data_received``: the dashboard's samplers close a client after each
+    dead-letter count, so it came now and then in normal work). Only those exceptions of that
+    line are dropped: the transport was closed on purpose, and what it read was for no one.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        closed = isinstance(exc, ValueError) and str(exc) == "Invalid file descriptor: -1"
+        no_protocol = "'NoneType' object has no attribute 'data_received'"
+        closed = (isinstance(exc, ValueError) and str(exc) == "Invalid file descriptor: -1") or (
+            isinstance(exc, AttributeError) and str(exc) == no_protocol
+        )
         return not (closed and str(record.msg).startswith("Unhandled exception in task"))
 
 

@@ -54,3 +54,27 @@ def test_a_task_waiting_on_a_socket_close_took_away_logs_no_traceback_and_other_
         except ValueError:
             log.exception("Unhandled exception in task %s:", "task-2")
     assert [r.getMessage() for r in caplog.records] == ["Unhandled exception in task task-2:"]
+
+
+def test_a_read_that_close_detached_the_protocol_from_logs_no_traceback(caplog):
+    """The read task woken with data just as close() took the transport's protocol away."""
+    import asyncio
+
+    log = logging.getLogger("kafka.net.selector")
+    t = _transport(None)
+    t._protocol, t._read = None, True  # what close() leaves behind
+    t._net = type("Net", (), {"wait_read": staticmethod(lambda sock: asyncio.sleep(0))})()
+    t._sock_recv = lambda: (b"data", None)  # noqa: SLF001 - the data the socket held
+    raised = False
+    with caplog.at_level(logging.DEBUG, logger="kafka"):
+        try:  # kafka-python's own read coroutine, as its scheduler runs it
+            asyncio.run(t._read_from_sock())
+        except AttributeError:
+            raised = True
+            log.exception("Unhandled exception in task %s:", "task-3")
+        try:
+            raise AttributeError("'NoneType' object has no attribute 'something_else'")
+        except AttributeError:
+            log.exception("Unhandled exception in task %s:", "task-4")
+    assert raised  # kafka-python's code met the detached protocol
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == ["Unhandled exception in task task-4:"]
