@@ -67,6 +67,8 @@ from ._events import (
 from ._files import DIRECTORY_ERRNOS, Ledger, atomic_write, fsync_dir, read_yaml
 from ._kafka import (
     MAX_RECORD_BYTES,
+    alive_at,
+    alive_stamp,
     client_options,
     consumer_group_options,
     ensure_topics,
@@ -170,6 +172,8 @@ __all__ = [
     "checked_ids",
     "UnknownSchemaError",
     "check_run_id",
+    "alive_at",
+    "alive_stamp",
     "client_options",
     "consumer_group_options",
     "fetch_options",

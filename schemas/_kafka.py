@@ -426,3 +426,24 @@ def read_topic(
             await consumer.stop()
 
     return asyncio.run(main())
+
+
+#: A consumer's commits carry when it was last alive, in each offset's metadata: brokers say who
+#: is in a group, not when it last committed, and the embedded broker keeps a member that died
+#: in its group. ``metricbus status`` reads it to tell a consumer alive and slow from one stopped.
+ALIVE_PREFIX = "metricbus alive "
+
+
+def alive_stamp() -> str:
+    """The metadata a commit carries: this moment, in milliseconds since the epoch."""
+    return f"{ALIVE_PREFIX}{int(time.time() * 1000)}"
+
+
+def alive_at(metadata: Any) -> float | None:
+    """When the committing consumer was alive (epoch seconds), from a commit's metadata; None if unsaid."""
+    if not isinstance(metadata, str) or not metadata.startswith(ALIVE_PREFIX):
+        return None
+    try:
+        return int(metadata[len(ALIVE_PREFIX) :]) / 1000
+    except ValueError:
+        return None

@@ -278,13 +278,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="one JSON object (one per line with --watch)")
     s.add_argument("--watch", type=float, metavar="S", help="again every S seconds until Ctrl-C")
     s.add_argument(
-        "--window", type=float, default=3.0, help="seconds between the two lag samples a status is judged on"
+        "--window",
+        type=float,
+        default=0.0,
+        help="take a second lag sample S seconds after the first, for each group's commit rate (default: "
+        "one sample; a group's members tell alive from stopped)",
     )
     s.add_argument(
         "--stop-after",
         type=float,
         default=30.0,
-        help="a group whose oldest waiting record is older than this, with no progress, is STOP",
+        help="a group with no member whose oldest waiting record is older than this is STOP",
     )
     s.add_argument("--since", type=float, metavar="S", help="read runs from the last S seconds only")
     s.add_argument(

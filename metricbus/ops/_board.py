@@ -33,12 +33,14 @@ from metricbus.schemas import (
     MetricbusError,
     SchemaError,
     Settings,
+    all_events,
     checked_digest,
     checked_media_type,
     config_object,
     decode_aggregates,
     decode_alert,
     decode_events,
+    decode_record,
     default_codec,
     merge_config,
     topic_reader,
@@ -214,10 +216,17 @@ def _after_common(evidence: str | None, message: Any) -> str:
 class RunBoard:
     """Runs folded from the events, aggregates and alerts topics. Thread-safe snapshots."""
 
-    def __init__(self, settings: Settings, since_s: float | None = None) -> None:
+    def __init__(
+        self, settings: Settings, since_s: float | None = None, light: bool = False, tail: int | None = None
+    ) -> None:
         self.settings = settings
         #: how far back to read at start (None: from the start of each topic)
         self.since_s = since_s
+        #: the runs table only (``status``): no series points, no derived topic, and a record of
+        #: columns folded as columns, never an object per event
+        self.light = light
+        #: read only the last ``tail`` records of each partition (``status`` on a long topic)
+        self.tail = tail
         self.codec = default_codec()
         self.runs: collections.OrderedDict[str, RunView] = collections.OrderedDict()
         self.lock = threading.Lock()
@@ -248,7 +257,15 @@ class RunBoard:
             return
         t = self.settings.topics
         try:
-            if topic == t.events:
+            if topic == t.events and self.light:
+                events, columns = decode_record(self.codec, value)
+                if columns is not None and not events:
+                    with self.changed:
+                        self._columns(columns)
+                        self._bump()
+                    return
+                decoded = all_events(events, columns)
+            elif topic == t.events:
                 decoded = decode_events(self.codec, value)
             elif topic == t.aggregates:
                 decoded = decode_aggregates(self.codec, value).events
@@ -274,6 +291,25 @@ class RunBoard:
                     "run board: a record of %s not folded (%s: %.200s)", topic, type(exc).__name__, exc
                 )
             self._bump()
+
+    def _columns(self, columns: Any) -> None:
+        """A record of scalar columns, for the runs table: counts, last step and time, ranks."""
+        view = self._run(columns.run_id)
+        view.events += len(columns.seqs)
+        view.last_event_ms = max(view.last_event_ms, max(columns.ts_ms))
+        step = max(columns.steps)
+        view.last_step = step if view.last_step is None else max(view.last_step, step)
+        if len(view.ranks) < MAX_RANKS:
+            view.ranks.update(set(columns.ranks))
+        if view.last_event_ms < time.time() * 1000 - 61_000:
+            return  # older than the last minute: no events/s to count
+        for sec, n in sorted(collections.Counter(ts // 1000 for ts in columns.ts_ms).items()):
+            if view.recent and view.recent[-1][0] == sec:
+                view.recent[-1][1] += n
+            else:
+                view.recent.append([sec, n])
+        while len(view.recent) > 61:
+            view.recent.popleft()
 
     def fold(self, events: Any, alerts: Any = ()) -> None:
         """Fold decoded events and alert records (an archived run's, and the rules run over it).
@@ -314,6 +350,8 @@ class RunBoard:
                     view.ranks.add(int(body.get("rank") or 0))
                 view.last_step = step if view.last_step is None else max(view.last_step, step)
             epoch = body.get("epoch")
+            if self.light:
+                return
             for name, value in (body.get("scalars") or {}).items():
                 self._point(view, name, step, value, ts_ms)
                 if derived and name in view.series:
@@ -519,13 +557,15 @@ class RunBoard:
 
         t = self.settings.topics
         consumer = topic_reader(self.settings, "metricbus-board")
-        tps = [
-            TopicPartition(topic, p)
-            for topic in (t.events, t.aggregates, t.alerts)
-            for p in sorted(consumer.partitions_for_topic(topic) or ())
-        ]
+        topics = (t.events, t.alerts) if self.light else (t.events, t.aggregates, t.alerts)
+        found = {topic: sorted(consumer.partitions_for_topic(topic) or ()) for topic in topics}
+        tps = [TopicPartition(topic, p) for topic, partitions in found.items() for p in partitions]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
+        if self.tail is not None and tps:
+            begins, ends = consumer.beginning_offsets(tps), consumer.end_offsets(tps)
+            for tp in tps:
+                consumer.seek(tp, max(begins.get(tp, 0), ends.get(tp, 0) - self.tail))
         if self.since_s is not None and tps:
             start = int((time.time() - self.since_s) * 1000)
             for tp, found in consumer.offsets_for_times({tp: start for tp in tps}).items():

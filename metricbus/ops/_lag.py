@@ -1,19 +1,29 @@
-"""Consumer-group lag in records and in seconds, and a Burrow-style status over a window.
+"""Consumer-group lag in records and in seconds, and a Burrow-style status.
 
-Lag is measured against the high watermark of a Fetch response, never ListOffsets LATEST:
-the embedded broker answers that with the last batch's base offset + 1 (a group at rest
-would show a lag of -1). Lag in seconds is the age of the oldest record the group has not
-consumed (the record at its committed offset), as kafka-lag-exporter reports it.
+One sample is one round of requests for every group of the prefix at once, as
+``kafka-consumer-groups --describe --all-groups`` asks: ListGroups, DescribeGroups (who is a
+member), one OffsetFetch for every group's committed offsets, ListOffsets EARLIEST, and Fetch at
+the groups' positions. Lag is measured against the high watermark of a Fetch response, never
+ListOffsets LATEST: the embedded broker answers that with the last batch's base offset + 1 (a
+group at rest would show a lag of -1). Lag in seconds is the age of the oldest record the group
+has not consumed (the record at its committed offset), as kafka-lag-exporter reports it. No
+consumer group of its own is joined, none is created.
 
-Status per partition over the samples of a window (Burrow's rules, adapted to what a
-broker tells every client: commit timestamps are not among it):
+Status per partition, from the last sample and, when there are several, the window of them
+(Burrow's rules, adapted to what a broker tells every client: commit timestamps are not among
+it, so metricbus's consumers commit an alive stamp in each offset's metadata every few
+seconds, and a group's members are asked too):
 
 - OK: no lag in the last sample or in any sample of the window (records just arrived), or
   the group commits and its lag does not grow;
+- SLOW: records wait, and a consumer of the group committed an alive stamp within
+  ``stop_after_s``: it runs, however slowly it consumes (a slow destination); with a window,
+  its commit rate is said beside the lag;
 - WARN: the group commits, but its lag grew in every interval of the window;
-- STALL: the committed offset did not move while records wait, for less than ``stop_after_s``;
-- STOP: records have waited longer than ``stop_after_s`` behind a committed offset that did
-  not move (nobody consumes: the process is down, or stuck for that long);
+- STALL: the committed offset did not move over the window while records wait;
+- STOP: records have waited longer than ``stop_after_s`` and nothing says a consumer runs (no
+  alive stamp that recent, or a group with no member): nobody consumes, the process is down
+  or stuck for that long;
 - ERR: the offsets cannot be read, or one is past the end of its log (the topic was
   re-created under the group, as after a restart of the memory-only embedded broker).
 
@@ -28,12 +38,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from metricbus.schemas import Settings, make_admin, reach, topic_reader
+from metricbus.schemas import Settings, alive_at, make_admin, reach, topic_reader
 
 log = logging.getLogger("metricbus.lag")
 
 #: Order of badness, for a group's status (its worst partition's).
-STATUSES = ("OK", "WARN", "STALL", "STOP", "ERR")
+STATUSES = ("OK", "SLOW", "WARN", "STALL", "STOP", "ERR")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +66,9 @@ class GroupSample:
     at: float
     partitions: dict[tuple[str, int], PartitionLag]
     error: str | None = None
+    members: int | None = None  #: the group's members (processes in it); None: not known
+    #: seconds since one of its consumers last committed an alive stamp; None: none does
+    alive_s: float | None = None
 
     @property
     def lag(self) -> int:
@@ -94,7 +107,8 @@ def evaluate(samples: Sequence[GroupSample], stop_after_s: float = 30.0) -> Grou
         before = history[0]
         if before.committed is not None and part.committed is not None:
             moved_total += max(0, part.committed - before.committed)
-        verdicts.append((*_partition_status(history, stop_after_s), part))
+        alive = last.alive_s is not None and last.alive_s <= stop_after_s
+        verdicts.append((*_partition_status(history, stop_after_s, last.members, alive), part))
     if last.error is not None:
         worst, reason = "ERR", last.error
     elif not verdicts:
@@ -103,6 +117,12 @@ def evaluate(samples: Sequence[GroupSample], stop_after_s: float = 30.0) -> Grou
         worst, reason, _ = max(verdicts, key=lambda v: STATUSES.index(v[0]))
         if worst == "OK":
             reason = "caught up" if last.lag == 0 else f"consuming, {last.lag} records behind"
+        rate = moved_total / span if len(samples) > 1 else None
+        if worst == "SLOW":
+            oldest = f", the oldest for {last.lag_s:.0f}s" if last.lag_s else ""
+            committing = f", committing {rate:.1f} records/s" if rate is not None else ""
+            seen = f"alive {last.alive_s:.0f}s ago" if last.alive_s is not None else "alive"
+            reason = f"consuming ({seen}); {last.lag} records behind{oldest}{committing}"
     return GroupStatus(
         group=last.group,
         status=worst,
@@ -117,7 +137,14 @@ def evaluate(samples: Sequence[GroupSample], stop_after_s: float = 30.0) -> Grou
     )
 
 
-def _partition_status(history: list[PartitionLag], stop_after_s: float) -> tuple[str, str]:
+def _partition_status(
+    history: list[PartitionLag], stop_after_s: float, members: int | None, alive: bool
+) -> tuple[str, str]:
+    """One partition's verdict over its samples, oldest first.
+
+    ``members``: the group's, if known (0: nobody consumes); ``alive``: one of its consumers
+    committed an alive stamp within ``stop_after_s`` (it runs, however slowly it consumes).
+    """
     last = history[-1]
     where = f"{last.topic}[{last.partition}]"
     if last.committed is not None and last.committed > last.end:
@@ -129,11 +156,11 @@ def _partition_status(history: list[PartitionLag], stop_after_s: float) -> tuple
         return "OK", f"{where}: caught up"
     moved = last.committed != history[0].committed
     age = last.lag_s or 0.0
-    if not moved and age > stop_after_s:
-        return "STOP", (
-            f"{where}: {last.lag} records wait, the oldest for {age:.0f}s, and the committed "
-            "offset does not move: nothing consumes"
-        )
+    runs = alive and members != 0  # it says it runs: behind, however slowly it commits
+    if not moved and not runs and age > stop_after_s:
+        who = "the group has no member" if members == 0 else "the committed offset does not move"
+        waited = f"{last.lag} records wait, the oldest for {age:.0f}s"
+        return "STOP", f"{where}: {waited}, and {who}: nothing consumes"
     if any(h.lag <= 0 for h in history):  # caught up within the window: records just arrived
         return "OK", f"{where}: {last.lag} behind, caught up within the window"
     if moved:
@@ -141,6 +168,8 @@ def _partition_status(history: list[PartitionLag], stop_after_s: float) -> tuple
         if len(lags) > 1 and all(b > a for a, b in zip(lags, lags[1:], strict=False)):
             return "WARN", f"{where}: consuming, but the lag grew in every sample ({lags[0]} -> {lags[-1]})"
         return "OK", f"{where}: consuming ({last.lag} behind)"
+    if runs:
+        return "SLOW", f"{where}: {last.lag} behind, its consumer alive"
     if len(history) < 2:
         return "OK", f"{where}: {last.lag} behind"
     return "STALL", f"{where}: {last.lag} records wait and the committed offset did not move"
@@ -169,6 +198,7 @@ class LagProbe:
                 request_timeout_ms=max(ms, 6000),
                 max_partition_fetch_bytes=64 * 1024,
                 fetch_max_bytes=1024 * 1024,
+                fetch_max_wait_ms=10,  # a partition at its end answers now, not after the wait
             )
         return self._admin, self._consumer
 
@@ -188,7 +218,10 @@ class LagProbe:
         return sorted(g["group_id"] for g in admin.list_groups() if g["group_id"].startswith(prefix))
 
     def sample(self, groups: Sequence[str] | None = None) -> dict[str, GroupSample]:
-        """One sample of every group (errors become a sample with ``error`` set, never raise)."""
+        """One sample of every group, in one round of requests for them all (see the module).
+
+        Errors become samples with ``error`` set; this never raises.
+        """
         from kafka.errors import KafkaError
 
         try:
@@ -197,48 +230,70 @@ class LagProbe:
             self.close()
             now = time.time()
             return {"": GroupSample("", now, {}, error=f"cannot list consumer groups: {exc}")}
-        out: dict[str, GroupSample] = {}
-        for group in names:
-            try:
-                out[group] = self._sample_group(group)
-            except (KafkaError, OSError, ValueError) as exc:
-                out[group] = GroupSample(group, time.time(), {}, error=f"cannot read offsets: {exc}")
-                self.close()
-        return out
+        if not names:
+            return {}
+        try:
+            return self._sample_all(names)
+        except (KafkaError, OSError, ValueError) as exc:
+            self.close()
+            now = time.time()
+            return {g: GroupSample(g, now, {}, error=f"cannot read offsets: {exc}") for g in names}
 
-    def _sample_group(self, group: str) -> GroupSample:
+    def _sample_all(self, names: list[str]) -> dict[str, GroupSample]:
         from kafka import TopicPartition
 
         admin, consumer = self._clients()
+        offsets = _group_offsets(admin, names)
         committed = {
-            (tp.topic, tp.partition): meta.offset
-            for tp, meta in admin.list_group_offsets({group: None}).get(group, {}).items()
-            if meta is not None and meta.offset is not None and meta.offset >= 0
+            group: {
+                (tp.topic, tp.partition): meta.offset
+                for tp, meta in found.items()
+                if meta is not None and meta.offset is not None and meta.offset >= 0
+            }
+            for group, found in offsets.items()
         }
-        topics = sorted({t for t, _ in committed})
-        tps = []
-        for topic in topics:
-            for p in sorted(consumer.partitions_for_topic(topic) or ()):
-                tps.append(TopicPartition(topic, p))
+        alive = {  # when each group's consumers last said they were alive (a commit's metadata)
+            group: max(filter(None, (alive_at(m.metadata) for m in found.values() if m)), default=None)
+            for group, found in offsets.items()
+        }
+        members = group_members(admin, names)
+        topics = sorted({t for offsets in committed.values() for t, _ in offsets})
+        tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
         starts = consumer.beginning_offsets(tps) if tps else {}
-        positions = {tp: committed.get((tp.topic, tp.partition), starts.get(tp, 0)) for tp in tps}
-        ends, oldest = self._fetch_at(consumer, positions)
+        positions = {
+            group: {tp: mine.get((tp.topic, tp.partition), starts.get(tp, 0)) for tp in tps}
+            for group, mine in committed.items()
+            if mine
+        }
+        # a Fetch at every distinct position of each partition: a round per layer of them
+        wanted = {tp: sorted({pos[tp] for pos in positions.values()}) for tp in tps}
+        ends: dict[Any, int] = {}
+        oldest: dict[tuple[Any, int], int] = {}
+        for layer in range(max((len(v) for v in wanted.values()), default=0)):
+            at = {tp: v[layer] for tp, v in wanted.items() if layer < len(v)}
+            found_ends, found_oldest = self._fetch_at(consumer, at)
+            ends.update(found_ends)
+            oldest.update({(tp, at[tp]): ts for tp, ts in found_oldest.items()})
         now = time.time()
-        parts = {}
-        for tp in tps:
-            pos = positions[tp]
-            end = ends.get(tp, pos)
-            ts = oldest.get(tp)
-            lag = max(0, end - pos)
-            parts[(tp.topic, tp.partition)] = PartitionLag(
-                topic=tp.topic,
-                partition=tp.partition,
-                committed=committed.get((tp.topic, tp.partition)),
-                end=end,
-                lag=lag,
-                lag_s=round(max(0.0, now - ts / 1000), 3) if lag and ts is not None else None,
-            )
-        return GroupSample(group, now, parts)
+        out = {}
+        for group in names:
+            parts = {}
+            for tp, pos in positions.get(group, {}).items():
+                end = ends.get(tp, pos)
+                ts = oldest.get((tp, pos))
+                lag = max(0, end - pos)
+                parts[(tp.topic, tp.partition)] = PartitionLag(
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    committed=committed[group].get((tp.topic, tp.partition)),
+                    end=end,
+                    lag=lag,
+                    lag_s=round(max(0.0, now - ts / 1000), 3) if lag and ts is not None else None,
+                )
+            seen = alive.get(group)
+            alive_s = round(max(0.0, now - seen), 3) if seen is not None else None
+            out[group] = GroupSample(group, now, parts, members=members.get(group), alive_s=alive_s)
+        return out
 
     def ends(self, at: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
         """The high watermark of each (topic, partition) of ``at``, from a Fetch at its offset."""
@@ -272,3 +327,41 @@ class LagProbe:
                 if tp not in oldest:
                     consumer.seek(tp, pos)
         return ends, oldest
+
+
+def _group_offsets(admin: Any, groups: list[str]) -> dict[str, dict[Any, Any]]:
+    """Every group's committed offsets: one OffsetFetch for them all (Kafka 3.0+), else one each."""
+    from kafka.errors import UnsupportedVersionError
+
+    try:
+        return dict(admin.list_group_offsets(list(groups)))
+    except UnsupportedVersionError:
+        return {g: admin.list_group_offsets({g: None}).get(g, {}) for g in groups}
+
+
+def group_members(admin: Any, groups: list[str]) -> dict[str, int | None]:
+    """How many members each group has now (DescribeGroups, one request per coordinator).
+
+    kafka-python 3.0.12's ``describe_groups`` always asks for the groups' authorized operations
+    and cannot read the embedded broker's answer to that: the request is sent here without it,
+    on the admin client's own connections. A group it cannot describe is left out (unknown).
+    """
+    from kafka.protocol.admin import DescribeGroupsRequest
+
+    async def describe() -> dict[str, int | None]:
+        found: dict[str, int | None] = {}
+        coordinators: dict[int, list[str]] = {}
+        for group, node in (await admin._find_coordinator_ids(groups)).items():  # noqa: SLF001
+            coordinators.setdefault(node, []).append(group)
+        for node, mine in coordinators.items():
+            ask = DescribeGroupsRequest(groups=mine, include_authorized_operations=False, max_version=4)
+            answer = await admin._manager.send(ask, node_id=node)  # noqa: SLF001
+            for g in answer.groups:
+                found[g.group_id] = None if g.error_code else len(g.members)
+        return found
+
+    try:
+        return dict(admin._manager.run(describe))  # noqa: SLF001
+    except Exception as exc:  # noqa: BLE001 - membership is extra: without it, the window decides
+        log.debug("cannot describe the consumer groups (%s)", exc)
+        return {}

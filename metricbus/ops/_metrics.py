@@ -4,8 +4,8 @@ Scrape-time gauges, from the dashboard's own snapshots (no Kafka call per scrape
 
 - ``metricbus_consumer_lag_records{group,topic,partition}`` and
   ``metricbus_consumer_lag_seconds{group,topic,partition}`` (age of the oldest waiting record);
-- ``metricbus_consumer_status{group,status}``: 1 for the group's status (OK, WARN, STALL,
-  STOP, ERR), 0 for the others;
+- ``metricbus_consumer_status{group,status}``: 1 for the group's status (OK, SLOW, WARN,
+  STALL, STOP, ERR), 0 for the others;
 - ``metricbus_consumer_commit_rate{group}``: records committed per second over the window;
 - ``metricbus_runs{state}``: runs on the topics by state (live, stalled, finished, ...);
 - ``metricbus_alerts_firing{run,rule}``: 1 per firing alert (runs are few: bounded by the board);

@@ -137,6 +137,8 @@ def spools(settings: Settings) -> list[dict[str, Any]]:
 
 def catching_up(settings: Settings) -> list[dict[str, Any]]:
     """Sink groups a planned broker restart left behind, with the runs each still reads from the archive."""
+    if not (Path(settings.data_dir) / "catchup").is_dir():
+        return []  # none here: and the sinks' package (pyarrow) is a second to import
     from metricbus.sinks._catchup import pending_groups, pending_runs
 
     return [
@@ -241,10 +243,17 @@ def unreachable(settings: Settings, error: str) -> dict[str, Any]:
     }
 
 
+#: records of each partition ``status`` reads for its runs table (the most recent): a long topic
+#: would take seconds a million events, and what is live is at its end
+STATUS_TAIL = 50
+
+
 def collect(
-    settings: Settings, window_s: float = 3.0, stop_after_s: float = 30.0, since_s: float | None = None
+    settings: Settings, window_s: float = 0.0, stop_after_s: float = 30.0, since_s: float | None = None
 ) -> dict[str, Any]:
-    """One status: two lag samples ``window_s`` apart, the runs, then the dead letters, the spools.
+    """One status: a lag sample of every group, the runs, then the dead letters, the spools.
+
+    With ``window_s``, a second lag sample that far apart gives each group's commit rate.
 
     Raises BrokerError when Kafka cannot be reached (``status`` then exits 2 with the reason).
     """
@@ -252,17 +261,18 @@ def collect(
 
     watch = StatusWatch(settings, window=2, stop_after_s=stop_after_s)
     try:
-        first = watch.sample()
-        down = kafka_down(first)
+        groups = watch.sample()
+        down = kafka_down(groups)
         if down:
             raise BrokerError(f"cannot reach Kafka at {settings.bootstrap_servers}: {down}")
         started = time.monotonic()
         try:
-            board = RunBoard(settings, since_s=since_s).read_once()
+            board = RunBoard(settings, since_s=since_s, light=True, tail=STATUS_TAIL).read_once()
         except KafkaError as exc:
             raise BrokerError(f"cannot read the topics on {settings.bootstrap_servers}: {exc}") from exc
-        time.sleep(max(0.0, window_s - (time.monotonic() - started)))
-        groups = watch.sample()
+        if window_s > 0:
+            time.sleep(max(0.0, window_s - (time.monotonic() - started)))
+            groups = watch.sample()
         # after the commits just read: a consumer commits past a record only once its dead
         # letter is acknowledged, so every dead letter of what the groups show as read is counted
         deadletters = dead_letters(settings)

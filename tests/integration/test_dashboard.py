@@ -153,7 +153,7 @@ def test_api_refuses_unknown_runs_and_paths_outside_and_serves_metrics(settings,
             break
         time.sleep(0.5)
     status = [s for s in families["metricbus_consumer_status"].samples if s.labels["group"] == stream_group]
-    assert sorted(s.labels["status"] for s in status) == ["ERR", "OK", "STALL", "STOP", "WARN"]
+    assert sorted(s.labels["status"] for s in status) == ["ERR", "OK", "SLOW", "STALL", "STOP", "WARN"]
     assert sum(s.value for s in status) == 1.0
     runs = {s.labels["state"]: s.value for s in families["metricbus_runs"].samples}
     assert runs.get("finished", 0) >= 1

@@ -70,7 +70,9 @@ def test_a_stopped_sink_is_stop_with_its_lag_then_ok_after_a_restart(settings, s
     assert waiting == 6
 
     time.sleep(2.5)  # older than --stop-after: nobody consumes them
-    rc, snap = status(settings, "--stop-after", "2")
+    # STOP once the broker says the group has no member: at once on Kafka (the sink left the
+    # group), after the session timeout on the embedded broker; SLOW or STALL until then
+    rc, snap = wait_status(settings, sink_group, "STOP", 60.0, "--stop-after", "2")
     g = group(snap, sink_group)
     assert g["status"] == "STOP", g
     assert g["lag"] == waiting and g["lag_s"] >= 2.0
@@ -156,3 +158,35 @@ def test_status_against_an_unreachable_broker_says_so_shows_the_spools_and_watch
     finally:
         watch.terminate()
         watch.wait(timeout=30)
+
+
+def test_status_with_no_stack_samples_in_one_round_and_joins_or_creates_no_consumer_group(settings, sink):
+    """How an ops engineer asks a cluster: no group of its own, none joined, every group at once;
+    a live sink that is behind is SLOW, never STOP."""
+    from metricbus.schemas import make_admin
+
+    sink(flush_interval=0.2)
+    run = Run("ops", name="one-round", settings=settings, system_metrics=False)
+    for step in range(20):
+        run.log({"loss": 1.0}, step=step)
+    assert run._publisher.flush(20)
+    admin = make_admin(settings, "test-status-groups")
+    ours = settings.topic_prefix  # the broker is shared with the other tests: their groups come and go
+
+    def groups() -> list[str]:
+        return sorted(
+            g["group_id"]
+            for g in admin.list_groups()
+            if not g["group_id"].startswith("t") or g["group_id"].startswith(ours)
+        )
+
+    try:
+        wait_status(settings, f"{ours}sink.parquet", "OK", 60.0, "--window", "0")  # the sink's group is up
+        before = groups()
+        rc, snap = status(settings, "--window", "0")
+        after = groups()
+    finally:
+        admin.close()
+    assert before == after  # status created or joined no group
+    assert rc == 0 and all(g["status"] != "STOP" for g in snap["groups"])
+    assert run.finish(timeout=20)

@@ -66,3 +66,32 @@ def test_records_that_just_arrived_after_a_caught_up_sample_are_ok_not_stall():
 def test_a_consumer_that_stopped_after_catching_up_is_stop_once_records_wait_too_long():
     s = evaluate([sample(0, 10, 10), sample(5, 10, 11, 40.0)], stop_after_s=30)
     assert s.status == "STOP"
+
+
+def _with(members, alive_s, *samples):
+    for s in samples:
+        s.members, s.alive_s = members, alive_s
+    return list(samples)
+
+
+def test_a_group_whose_consumer_is_alive_is_slow_with_its_lag_never_stop():
+    """Alive and slow (W&B opening a run for a minute, its alive stamps still coming) is not
+    "nothing consumes"."""
+    one = evaluate(_with(2, 3.0, sample(0, 10, 14, 95.0)), stop_after_s=30)
+    assert (
+        one.status == "SLOW"
+        and "consuming (alive 3s ago); 4 records behind, the oldest for 95s" in one.reason
+    )
+    moving = evaluate(_with(2, 3.0, sample(0, 10, 20, 95.0), sample(5, 20, 30, 90.0)), stop_after_s=30)
+    assert moving.status == "OK" and moving.commit_rate == 2.0
+    still = evaluate(_with(1, 4.0, sample(0, 10, 14, 95.0), sample(5, 10, 15, 100.0)), stop_after_s=30)
+    assert still.status == "SLOW"  # no commit moved over the window, but it says it runs
+
+
+def test_a_group_with_no_recent_alive_stamp_or_no_member_is_stop_once_its_records_waited_too_long():
+    # a member the broker still lists (the embedded broker keeps one that died), no recent stamp
+    assert evaluate(_with(1, 95.0, sample(0, 10, 14, 95.0)), stop_after_s=30).status == "STOP"
+    gone = evaluate(_with(0, 2.0, sample(0, 10, 14, 95.0)), stop_after_s=30)
+    assert gone.status == "STOP" and "the group has no member" in gone.reason
+    assert evaluate(_with(0, None, sample(0, 10, 14, 5.0)), stop_after_s=30).status == "OK"  # young
+    assert evaluate(_with(0, None, sample(0, 10, 10)), stop_after_s=30).status == "OK"  # nothing waits
