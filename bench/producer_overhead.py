@@ -1,5 +1,8 @@
-"""Cost of logging 10 scalars from a training loop: metricbus vs wandb.log (offline) vs
-TensorBoard's SummaryWriter.add_scalar x10, measured in the same run.
+"""Cost of logging 10 scalars from a training loop: metricbus vs the trackers users weigh, in
+one process, interleaved: wandb.log (offline), TensorBoard's SummaryWriter.add_scalar x10,
+trackio.log (its local SQLite store) and MLflow's log_metrics (its SQLite store, synchronous and
+with ``synchronous=False``). trackio and MLflow are optional: ``pip install trackio mlflow``;
+one not installed is said and left out.
 
 Reports the median microseconds per call in the calling thread (median of per-call
 timings, then the median over REPEATS runs) and the machine CPU per event (all threads and
@@ -15,16 +18,20 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import EXCLUDED_PIDS, bench_broker, table, tree_cpu_s  # noqa: E402
 
 N = int(os.environ.get("BENCH_N", 20_000))
+#: calls for MLflow's synchronous log_metrics, a database transaction each (~13-25 ms a call here):
+#: N of them would take minutes a pass; its cost per call is flat, so fewer calls measure it
+N_SLOW = int(os.environ.get("BENCH_N_SLOW", 1_000))
 REPEATS = int(os.environ.get("BENCH_REPEATS", 5))
 METRICS = [{f"Train/metric_{j}": 0.001 * i + j for j in range(10)} for i in range(N)]
 
 
-def measure(make) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+def measure(make, n: int = N) -> tuple[float, float]:  # type: ignore[no-untyped-def]
     """(median µs per call in the caller, machine CPU µs per event including deferred work).
 
     ``make()`` returns ``(log, close)``: a fresh contender. Two passes over the N calls, each
@@ -34,18 +41,18 @@ def measure(make) -> tuple[float, float]:  # type: ignore[no-untyped-def]
     """
     log, close = make()
     lat = []
-    for i in range(N):
+    for i in range(n):
         t = time.perf_counter_ns()
         log(i)
         lat.append(time.perf_counter_ns() - t)
     close()
     log, close = make()
     cpu0 = tree_cpu_s()
-    for i in range(N):
+    for i in range(n):
         log(i)
     close()
     cpu = tree_cpu_s() - cpu0
-    return statistics.median(lat) / 1000, cpu / N * 1e6
+    return statistics.median(lat) / 1000, cpu / n * 1e6
 
 
 def bench_metricbus(bootstrap: str, data_dir: str) -> tuple[float, float]:
@@ -103,8 +110,58 @@ def bench_tensorboard(data_dir: str) -> tuple[float, float]:
     return measure(make)
 
 
+def bench_trackio(data_dir: str) -> tuple[float, float]:
+    os.environ["TRACKIO_DIR"] = data_dir  # its SQLite files here, not in the home directory
+    import trackio
+
+    def make():  # type: ignore[no-untyped-def]
+        trackio.init(project="bench", name=f"r{time.monotonic_ns()}")
+        return (lambda i: trackio.log(METRICS[i], step=i)), trackio.finish
+
+    return measure(make)
+
+
+def bench_mlflow(data_dir: str, synchronous: bool) -> tuple[float, float]:
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{data_dir}/mlflow.db")
+
+    def make():  # type: ignore[no-untyped-def]
+        mlflow.start_run()
+
+        def log(i: int) -> None:
+            mlflow.log_metrics(METRICS[i], step=i, synchronous=synchronous)
+
+        def close() -> None:
+            if not synchronous:
+                mlflow.flush_async_logging()
+            mlflow.end_run()
+
+        return log, close
+
+    return measure(make, N if not synchronous else min(N, N_SLOW))
+
+
+def peers() -> dict[str, Any]:
+    """The optional peers that are installed: name -> a function of a directory."""
+    import importlib.util
+
+    out: dict[str, Any] = {}
+    if importlib.util.find_spec("trackio") is not None:
+        out["trackio"] = bench_trackio
+    else:
+        print("trackio is not installed (pip install trackio): left out")
+    if importlib.util.find_spec("mlflow") is not None:
+        out["mlflow"] = lambda d: bench_mlflow(d, True)
+        out["mlflow async"] = lambda d: bench_mlflow(d, False)
+    else:
+        print("mlflow is not installed (pip install mlflow): left out")
+    return out
+
+
 def main() -> None:
     results: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+    others = peers()
     with bench_broker() as (tmp, broker):
         EXCLUDED_PIDS.add(broker.proc.pid)  # the broker's CPU is Kafka's, not the producer's
         for r in range(REPEATS):  # interleaved, so machine noise hits every contender alike
@@ -112,9 +169,23 @@ def main() -> None:
             results["floor"].append(bench_floor())
             results["wandb"].append(bench_wandb(f"{tmp}/wb{r}"))
             results["tensorboard"].append(bench_tensorboard(f"{tmp}/tb{r}"))
+            for name, run in others.items():
+                where = f"{tmp}/{name.replace(' ', '-')}{r}"
+                os.makedirs(where, exist_ok=True)
+                results[name].append(run(where))
 
     def med(name: str, k: int) -> float:
         return statistics.median(v[k] for v in results[name])
+
+    def spread(name: str, k: int) -> str:
+        values = [v[k] for v in results[name]]
+        return f"{min(values):.3g}-{max(values):.3g}"
+
+    labels = {
+        "trackio": "trackio.log",
+        "mlflow": f"mlflow.log_metrics ({min(N, N_SLOW)} calls)",
+        "mlflow async": "mlflow.log_metrics(synchronous=False)",
+    }
 
     print(
         f"log 10 scalars per call, {N} calls, median of {REPEATS} interleaved runs "
@@ -131,8 +202,9 @@ def main() -> None:
         [
             ("metricbus Run.log", ours, f"{ratio:.2f}x the floor; target <= 2x"),
             ("floor: deque.append(copy of dict)", med("floor", 0), "nothing encoded or sent"),
-            ("wandb.log (offline)", med("wandb", 0), ""),
-            ("SummaryWriter.add_scalar x10", med("tensorboard", 0), ""),
+            ("wandb.log (offline)", med("wandb", 0), f"range {spread('wandb', 0)}"),
+            ("SummaryWriter.add_scalar x10", med("tensorboard", 0), f"range {spread('tensorboard', 0)}"),
+            *((labels[n], med(n, 0), f"range {spread(n, 0)}") for n in others),
         ],
         ours,
         "µs/call",
@@ -144,9 +216,14 @@ def main() -> None:
             ("metricbus (encode + Kafka + spool)", ours_cpu, ""),
             ("wandb.log (offline)", med("wandb", 1), "includes the wandb-core service"),
             ("SummaryWriter.add_scalar x10", med("tensorboard", 1), ""),
+            *((labels[n], med(n, 1), f"range {spread(n, 1)}") for n in others),
         ],
         ours_cpu,
         "µs/event",
+    )
+    print(
+        f"\n(each figure: {N} calls of 10 scalars, start and finish included in the CPU: a run's "
+        "fixed costs, spread over its events)"
     )
 
 
