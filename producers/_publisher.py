@@ -149,7 +149,7 @@ class Publisher:
         self._next_seq = 0  #: the seq of the next event taken off the queue (also how many were)
         self._lock = threading.Lock()
         #: the sender's turn at the lock: Python's Lock is not fair, and under overload the
-        #: spooler, taking it back for batch after batch, kept the sender out for seconds
+        #: spooler, taking it back for batch after batch, would keep the sender out for seconds
         self._sender_waits = threading.Event()
         self._sender_in = threading.Event()
         #: set once the sender connected, or found it cannot yet (``Run`` waits for it briefly)
@@ -524,8 +524,8 @@ class Publisher:
     def _connect(self) -> None:
         """Connect before there is anything to send; then say so (``connected``).
 
-        A connect is several requests, each waiting for the GIL: a training loop that already
-        logs as fast as it can (an overload) kept the first one from finishing for seconds.
+        A connect is several requests, each waiting for the GIL: begun once a training loop
+        logs as fast as it can (an overload), the first one takes seconds.
         """
         try:
             connect = getattr(self.transport, "connect", None)

@@ -153,8 +153,8 @@ class KafkaTransport:
             # The network client under kafka-python's KafkaProducer, without the producer: this
             # thread builds each request and waits for its answer itself, which is what a send
             # here does anyway (one request in flight, every record acknowledged before the next
-            # send). The producer's own sender thread, accumulator and futures cost as much again:
-            # 0.55 -> 0.28 ms of CPU a request, and half the wall time.
+            # send). The producer's own sender thread, accumulator and futures would cost as much
+            # CPU again a request, and as much wall time again.
             self._client = KafkaNetClient(
                 **client_options(self.settings),
                 client_id="metricbus-producer",

@@ -45,7 +45,7 @@ class _ClosedSocketWait(logging.Filter):
     ("Unhandled exception in task", a ValueError for file descriptor -1); or, woken with data
     just as ``close()`` detached the transport's protocol, hands the data to no protocol (an
     AttributeError on ``data_received``: the dashboard's samplers close a client after each
-    dead-letter count, so it came now and then in normal work). Only those exceptions of that
+    dead-letter count, so it comes now and then in normal work). Only those exceptions of that
     line are dropped: the transport was closed on purpose, and what it read was for no one.
     """
 

@@ -23,8 +23,8 @@ deletion before anything is read.
 A run whose own directory cannot be written (a file where it should be, or a directory another
 user owns: ``schemas.DIRECTORY_ERRNOS``) has its flush written to ``project=_fallback/run=<id>``
 instead, which every reader reads with the run's other directories; each later flush tries
-the run's own directory first. Before, that one run's failing flush was retried for ever and
-stopped the sink for every run. A failure of the archive itself (a full or failing disk) is
+the run's own directory first: one run's failing flush, retried for ever, would stop the sink
+for every run. A failure of the archive itself (a full or failing disk) is
 still retried, nothing committed, until it clears.
 """
 

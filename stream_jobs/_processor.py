@@ -178,7 +178,7 @@ class StreamProcessor:
 
         Each series holds ~1-2.5 kB (a logged name's windows, a label series): within a run
         they are bounded by ``max_series``, and runs by RUNS_KEPT, but 1,024 runs of 10,000
-        names each were ~20 GB. A forgotten run that logs again derives its windows afresh (as
+        names each would be ~20 GB. A forgotten run that logs again derives its windows afresh (as
         one forgotten for RUNS_KEPT does; see :meth:`_forget`).
         """
         n = deriver.series()

@@ -64,9 +64,9 @@ Line = Sequence[tuple[int, float | None, int]]
 class Reading:
     """What the report keeps of one run, read once a chunk at a time (:func:`read_run`).
 
-    A 200,000-step run's events were held whole while the report was built (1.3 GB); now its
-    series are held once (health's :class:`Seen` keeps the logged ones) and nothing else of an
-    event is kept beyond what a section shows.
+    A run's series are held once (health's :class:`Seen` keeps the logged ones) and nothing
+    else of an event is kept beyond what a section shows: a 200,000-step run's events held
+    whole would take 1.3 GB.
     """
 
     seen: Seen = dataclasses.field(default_factory=Seen)  #: the logged events, as health reads them

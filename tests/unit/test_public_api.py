@@ -44,3 +44,24 @@ def test_importing_the_core_imports_no_optional_integration_and_no_kafka_client(
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_every_public_name_of_each_package_is_in_its_all_and_nothing_else_is():
+    """As httpx pins its surface: a name that is public by its spelling (no underscore, not a
+    submodule, not a re-export of another library) is in ``__all__``, and ``__all__`` names no
+    more than the package holds."""
+    import types
+
+    from metricbus import ops, stream_jobs
+
+    for module in (metricbus, producers, schemas, sinks, stream_jobs, ops):
+        public = {
+            name
+            for name, value in vars(module).items()
+            if not name.startswith("_")
+            and not isinstance(value, types.ModuleType)
+            and getattr(value, "__module__", module.__name__).startswith(("metricbus", module.__name__))
+        }
+        declared = set(module.__all__)
+        assert public - declared == set(), f"{module.__name__}: public but not in __all__"
+        assert declared - set(vars(module)) == set(), f"{module.__name__}: in __all__ but not there"

@@ -5,7 +5,7 @@ import socket
 import pytest
 from kafka.errors import KafkaConnectionError
 
-from metricbus.schemas import Settings, reach
+from metricbus.schemas import Settings, reach, unreachable
 
 
 def closed_port() -> int:
@@ -19,7 +19,9 @@ def test_one_listening_server_of_the_list_is_enough():
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        reach(Settings(bootstrap=f"127.0.0.1:{closed_port()}, 127.0.0.1:{port}"))
+        settings = Settings(bootstrap=f"127.0.0.1:{closed_port()}, 127.0.0.1:{port}")
+        reach(settings)  # no error: the listening one answered
+        assert not unreachable(settings)  # what reach() decides on: nothing to say
 
 
 def test_none_listening_names_every_address_and_why():

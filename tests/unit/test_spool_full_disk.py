@@ -13,7 +13,7 @@ from metricbus.producers._spool import Spool
 from metricbus.schemas import Settings
 from tests.fakes import FakeTransport
 
-from .test_run import metrics
+from .test_run import metrics, wait_for
 
 
 @pytest.fixture
@@ -59,12 +59,12 @@ def test_events_logged_while_the_spool_disk_is_full_are_all_sent_once_it_has_roo
     disk = run._publisher.spool._file = FillingDisk(run._publisher.spool._file)
     for i in range(100):
         run.log({"x": float(i)}, step=i)
-    time.sleep(0.3)
+    wait_for(lambda: run._publisher.events_spooled == 101)
     disk.full = True
     for i in range(100, 300):
         run.log({"x": float(i)}, step=i)
-    time.sleep(0.5)  # several spooler passes, each refused
-    assert disk.refused >= 1 and run._publisher.backlog > 0
+    wait_for(lambda: disk.refused >= 2)  # two spooler passes, each refused
+    assert run._publisher.backlog > 0
     disk.full = False
     fake.down = False
     assert run.finish(timeout=10)
