@@ -200,9 +200,7 @@ def _health_of_stack(args: argparse.Namespace, run_id: str) -> dict[str, Any] | 
 
 
 def _read_all(archive: Path, runs: list[str]) -> dict[str, Any]:
-    """``read_logged`` of each run, several at a time (threads: reading is mostly pyarrow and
-    numpy, which let go of the GIL).
-    """
+    """``read_logged`` of each run, several at a time (threads: pyarrow and numpy free the GIL)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from metricbus.diagnostics import read_logged
