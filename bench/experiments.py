@@ -89,7 +89,7 @@ def tensorboard_tag(tb: Path) -> None:
 
 
 def main() -> None:
-    from metricbus._runs import run_rows
+    from metricbus.diagnostics._runs import run_rows
     from metricbus.ops._experiments import grouped_chart, runs_table
 
     with tempfile.TemporaryDirectory() as tmp:

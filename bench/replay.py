@@ -68,7 +68,7 @@ def build_archive(root: Path) -> str:
 
 
 def replay(archive: Path, run_id: str, out: Path) -> float:
-    from metricbus._replay import replay_to_sink
+    from metricbus.replay import replay_to_sink
     from metricbus.schemas import Settings
     from metricbus.sinks import TensorBoardSink
 

@@ -29,7 +29,7 @@ RUN = "bench-run"
 
 def build(data_dir: Path) -> None:
     """The run in ``data_dir``'s archive, and replayed into ``data_dir/tb``."""
-    from metricbus._replay import replay_to_sink
+    from metricbus.replay import replay_to_sink
     from metricbus.schemas import DERIVED_PRODUCER, RUN_FINISHED, RUN_STARTED, Event, Settings, default_codec
     from metricbus.schemas import METRICS as KIND
     from metricbus.schemas import run_started as started

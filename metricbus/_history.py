@@ -50,7 +50,7 @@ def history(
     the start of its name. MetricbusError naming the archive when no run matches, listing the
     candidates when several do.
     """
-    from metricbus._runs import find_run
+    from metricbus.diagnostics._runs import find_run
     from metricbus.sinks import tidy
 
     pandas = _pandas("history")
@@ -88,8 +88,8 @@ def runs(project: str | None = None, settings: Settings | None = None) -> Any:
     ``frame[frame["config/lr"] == 1e-3]``, ``frame.groupby("config/lr")``. A ``project`` the
     archive has no run of is a MetricbusError naming the archive and the projects it holds.
     """
-    from metricbus._runs import run_rows
     from metricbus.diagnostics._compare import flatten
+    from metricbus.diagnostics._runs import run_rows
 
     pandas = _pandas("runs")
     _check_project(_archive(settings), project)
@@ -123,10 +123,10 @@ def curves(
     ``band`` "std" (mean ± sample std) or "minmax". Runs that logged at other steps are
     interpolated onto shared ones (see ``metricbus.diagnostics._groups``).
     """
-    from metricbus._runs import find_run, run_rows
     from metricbus.diagnostics._columnar import rows_metric_points
     from metricbus.diagnostics._compare import group_runs
     from metricbus.diagnostics._groups import bands, curve
+    from metricbus.diagnostics._runs import find_run, run_rows
 
     pandas = _pandas("curves")
     archive = _archive(settings)

@@ -62,7 +62,11 @@ def cli_page() -> str:
     for name, command in sub.choices.items():
         out.append(f"\n## metricbus {name}\n\n{helps.get(name, '')}\n\n")
         usage = re.sub(r"\s+", " ", command.format_usage().replace("usage: ", "")).strip()
-        usage = re.sub(r" \[--bootstrap BOOTSTRAP\] \[--data-dir DATA_DIR\] \[--topic-prefix TOPIC_PREFIX\] \[-v\]", "", usage)
+        usage = re.sub(
+            r" \[--bootstrap BOOTSTRAP\] \[--data-dir DATA_DIR\] \[--topic-prefix TOPIC_PREFIX\] \[-v\]",
+            "",
+            usage,
+        )
         out.append(f"```\n{usage}\n```\n\n")
         rows = _flag_rows(command, GLOBAL)
         if rows:
@@ -126,7 +130,10 @@ def _rule_fields() -> list[tuple[str, str, str]]:
     from metricbus.stream_jobs._rules import Rule
 
     source = (ROOT / "stream_jobs" / "_rules.py").read_text().split("class Rule:", 1)[1]
-    notes = {m.group(1): m.group(2) for m in re.finditer(r"^    (\w+): [^=#\n]+(?:= [^#\n]+)?#: (.+)$", source, re.M)}
+    notes = {
+        m.group(1): m.group(2)
+        for m in re.finditer(r"^    (\w+): [^=#\n]+(?:= [^#\n]+)?#: (.+)$", source, re.M)
+    }
     rows = []
     for field in dataclasses.fields(Rule):
         if field.name == "line":
@@ -154,7 +161,11 @@ def rules_page() -> str:
     docs = _field_docs(ROOT / "stream_jobs" / "_config.py", "StreamConfig")
     for field in dataclasses.fields(StreamConfig):
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
-        shown = f"`{default}`" if not isinstance(default, (dict, tuple)) or len(str(default)) < 60 else "see `stream_jobs/_config.py`"
+        shown = (
+            f"`{default}`"
+            if not isinstance(default, (dict, tuple)) or len(str(default)) < 60
+            else "see `stream_jobs/_config.py`"
+        )
         out.append(f"| `{field.name}` | {_cell(shown)} | {_cell(docs.get(field.name, ''))} |\n")
     return "".join(out)
 
@@ -209,7 +220,9 @@ def events_page() -> str:
                 out.append(f"{record['doc']}\n\n")
             out.append("| field | type | what |\n| --- | --- | --- |\n")
             for field in record["fields"]:
-                out.append(f"| `{field['name']}` | {_cell(_type(field['type']))} | {_cell(field.get('doc', ''))} |\n")
+                out.append(
+                    f"| `{field['name']}` | {_cell(_type(field['type']))} | {_cell(field.get('doc', ''))} |\n"
+                )
     return "".join(out)
 
 

@@ -22,7 +22,7 @@ from ._common import (
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from metricbus._replay import archived_runs, replay_to_kafka, replay_to_sink
+    from metricbus.replay import archived_runs, replay_to_kafka, replay_to_sink
     from metricbus.sinks import make_sink
 
     settings = _settings(args)
@@ -61,7 +61,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
-    from metricbus._replay import backtest
+    from metricbus.diagnostics._backtest import backtest
     from metricbus.schemas import describe_alert
     from metricbus.stream_jobs import DEFAULT_RULES
 
@@ -93,7 +93,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from metricbus._media_gc import collect
+    from metricbus.ops._media_gc import collect
 
     settings = _settings(args)
     done = collect(settings, grace_s=args.grace_s, dry_run=args.dry_run)
@@ -107,7 +107,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from metricbus._runs import run_rows
+    from metricbus.diagnostics._runs import run_rows
 
     settings = _settings(args)
     rows = run_rows(settings.archive_dir, args.project)
@@ -210,9 +210,9 @@ def _read_all(archive: Path, runs: list[str]) -> dict[str, Any]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from metricbus._runs import run_rows
     from metricbus.diagnostics import compare_series
     from metricbus.diagnostics._compare import flatten, group_runs
+    from metricbus.diagnostics._runs import run_rows
     from metricbus.schemas import run_config
 
     settings = _settings(args)
@@ -360,8 +360,8 @@ def points_of(part: dict[str, Any]) -> str:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from metricbus._replay import archived, raising
     from metricbus.diagnostics import build, read_run
+    from metricbus.diagnostics._backtest import archived, raising
     from metricbus.schemas import check_run_id
     from metricbus.stream_jobs import DEFAULT_RULES
 

@@ -74,7 +74,7 @@ def _run_ref(args: argparse.Namespace) -> str | None:
 
 def _find(settings: Settings, ref: str) -> str:
     """The archived run ``ref`` names (id, id prefix or name)."""
-    from metricbus._runs import find_run
+    from metricbus.diagnostics._runs import find_run
 
     return find_run(settings.archive_dir, ref)
 

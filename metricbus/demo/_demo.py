@@ -122,7 +122,7 @@ def _tensorboard(settings: Settings, run_id: str, timeout: float = 30.0) -> None
         return
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from metricbus._replay import replay_to_sink
+    from metricbus.replay import replay_to_sink
     from metricbus.sinks import make_sink
     from metricbus.sinks.tensorboard import TensorBoardSink
 

@@ -223,4 +223,3 @@ def _policy_map(actor: Any, torch: Any, np: Any) -> Any:
         logits = actor(torch.as_tensor(states.reshape(-1, 4), dtype=torch.float32))
         right = torch.softmax(logits, dim=-1)[:, 1].numpy().reshape(64, 64)
     return np.stack([right * 255, np.full_like(right, 60), (1 - right) * 255], axis=-1).astype(np.uint8)
-

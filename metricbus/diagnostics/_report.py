@@ -536,9 +536,7 @@ def _media_section(items: Mapping[str, list[dict[str, Any]]], store: MediaStore 
         shown_of = f"{n} logged" + (f", these {len(picks)}" if n > len(picks) else "")
         out.append(
             f"<div class='media' data-media='{html.escape(name)}'><h3>{html.escape(name)} "
-            f"<span class='muted'>({shown_of})</span></h3>"
-            + "".join(cells)
-            + "</div>"
+            f"<span class='muted'>({shown_of})</span></h3>" + "".join(cells) + "</div>"
         )
     return "\n".join(out)
 

@@ -2,9 +2,11 @@
 
 This room owns ``metricbus status`` (``_status``), consumer lag and its Burrow-style verdict
 (``_lag``), the run board that folds events and alerts into one summary per run (``_board``),
-the live dashboard with its health checks (``_web`` and the ``web/`` assets), and the
-Prometheus ``/metrics`` endpoint (``_metrics``), and the runs the topics no longer hold, drawn
-from the archive (``_archived``). Ops consumes like a sink and never slows one;
+the pipeline's state sampled for the dashboard (``_pipeline``), the live dashboard with its
+health checks (``_web`` and the ``web/`` assets), the Prometheus ``/metrics`` endpoint
+(``_metrics``), the runs the topics no longer hold, drawn from the archive (``_archived``),
+and the collection of media files no run refers to any more (``_media_gc``). Ops consumes like
+a sink and never slows one;
 it never imports the supervisor (``metricbus.stack``).
 """
 

@@ -100,12 +100,12 @@ class ArchivedRuns:
             self._stop.wait(self.refresh_s)
 
     def run_rows(self) -> list[dict[str, Any]]:
-        """``metricbus._runs.run_rows`` of the archive now, each unchanged run from the last read.
+        """``diagnostics._runs.run_rows`` of the archive now, each unchanged run from the last read.
 
         A run whose files did not change is not read again (200 runs: 1.5 s the first time,
         10 ms after).
         """
-        from metricbus._runs import run_rows
+        from metricbus.diagnostics._runs import run_rows
 
         with self._listing:  # one listing at a time keeps the cache whole
             return run_rows(self.settings.archive_dir, cache=self._read)
@@ -164,9 +164,7 @@ class ArchivedRuns:
         with self._lock:
             if not columns:
                 return {run_id: _slim(row) for run_id, row in self._rows.items()}
-            return {
-                run_id: {**row, "last": self._last.get(run_id, {})} for run_id, row in self._rows.items()
-            }
+            return {run_id: {**row, "last": self._last.get(run_id, {})} for run_id, row in self._rows.items()}
 
     def holds(self, run_id: str) -> bool:
         """Whether the archive has rows of ``run_id`` (looked up on disk, not in the listing)."""
@@ -200,7 +198,7 @@ def fold(settings: Settings, run_id: str, rules: RuleFiles) -> dict[str, Any] | 
 
     With the alerts ``rules`` raise on its logged events (one read of the archive for both).
     """
-    from metricbus._replay import raising
+    from metricbus.diagnostics._backtest import raising
     from metricbus.sinks import iter_events
 
     board = RunBoard(settings)
@@ -240,7 +238,7 @@ def read_run(
     """
     import math
 
-    from metricbus._replay import archived, raising
+    from metricbus.diagnostics._backtest import archived, raising
     from metricbus.schemas import METRICS
 
     last: dict[str, float | None] = {}

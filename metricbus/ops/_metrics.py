@@ -23,7 +23,7 @@ from metricbus.schemas import multiprocess_dir
 
 if TYPE_CHECKING:
     from metricbus.ops._board import RunBoard
-    from metricbus.ops._web import Pipeline
+    from metricbus.ops._pipeline import Pipeline
 
 
 class _Snapshot:

@@ -142,7 +142,9 @@ def test_a_plain_script_and_every_command_find_the_stack_up_started_and_a_dead_o
 def test_finish_with_the_broker_refusing_returns_in_under_a_second_and_sync_delivers_everything(
     settings, tmp_path
 ):
-    refusing = Settings(bootstrap=f"127.0.0.1:{free_port()}", data_dir=settings.data_dir, topic_prefix=settings.topic_prefix)
+    refusing = Settings(
+        bootstrap=f"127.0.0.1:{free_port()}", data_dir=settings.data_dir, topic_prefix=settings.topic_prefix
+    )
     run = Run("p", name="offline-by-accident", settings=refusing, system_metrics=False)
     for step in range(200):
         run.log({"Train/Loss": float(step)}, step=step)
@@ -184,7 +186,9 @@ def test_a_consumer_started_before_the_broker_waits_for_it_then_consumes(setting
         assert run.finish(timeout=30)
         from metricbus.sinks import run_extent
 
-        wait_for(lambda: (run_extent(later.archive_dir, run.run_id) or {}).get("events") == 12, 60, "the archive")
+        wait_for(
+            lambda: (run_extent(later.archive_dir, run.run_id) or {}).get("events") == 12, 60, "the archive"
+        )
     finally:
         sink.terminate()
         sink.wait(30)

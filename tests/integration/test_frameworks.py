@@ -359,7 +359,9 @@ def test_trl_grpo_gets_seed_002_names_and_every_samples_score(settings, sink, wo
     tables = {e.body["step"]: e.body for e in events if e.kind == TABLE and e.body["name"] == "completions"}
     assert sorted(tables) == [1, 2, 3]
     table = tables[1]
-    assert table["columns"] == ["prompt", "completion", "a_reward", "length_reward"] and len(table["rows"]) == 4
+    assert (
+        table["columns"] == ["prompt", "completion", "a_reward", "length_reward"] and len(table["rows"]) == 4
+    )
     assert table["rows"][0][2] is None  # a_reward cannot score the first sample: an empty cell
     for prompt, completion, _, length in table["rows"]:
         assert prompt in ("abc", "hello", "xyz", "grpo") and length == pytest.approx(len(completion) / 8)

@@ -77,6 +77,7 @@ def test_the_parquet_and_tensorboard_sinks_wait_out_a_full_disk_and_lose_nothing
         env = {**os.environ, **on_disk.to_env(), **shared}
         done = subprocess.run(cli(on_disk, "status"), env=env, capture_output=True, text=True, timeout=60)
         return done.stdout + done.stderr
+
     try:
         run = Run("full-disk", settings=settings, system_metrics=False)
 
@@ -133,7 +134,9 @@ def wandb_steps(root, run_id) -> list[int]:
     return sorted(r["metricbus/step"] for r in rows if "Train/Loss" in r or "Loss" in r.get("Train", {}))
 
 
-def test_the_wandb_sink_commits_only_what_wandbs_file_holds_through_a_full_disk(settings, small_disk, tmp_path):
+def test_the_wandb_sink_commits_only_what_wandbs_file_holds_through_a_full_disk(
+    settings, small_disk, tmp_path
+):
     """W&B gives up on a run file for good at its first ENOSPC (and keeps taking rows): the sink
     sees the rows missing from the file, opens the run again once there is room and logs them
     again; nothing is dead-lettered, committed past a missing row, or written twice."""

@@ -48,4 +48,6 @@ def test_the_idempotency_key_is_one_per_alert_transition():
     a = {**alert("run-1"), "seq": 4}
     assert idempotency_key(a) == idempotency_key(dict(a)) != idempotency_key({**a, "seq": 5})
     timed = {**alert("run-1"), "seq": -1, "rule": "run_stalled"}  # no identity: run, rule, state, time
-    assert idempotency_key(timed) != idempotency_key({**timed, "ts_ms": 2}) and len(idempotency_key(timed)) == 32
+    assert (
+        idempotency_key(timed) != idempotency_key({**timed, "ts_ms": 2}) and len(idempotency_key(timed)) == 32
+    )

@@ -4,7 +4,9 @@
   themselves; ``schemas`` imports nothing of ours; none imports the face (``metricbus``);
 - no sink imports another sink (the factory, beside them, builds them all);
 - ops and diagnostics never import the supervisor (``metricbus.stack``);
-- nothing imports a component by its bare folder name (``import schemas``): one installed name.
+- nothing imports a component by its bare folder name (``import schemas``): one installed name;
+- no room imports a private module of the face's top level (``metricbus._history``): each
+  mechanism lives in the room that owns it, and the face only re-exports.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENTS = ("schemas", "producers", "stream_jobs", "sinks")
-ROOMS = ("cli", "stack", "ops", "diagnostics", "demo")
+ROOMS = ("cli", "stack", "ops", "diagnostics", "replay", "demo")
 #: the sinks proper; the factory and the underscored helpers (runtime, archive reader, W&B
 #: set-up) are shared plumbing of the sinks room
 SINKS = ("parquet", "tensorboard", "wandb", "alerts")
@@ -131,3 +133,14 @@ def test_import_and_the_cli_work_beside_modules_of_the_generic_names(tmp_path):
         [sys.executable, "-m", "metricbus", "--help"], cwd=tmp_path, capture_output=True, text=True, env=env
     )
     assert cli.returncode == 0 and "status" in cli.stdout, cli.stderr
+
+
+def test_no_room_reaches_into_the_face_private_modules():
+    private = {p.stem for p in (ROOT / "metricbus").glob("_*.py") if p.stem not in ("__init__", "__main__")}
+    for room in (*ROOMS, *COMPONENTS):
+        for path in sources(f"metricbus/{room}"):
+            for name in imports(path):
+                top = name.split(".")
+                assert not (len(top) > 1 and top[0] == "metricbus" and top[1] in private), (
+                    f"{path}: imports {name}"
+                )

@@ -74,7 +74,9 @@ def shape(obj: Any) -> Any:
 
 
 def test_the_golden_checkpoint_loads_and_the_restored_worker_goes_on_as_one_that_never_stopped(tmp_path):
-    assert GOLDEN.exists(), f"no golden checkpoint of format {FORMAT}: run `python -m tests.unit.test_checkpoint_format`"
+    assert GOLDEN.exists(), (
+        f"no golden checkpoint of format {FORMAT}: run `python -m tests.unit.test_checkpoint_format`"
+    )
     uninterrupted, events = checkpointed()
     expected = outputs(uninterrupted, events[500:])
     restored = StreamProcessor(rules=parse_rules(RULES))

@@ -11,8 +11,8 @@ import time
 import psutil
 import pytest
 
-from metricbus._runs import AmbiguousRun, find_run
 from metricbus.cli import main
+from metricbus.diagnostics._runs import AmbiguousRun, find_run
 from metricbus.schemas import (
     METRICS,
     RUN_FINISHED,
@@ -41,7 +41,9 @@ def archive_run(archive, run_id, name, steps=30, finished=True):
         for i in range(steps)
     ]  # fmt: skip
     if finished:
-        events.append(Event(run_id, producer, steps + 1, 9_000, RUN_FINISHED, {"status": "finished", "summary": {}}, FP))
+        events.append(
+            Event(run_id, producer, steps + 1, 9_000, RUN_FINISHED, {"status": "finished", "summary": {}}, FP)
+        )
     sink.write(events)
     sink.flush()
     sink.close()
@@ -65,7 +67,9 @@ def test_a_run_is_found_by_its_id_a_unique_prefix_or_a_unique_name(archive):
     assert find_run(archive, "20261126-01") == "20261126-010101-aaaa1111"
     assert find_run(archive, "ppo-lr3e-4") == "20261126-010101-aaaa1111"
     assert find_run(archive, "ppo-lr3") == "20261126-010101-aaaa1111"  # a unique start of a name
-    with pytest.raises(AmbiguousRun, match="names 2 runs: 20261126-020202-bbbb2222, 20261126-020202-bbbb3333"):
+    with pytest.raises(
+        AmbiguousRun, match="names 2 runs: 20261126-020202-bbbb2222, 20261126-020202-bbbb3333"
+    ):
         find_run(archive, "ppo-lr1e-3")
     with pytest.raises(AmbiguousRun):
         find_run(archive, "20261126-02")
@@ -114,7 +118,11 @@ def test_metricbus_runs_lists_every_run_with_its_state(archive, capsys):
     assert "stopped, unfinished" in table[3] and "finished" in table[1]
     assert main(["runs", "--json", "--project", "proj"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert {r["run_id"] for r in rows} == {"20261126-010101-aaaa1111", "20261126-020202-bbbb2222", "20261126-020202-bbbb3333"}
+    assert {r["run_id"] for r in rows} == {
+        "20261126-010101-aaaa1111",
+        "20261126-020202-bbbb2222",
+        "20261126-020202-bbbb3333",
+    }
     assert rows[0]["config"] == {"lr": 0.1} and rows[0]["last_step"] == 29
     assert main(["runs", "--project", "other"]) == 0
     assert "no run of project 'other'" in capsys.readouterr().out
@@ -134,14 +142,27 @@ def test_global_options_are_accepted_after_the_command(archive, tmp_path, capsys
     assert "far" in capsys.readouterr().out
 
 
-def test_a_client_joins_the_running_stack_unless_told_otherwise_and_ignores_a_dead_one(tmp_path, monkeypatch, caplog):
+def test_a_client_joins_the_running_stack_unless_told_otherwise_and_ignores_a_dead_one(
+    tmp_path, monkeypatch, caplog
+):
     for key in [k for k in os.environ if k.startswith("METRICBUS_")]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("METRICBUS_RUNTIME_DIR", str(tmp_path / "runtime"))
     me = psutil.Process()
-    announce(StackInfo(pid=me.pid, created=me.create_time(), data_dir=str(tmp_path / "d"), topic_prefix="x.", local_port=19092, dashboard_url="http://127.0.0.1:1/"))
+    announce(
+        StackInfo(
+            pid=me.pid,
+            created=me.create_time(),
+            data_dir=str(tmp_path / "d"),
+            topic_prefix="x.",
+            local_port=19092,
+            dashboard_url="http://127.0.0.1:1/",
+        )
+    )
     settings, stack = Settings.resolve()
-    assert stack is not None and settings.local_port == 19092 and str(settings.data_dir) == str(tmp_path / "d")
+    assert (
+        stack is not None and settings.local_port == 19092 and str(settings.data_dir) == str(tmp_path / "d")
+    )
     assert settings.topic_prefix == "x."
     # explicit beats the stack: the broker given, nothing is taken from the stack
     assert Settings.resolve(bootstrap="kafka:9092")[1] is None
@@ -153,8 +174,14 @@ def test_a_client_joins_the_running_stack_unless_told_otherwise_and_ignores_a_de
     # a stack whose process is gone (a dead pid, or a pid reused since) is ignored, said, removed
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    announce(StackInfo(pid=dead.pid, created=time.time(), data_dir="/nowhere", topic_prefix="y.", local_port=1))
-    announce(StackInfo(pid=me.pid, created=me.create_time() - 100, data_dir="/reused", topic_prefix="z.", local_port=2))
+    announce(
+        StackInfo(pid=dead.pid, created=time.time(), data_dir="/nowhere", topic_prefix="y.", local_port=1)
+    )
+    announce(
+        StackInfo(
+            pid=me.pid, created=me.create_time() - 100, data_dir="/reused", topic_prefix="z.", local_port=2
+        )
+    )
     with caplog.at_level("WARNING", logger="metricbus"):
         settings, stack = Settings.resolve()
     assert stack is None and settings.local_port == 9092  # both gone: the defaults
@@ -164,7 +191,11 @@ def test_a_client_joins_the_running_stack_unless_told_otherwise_and_ignores_a_de
 
 @pytest.mark.parametrize(
     "argv",
-    [["runs", "--json"], ["health", "ppo-lr3e-4", "--json"], ["compare", "ppo-lr3e-4", "20261126-020202-bbbb2222", "--json"]],
+    [
+        ["runs", "--json"],
+        ["health", "ppo-lr3e-4", "--json"],
+        ["compare", "ppo-lr3e-4", "20261126-020202-bbbb2222", "--json"],
+    ],
 )
 def test_the_archive_reading_commands_answer_the_same_without_pandas_in_their_process(archive, argv, capsys):
     """`metricbus runs/health/compare` keep pandas out of their own process (pyarrow's dataset

@@ -174,7 +174,9 @@ def test_a_verdict_agrees_with_the_interval_printed_beside_it_and_says_how_many_
     assert w.interval == pytest.approx((ci.low, ci.high))
     assert w.interval[0] < 0 < w.interval[1] and w.verdict == "cannot tell"
     assert w.needed is not None and w.needed > 3
-    assert f"cannot tell at 95 %: 3 vs 3 values leave 0 in the interval [{ci.low:.4g}, {ci.high:.4g}]" in w.said
+    assert (
+        f"cannot tell at 95 %: 3 vs 3 values leave 0 in the interval [{ci.low:.4g}, {ci.high:.4g}]" in w.said
+    )
     assert f"about {w.needed} values a side would separate" in w.said
     # with the runs that many, the same difference and spreads separate: the estimate is honest
     rng = np.random.default_rng(0)

@@ -6,7 +6,7 @@ import time
 
 from prometheus_client import REGISTRY
 
-from metricbus.schemas import Settings
+from metricbus.schemas import Settings, alive_at
 from metricbus.sinks._runtime import ConsumerLoop
 
 
@@ -34,11 +34,15 @@ class SlowLoop(ConsumerLoop):
 
 
 class Consumer:
+    """aiokafka's commit, recording the offsets committed and when each says its consumer was alive."""
+
     def __init__(self) -> None:
         self.commits: list = []
+        self.alive: list = []
 
     async def commit(self, offsets) -> None:
-        self.commits.append(dict(offsets))
+        self.commits.append({tp: om.offset for tp, om in offsets.items()})
+        self.alive.extend(alive_at(om.metadata) for om in offsets.values())
 
 
 def test_a_rebalance_during_a_flush_waits_for_it_instead_of_flushing_the_same_buffer_again():
@@ -54,6 +58,7 @@ def test_a_rebalance_during_a_flush_waits_for_it_instead_of_flushing_the_same_bu
     assert loop.most == 1  # never two flushes at once
     assert loop.flushed == ["a", "b"]  # the buffer written once
     assert loop._consumer.commits == [{"tp": 10}]
+    assert loop._consumer.alive and all(loop._consumer.alive)  # each carries the stamp `status` reads
 
 
 class Record:

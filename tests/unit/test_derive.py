@@ -503,7 +503,13 @@ def test_the_reward_cv_is_undefined_where_the_epochs_mean_is_near_0_beside_its_v
     events = [(RUN_STARTED, run_started("p", "n"), 0)]
     steps = [(0, 1.0), (1, 2.0), (2, 3.0), (10, -0.5), (11, 0.53), (12, -0.0)]
     for step, reward in steps:
-        body = {"step": step, "epoch": step // 10, "rank": 0, "scalars": {"Train/AvgReward": reward}, "samples": {}}
+        body = {
+            "step": step,
+            "epoch": step // 10,
+            "rank": 0,
+            "scalars": {"Train/AvgReward": reward},
+            "samples": {},
+        }
         events.append((METRICS, body, 1000 + step))
     events.append((RUN_FINISHED, {"status": "finished", "summary": {}}, 5000))
     pts = by_name(derive_all(events))

@@ -26,7 +26,9 @@ def test_the_faust_worker_consumer_uses_its_own_instead_of_fausts_fixed_1500_ms(
             await consumer.stop()
 
     assert asyncio.run(main(Settings(bootstrap="127.0.0.1:9"))) == 50
-    settings = Settings.from_env({"METRICBUS_WORKER_FETCH_MAX_WAIT_MS": "70", "METRICBUS_BOOTSTRAP": "127.0.0.1:9"})
+    settings = Settings.from_env(
+        {"METRICBUS_WORKER_FETCH_MAX_WAIT_MS": "70", "METRICBUS_BOOTSTRAP": "127.0.0.1:9"}
+    )
     assert asyncio.run(main(settings)) == 70
 
 

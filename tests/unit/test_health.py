@@ -209,7 +209,9 @@ def test_a_reward_logged_as_samples_is_judged_like_one_logged_as_a_scalar(reward
     health = assess("r", events)
     assert f"reward {reward}: 0.0475 -> 0.9475" in evidence(health, "progress")  # medians of the tenths
     falling = [
-        e._replace(body={**e.body, "samples": {reward: [1 - e.body["step"] / 200]}}) if e.kind == METRICS else e
+        e._replace(body={**e.body, "samples": {reward: [1 - e.body["step"] / 200]}})
+        if e.kind == METRICS
+        else e
         for e in events
     ]
     assert f"reward {reward} did not improve" in evidence(assess("r", falling), "progress")

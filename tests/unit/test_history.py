@@ -5,7 +5,7 @@ import math
 import pytest
 
 import metricbus
-from metricbus._replay import archived_runs
+from metricbus.replay import archived_runs
 from metricbus.schemas import (
     CONFIG_UPDATE,
     METRICS,

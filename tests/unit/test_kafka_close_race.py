@@ -2,6 +2,7 @@
 
 import logging
 import socket
+import threading
 
 import pytest
 
@@ -9,6 +10,12 @@ import metricbus.schemas._kafka  # noqa: F401 - installs the filter on kafka-pyt
 
 pytest.importorskip("kafka.net.transport", reason="kafka-python 3's network layer")
 from kafka.net.transport import KafkaTCPTransport  # noqa: E402
+
+
+def here(caplog) -> list[logging.LogRecord]:
+    """The records this test's thread logged: kafka-python IO threads another test left closing
+    in the same worker log into the same capture."""
+    return [r for r in caplog.records if r.thread == threading.get_ident()]
 
 
 def _transport(sock) -> KafkaTCPTransport:
@@ -23,7 +30,7 @@ def test_a_read_of_a_socket_close_took_away_logs_no_traceback(caplog):
     with caplog.at_level(logging.DEBUG, logger="kafka"):
         data, err = t._sock_recv()
     assert data == b"" and err is not None  # kafka-python's own code ran the failing read
-    assert [r for r in caplog.records if r.exc_info] == []
+    assert [r for r in here(caplog) if r.exc_info] == []
 
 
 def test_a_read_error_on_an_open_socket_is_still_logged(caplog):
@@ -34,7 +41,7 @@ def test_a_read_error_on_an_open_socket_is_still_logged(caplog):
     with caplog.at_level(logging.DEBUG, logger="kafka"):
         _, err = t._sock_recv()
     assert err is not None
-    logged = [r.getMessage() for r in caplog.records if r.exc_info]
+    logged = [r.getMessage() for r in here(caplog) if r.exc_info]
     assert len(logged) == 1 and logged[0].endswith("Error receiving network data closing socket")
 
 
@@ -53,7 +60,7 @@ def test_a_task_waiting_on_a_socket_close_took_away_logs_no_traceback_and_other_
             raise ValueError("something else went wrong")
         except ValueError:
             log.exception("Unhandled exception in task %s:", "task-2")
-    assert [r.getMessage() for r in caplog.records] == ["Unhandled exception in task task-2:"]
+    assert [r.getMessage() for r in here(caplog)] == ["Unhandled exception in task task-2:"]
 
 
 def test_a_read_that_close_detached_the_protocol_from_logs_no_traceback(caplog):
@@ -77,4 +84,4 @@ def test_a_read_that_close_detached_the_protocol_from_logs_no_traceback(caplog):
         except AttributeError:
             log.exception("Unhandled exception in task %s:", "task-4")
     assert raised  # kafka-python's code met the detached protocol
-    assert [r.getMessage() for r in caplog.records if r.exc_info] == ["Unhandled exception in task task-4:"]
+    assert [r.getMessage() for r in here(caplog) if r.exc_info] == ["Unhandled exception in task task-4:"]

@@ -87,7 +87,9 @@ def test_the_stream_derives_per_label_means_success_rates_and_shares(tmp_path):
     points = []
     for i in range(0, len(events), 7):  # input records of 7 events, as the worker takes them
         points += deriver.feed_many(events[i : i + 7])[0]
-    points += deriver.feed_many([Event("r", "p", len(events), 9999, RUN_FINISHED, {"status": "finished"}, FP)])[0]
+    points += deriver.feed_many(
+        [Event("r", "p", len(events), 9999, RUN_FINISHED, {"status": "finished"}, FP)]
+    )[0]
     last = {p.name: p.value for p in points}
     for task in TASKS:
         mine = [e for e in episodes() if e[1] == task][-50:]

@@ -3,7 +3,7 @@ took 1.32 GB): the page is the same however the run is cut into chunks, and says
 
 import math
 
-from metricbus._replay import raising, rule_alerts
+from metricbus.diagnostics._backtest import raising, rule_alerts
 from metricbus.diagnostics._report import build, read_run
 from metricbus.schemas import (
     DERIVED_PRODUCER,

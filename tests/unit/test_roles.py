@@ -56,7 +56,11 @@ def test_each_frameworks_reward_and_loss_make_the_epoch_series(framework, reward
     assert got["Epoch/RewardTrend", 2][0] == pytest.approx(np.mean(values[2]) - np.mean(values[1]))
     assert got["Epoch/LossTrend", 2][0] == pytest.approx(np.mean(losses[1]) - np.mean(losses[2]))
     trend = {(p.name, p.source) for p in derive_all([*events, FINISHED])}
-    assert {("Epoch/RewardTrendClass", reward), ("Epoch/RewardConverged", reward), ("Epoch/LossTrendClass", loss)} <= trend
+    assert {
+        ("Epoch/RewardTrendClass", reward),
+        ("Epoch/RewardConverged", reward),
+        ("Epoch/LossTrendClass", loss),
+    } <= trend
 
 
 def test_sb3_episode_returns_as_samples_win_over_sb3s_100_episode_mean():

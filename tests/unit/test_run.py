@@ -89,8 +89,9 @@ def test_auto_step_counts_from_the_last_step(settings):
 def test_broker_down_spools_then_delivers_everything_once_when_back(settings, caplog):
     fake = FakeTransport()
     fake.down = True
-    run = Run("p", settings=settings, transport=fake, system_metrics=False)
+    # captured from before the run starts: its sender may try (and fail) RunStarted at once
     with caplog.at_level(logging.WARNING, logger="metricbus.producer"):
+        run = Run("p", settings=settings, transport=fake, system_metrics=False)
         for i in range(300):
             run.log({"x": i}, step=i)
         wait_for(lambda: run._publisher.events_spooled == 301)  # RunStarted and the 300

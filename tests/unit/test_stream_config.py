@@ -60,7 +60,9 @@ def test_slope_and_trend_of_every_metric_with_its_direction():
     deriver = RunDeriver("run", cfg)
     points = {}
     for step in range(30):
-        fed = deriver.feed(*metrics(step, scalars={"Train/Loss": 10.0 - 0.5 * step, "Accuracy": 0.5 + 0.01 * step}))
+        fed = deriver.feed(
+            *metrics(step, scalars={"Train/Loss": 10.0 - 0.5 * step, "Accuracy": 0.5 + 0.01 * step})
+        )
         points |= {p.name: p.value for p in fed}
     assert points["Train/Loss_slope"] == pytest.approx(-0.5)
     assert points["Accuracy_slope"] == pytest.approx(0.01)
