@@ -31,12 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     if not root.handlers:  # as logging.basicConfig, with a Printable formatter
         console = logging.StreamHandler()
         console.setFormatter(Printable("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        # only on the handler made here: a program that calls main() keeps its own handlers as
+        # they were (a filter added to them held back its kafka lines for a minute)
+        console.addFilter(Repeats())
         root.addHandler(console)
         root.setLevel(logging.DEBUG if args.verbose else logging.INFO)
     for noisy in ("kafka", "aiokafka", "tensorboard"):  # their chatter is ours to report, once
         logging.getLogger(noisy).setLevel(logging.ERROR if not args.verbose else logging.INFO)
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(Repeats())
     try:
         return int(args.func(args))
     except MetricbusError as exc:

@@ -27,3 +27,19 @@ def test_a_kafka_clients_repeated_line_is_held_back_and_counted():
     assert again.getMessage() == "<conn 61>: Connection lost: ECONNREFUSED (and 3 more like it held back)"
     now[0] = 62.0
     assert not repeats.filter(record("kafka.net.connection", lost, "<conn 62>", "ECONNREFUSED"))
+
+
+def test_main_in_a_program_leaves_the_programs_own_handlers_as_they_were(tmp_path, monkeypatch, capsys):
+    """A program (or a test run) that calls main() keeps every kafka line its handlers took."""
+    from metricbus.cli import main
+
+    monkeypatch.setenv("METRICBUS_DATA_DIR", str(tmp_path))
+    theirs = logging.Handler()
+    root = logging.getLogger()
+    root.addHandler(theirs)
+    try:
+        assert main(["runs"]) == 0
+        assert theirs.filters == []
+    finally:
+        root.removeHandler(theirs)
+    assert "no run in the archive" in capsys.readouterr().out
