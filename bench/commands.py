@@ -7,6 +7,13 @@ each (medians of BENCH_REPEATS), beside the peer in the same run: TensorBoard's 
 loader (EventAccumulator, its default 1,000 points a tag) reading one of the runs from event
 files written with TensorBoard's writer, in a new process too. Targets: runs, health and status
 under 1 s, compare under 1.5 s.
+
+Then `status` as an ops engineer runs it against a cluster: a `metricbus up --no-dashboard`
+(its broker, worker and four sinks: five consumer groups) with a run logging into it, and
+`metricbus status` from a process that knows only the broker's address (no stack file, no
+dashboard to ask), beside the peer: what `kafka-consumer-groups --describe --all-groups` asks,
+done with kafka-python's admin client directly (ListGroups, DescribeGroups, one OffsetFetch for
+all groups, ListOffsets of every partition), in a fresh process too.
 """
 
 from __future__ import annotations
@@ -135,6 +142,119 @@ assert len(acc.Tags()["scalars"]) == int(sys.argv[2])
 """
 
 
+ADMIN_PEER = """
+import sys
+from kafka import TopicPartition
+from kafka.admin import KafkaAdminClient, OffsetSpec
+admin = KafkaAdminClient(bootstrap_servers=sys.argv[1], client_id="peer")
+groups = [g["group_id"] for g in admin.list_groups() if g["group_id"].startswith("metricbus.")]
+# DescribeGroups as sent by admin.describe_groups, which cannot parse the embedded broker's
+# authorized operations in its answer (kafka-python 3.0.12): the same request without them
+from kafka.protocol.admin import DescribeGroupsRequest
+async def describe():
+    nodes = {}
+    for group, node in (await admin._find_coordinator_ids(groups)).items():
+        nodes.setdefault(node, []).append(group)
+    found = []
+    for node, mine in nodes.items():
+        ask = DescribeGroupsRequest(groups=mine, include_authorized_operations=False, max_version=4)
+        found.extend((await admin._manager.send(ask, node_id=node)).groups)
+    return found
+members = admin._manager.run(describe)
+committed = admin.list_group_offsets({g: None for g in groups})
+tps = sorted({tp for offsets in committed.values() for tp in offsets})
+ends = admin.list_partition_offsets({tp: OffsetSpec.LATEST for tp in tps})
+lag = sum(ends[tp].offset - om.offset for offsets in committed.values() for tp, om in offsets.items())
+assert len(groups) >= 5 and len(members) == len(groups), groups
+admin.close()
+"""
+
+LIVE_RUN = """
+import itertools, math, time
+import metricbus
+run = metricbus.init(project="ops-bench", name="live")
+for step in itertools.count():
+    run.log({"Train/Reward": 0.5 + 0.1 * math.sin(step / 50), "Train/Loss": 1.0 / (step + 1)}, step=step)
+    time.sleep(0.002)
+"""
+
+
+@contextlib.contextmanager
+def cluster_with_a_live_run(tmp: Path) -> Iterator[str]:
+    """`metricbus up --no-dashboard` with a run logging into it: yields its broker's address
+    once its five consumer groups have members and commits."""
+    from metricbus.ops._lag import LagProbe
+    from metricbus.schemas import Settings
+
+    port = free_port()
+    home = str(tmp / "stack")
+    env = {**os.environ, "METRICBUS_DATA_DIR": home, "METRICBUS_RUNTIME_DIR": home}
+    env.pop("METRICBUS_BOOTSTRAP", None)
+    env["METRICBUS_QUIET"] = "1"
+    up = subprocess.Popen(
+        [sys.executable, "-m", "metricbus", "up", "--no-dashboard", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    bootstrap = f"127.0.0.1:{port}"
+    run = None
+    try:
+        probe = LagProbe(Settings(bootstrap=bootstrap))
+        deadline = time.monotonic() + 180
+        while True:
+            if up.poll() is not None:
+                raise RuntimeError(f"metricbus up exited {up.returncode}")
+            if run is None:
+                try:
+                    groups = probe.groups()
+                except Exception:  # noqa: BLE001 - the broker is not up yet
+                    groups = []
+                if groups:
+                    run = subprocess.Popen(
+                        [sys.executable, "-c", LIVE_RUN], env={**env, "METRICBUS_BOOTSTRAP": bootstrap}
+                    )
+            else:
+                samples = probe.sample()
+                ready = [s for s in samples.values() if s.members and s.partitions]
+                if len(ready) >= 5:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the stack's five groups did not all join and commit within 180 s")
+            time.sleep(1.0)
+        probe.close()
+        yield bootstrap
+    finally:
+        for proc in (run, up):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(60)
+
+
+def status_against_a_cluster(tmp: Path) -> None:
+    with cluster_with_a_live_run(tmp) as bootstrap:
+        elsewhere = tmp / "elsewhere"  # no stack file, no dashboard: only the broker's address
+        elsewhere.mkdir()
+        env = {
+            **os.environ,
+            "METRICBUS_BOOTSTRAP": bootstrap,
+            "METRICBUS_DATA_DIR": str(elsewhere),
+            "METRICBUS_RUNTIME_DIR": str(elsewhere),
+        }
+        ours, peer = [], []
+        for _ in range(REPEATS):  # interleaved: the same load on both
+            ours.append(timed([sys.executable, "-m", "metricbus", "status"], env, check=False))
+            peer.append(timed([sys.executable, "-c", ADMIN_PEER, bootstrap], env))
+    for name, times in (
+        ("metricbus status, no local stack", ours),
+        ("admin client: kafka-consumer-groups' round", peer),
+    ):
+        times = sorted(times)
+        print(f"  {name:<46}{statistics.median(times):>16.2f}   {', '.join(f'{x:.2f}' for x in times)}")
+    ratio = statistics.median(ours) / statistics.median(peer)
+    print(f"  ratio of the medians: {ratio:.2f}x (five groups, a live run)")
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp)
@@ -181,6 +301,7 @@ def main() -> None:
         )
         name = "metricbus status, a stack running"
         print(f"  {name:<46}{statistics.median(asked):>16.2f}   {', '.join(f'{x:.2f}' for x in asked)}")
+        status_against_a_cluster(data_dir)
 
 
 if __name__ == "__main__":

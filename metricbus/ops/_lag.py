@@ -202,6 +202,10 @@ class LagProbe:
             )
         return self._admin, self._consumer
 
+    def reader(self) -> Any:
+        """The probe's topic reader (no group; closed by :meth:`close`), for others to read with."""
+        return self._clients()[1]
+
     def close(self) -> None:
         for client in (self._consumer, self._admin):
             if client is not None:
@@ -260,13 +264,19 @@ class LagProbe:
         topics = sorted({t for offsets in committed.values() for t, _ in offsets})
         tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
         starts = consumer.beginning_offsets(tps) if tps else {}
+        # a group's partitions: every partition of each topic it committed on (one it has not
+        # committed on yet waits from the start), and none of the topics only others read
         positions = {
-            group: {tp: mine.get((tp.topic, tp.partition), starts.get(tp, 0)) for tp in tps}
+            group: {
+                tp: mine.get((tp.topic, tp.partition), starts.get(tp, 0))
+                for tp in tps
+                if tp.topic in {t for t, _ in mine}
+            }
             for group, mine in committed.items()
             if mine
         }
         # a Fetch at every distinct position of each partition: a round per layer of them
-        wanted = {tp: sorted({pos[tp] for pos in positions.values()}) for tp in tps}
+        wanted = {tp: sorted({pos[tp] for pos in positions.values() if tp in pos}) for tp in tps}
         ends: dict[Any, int] = {}
         oldest: dict[tuple[Any, int], int] = {}
         for layer in range(max((len(v) for v in wanted.values()), default=0)):

@@ -47,14 +47,18 @@ class StatusWatch:
         self.probe.close()
 
 
-def dead_letters(settings: Settings, timeout_s: float = 5.0) -> dict[str, Any]:
-    """Count of the dead-letter topic, and the top reasons and consumers of its last records."""
+def dead_letters(settings: Settings, timeout_s: float = 5.0, reader: Any = None) -> dict[str, Any]:
+    """Count of the dead-letter topic, and the top reasons and consumers of its last records.
+
+    ``reader``: a connected topic reader to read with (a lag probe's: ``status`` connects
+    once), left open; else one of its own, closed here.
+    """
     from kafka import TopicPartition
     from kafka.errors import KafkaError
 
     topic = settings.topics.deadletter
     try:
-        consumer = topic_reader(
+        consumer = reader or topic_reader(
             settings, "metricbus-status", request_timeout_ms=max(6000, int(timeout_s * 1000))
         )
     except (KafkaError, OSError) as exc:
@@ -111,7 +115,8 @@ def dead_letters(settings: Settings, timeout_s: float = 5.0) -> dict[str, Any]:
     except (KafkaError, OSError) as exc:
         return {"count": None, "error": str(exc), "reasons": [], "consumers": {}}
     finally:
-        consumer.close()
+        if reader is None:
+            consumer.close()
 
 
 def _reason_kind(reason: str) -> str:
@@ -275,7 +280,7 @@ def collect(
             groups = watch.sample()
         # after the commits just read: a consumer commits past a record only once its dead
         # letter is acknowledged, so every dead letter of what the groups show as read is counted
-        deadletters = dead_letters(settings)
+        deadletters = dead_letters(settings, reader=watch.probe.reader())
         mark_failing(groups, sink_failures(settings))
     finally:
         watch.close()

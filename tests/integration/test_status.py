@@ -8,6 +8,8 @@ import subprocess
 import time
 
 import pytest
+from kafka import KafkaConsumer, TopicPartition
+from kafka.structs import OffsetAndMetadata
 
 from metricbus.producers import Run
 from metricbus.schemas import client_options
@@ -180,6 +182,15 @@ def test_status_with_no_stack_samples_in_one_round_and_joins_or_creates_no_consu
             if not g["group_id"].startswith("t") or g["group_id"].startswith(ours)
         )
 
+    # a group that reads only the alerts topic (caught up there): the events waiting for the
+    # sink are not its lag
+    alerts_only = f"{ours}only.alerts"
+    admin_offsets = {TopicPartition(settings.topics.alerts, 0): OffsetAndMetadata(0, "", -1)}
+    committer = KafkaConsumer(group_id=alerts_only, enable_auto_commit=False, **client_options(settings))
+    try:
+        committer.commit(admin_offsets)
+    finally:
+        committer.close()
     try:
         wait_status(settings, f"{ours}sink.parquet", "OK", 60.0, "--window", "0")  # the sink's group is up
         before = groups()
@@ -189,4 +200,7 @@ def test_status_with_no_stack_samples_in_one_round_and_joins_or_creates_no_consu
         admin.close()
     assert before == after  # status created or joined no group
     assert rc == 0 and all(g["status"] != "STOP" for g in snap["groups"])
+    only = group(snap, alerts_only)
+    assert {p["topic"] for p in only["partitions"]} == {settings.topics.alerts}, only
+    assert only["lag"] == 0 and only["status"] == "OK", only
     assert run.finish(timeout=20)
