@@ -499,7 +499,7 @@ def zscore_cell(args: tuple[str, int, int]) -> tuple[str, int, int, int]:
     fired = 0
     for i in range(count):
         rng = np.random.default_rng(zlib.crc32(f"{family}/{n}/{i}".encode()))
-        alerts = feed(AlertEngine(rules), {"r": ("@reward", noise(family, rng, n))}, n)
+        alerts = feed(AlertEngine(rules), {"r": ("@reward", np.arange(n), noise(family, rng, n))}, n)
         fired += any(a["state"] == "firing" for a in alerts)
     return family, n, fired, count
 
