@@ -95,6 +95,9 @@ def test_broker_down_spools_then_delivers_everything_once_when_back(settings, ca
         for i in range(300):
             run.log({"x": i}, step=i)
         wait_for(lambda: run._publisher.events_spooled == 301)  # RunStarted and the 300
+        # the sender's tries come on its own thread, after the spooler's: said at the first,
+        # and not again at the next
+        wait_for(lambda: run._publisher._failures >= 2)
     assert run.spool_path.stat().st_size > 0
     assert sum("unreachable" in r.getMessage() for r in caplog.records) == 1  # said once
     fake.down = False
