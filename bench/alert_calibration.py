@@ -425,7 +425,7 @@ DEFECTS = (
     Defect("stalls below its 0.7 target", "epoch_reward_below_target", stalls_below_target, "epochs"),
     Defect("reward noise triples", "epoch_reward_unstable", noisier, "epochs"),
     Defect("a rank falls behind", "straggler_rank", straggler),
-    Defect("memory above 90 % (logged every 10 steps)", "memory_pressure", memory_pressure),
+    Defect("memory above 90 % (every 10 steps)", "memory_pressure", memory_pressure),
 )
 
 
@@ -470,7 +470,7 @@ def part3(pool: ProcessPoolExecutor) -> None:
         else:
             found.setdefault((index, family), []).append(delay)
         early[index] = early.get(index, 0) + was_early
-    print(f"   {'defect':<30}{'rule':<28}" + "".join(f"{f:>22}" for f in NOISES))
+    print(f"   {'defect':<36}{'rule':<28}" + "".join(f"{f:>22}" for f in NOISES))
     for i, d in enumerate(DEFECTS):
         row = ""
         for f in NOISES:
@@ -482,7 +482,7 @@ def part3(pool: ProcessPoolExecutor) -> None:
             p95 = delays[min(k - 1, math.ceil(0.95 * k) - 1)]
             row += f"{f'{k}/{count} {statistics.median(delays):.0f}/{p95:.0f}/{delays[-1]:.0f}':>22}"
         note = f"  ({early[i]} fired before the defect)" if early.get(i) else ""
-        print(f"   {d.name:<30}{d.rule:<28}{row}  {d.unit}{note}")
+        print(f"   {d.name:<36}{d.rule:<28}{row}  {d.unit}{note}")
 
 
 # -- part 4: the z-score rule, for comparison ----------------------------------------------
