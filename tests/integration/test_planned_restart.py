@@ -117,8 +117,10 @@ def test_what_the_old_broker_acknowledges_once_the_restart_began_is_held_and_sen
 
 
 def test_a_run_that_stops_while_the_broker_restarts_leaves_what_was_not_confirmed_in_its_spool(stack):
-    run = Run("stopped", settings=stack.settings, system_metrics=False)
+    # marked before the run connects: a producer connected before the marker goes on sending to
+    # the old broker, which the restart carries over
     mark_broker_restarting(stack.settings)
+    run = Run("stopped", settings=stack.settings, system_metrics=False)
     for step in range(30):
         run.log({"Train/Loss": 3.0}, step=step)
     assert not run.finish(timeout=2)  # nothing is sent to a broker that is restarting

@@ -53,29 +53,24 @@ def test_a_process_given_a_metrics_port_serves_its_counters(tmp_path):
     import socket
     import subprocess
     import sys
-    import time
     import urllib.request
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # the child says when its counter holds 7: the server answers from the constructor on, and
+    # a request before the update reads 0
     code = (
         "import time; from schemas import LoopMetrics; m = LoopMetrics('consumer', 'g1');"
-        "m.update({'written': 7}); time.sleep(30)"
+        "m.update({'written': 7}); print('updated', flush=True); time.sleep(30)"
     )
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     env.update(METRICBUS_METRICS_PORT=str(port), METRICBUS_METRICS_ADDR="127.0.0.1")
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as r:
-                    body = r.read().decode()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None
-                time.sleep(0.2)
+        assert proc.stdout is not None and proc.stdout.readline() == "updated\n"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
+            body = r.read().decode()
         assert 'metricbus_consumer_written_total{group="g1"} 7.0' in body
     finally:
         proc.kill()
