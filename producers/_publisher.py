@@ -27,7 +27,15 @@ from collections.abc import Callable, Iterator
 from itertools import repeat, starmap
 from typing import Any
 
-from metricbus.schemas import MAX_RECORD_BYTES, Codec, EncodeError, ScalarRows, encode_fitting
+from metricbus.schemas import (
+    MAX_RECORD_BYTES,
+    SIGNATURE_BYTES,
+    Codec,
+    EncodeError,
+    ScalarRows,
+    Signer,
+    encode_fitting,
+)
 
 from ._spool import Spool
 from ._transport import BrokerRestarting, Transport, TransportError
@@ -96,6 +104,7 @@ class Publisher:
         retain_s: float = 60.0,
         retain_bytes: int = 64 * 1024 * 1024,
         describe_target: Callable[[], str] = lambda: "Kafka",
+        signer: Signer | None = None,
     ) -> None:
         self.run_id = run_id
         self.producer_id = producer_id
@@ -116,6 +125,9 @@ class Publisher:
         #: bench/sustained.py).
         self.max_batch_events = max_batch_events
         self.max_queue = max_queue
+        #: signs each record when the project sets a key (``Settings.signing_key``); the
+        #: signature counts against ``max_record_bytes``
+        self.signer = signer or Signer(None)
         self.max_record_bytes = max_record_bytes
         self.max_block_s = max_block_s
         #: Acknowledged records kept in memory for ``retain_s`` (at most ``retain_bytes``) and
@@ -468,16 +480,18 @@ class Publisher:
         an event that cannot be encoded, or is too large for any record, is dropped with an
         error naming it (counted in ``lost_events``).
         """
-        return encode_fitting(
+        signer = self.signer
+        records = encode_fitting(
             self.codec,
             self.run_id,
             self.producer_id,
             events,
-            self.max_record_bytes,
+            self.max_record_bytes - (SIGNATURE_BYTES if signer.active else 0),
             self._rejected,
             self.sdk_version,
             self.columnar,
         )
+        return [signer.sign(r) for r in records] if signer.active else records
 
     def _rejected(self, event: Event, why: EncodeError | int) -> None:
         self.lost_events += 1

@@ -162,6 +162,7 @@ class Run:
             max_queue=max_queue,
             linger_s=linger_s,
             max_block_s=max_block_s,
+            signer=settings.signer,
         )
         self._split = self._gate.split
         self._fast = not strict  # strict: every value checked in the caller, to raise there

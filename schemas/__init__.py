@@ -25,6 +25,7 @@ from ._errors import (
     ConfigError,
     EncodeError,
     ForgedRepeatError,
+    ForgedSignatureError,
     InvalidNameError,
     MetricbusError,
     MetricValueError,
@@ -98,6 +99,7 @@ from ._media import (
 )
 from ._names import FALLBACK_PROJECT, UNKNOWN_PROJECT, check_run_id, checked_ids, path_segment, printable
 from ._registry import SCHEMA_DIR, SchemaVersion, load_versions
+from ._signing import SIGNATURE_BYTES, Signer
 from ._settings import Groups, Settings, Topics
 from ._stack_file import StackInfo, announce, running_stack, this_process, withdraw
 from ._telemetry import LoopMetrics, count_restart, multiprocess_dir
@@ -128,6 +130,8 @@ __all__ = [
     "RUN_FINISHED",
     "RUN_STARTED",
     "SCHEMA_DIR",
+    "SIGNATURE_BYTES",
+    "Signer",
     "TABLE",
     "CONFIG_UPDATE",
     "ALERT",
@@ -153,6 +157,7 @@ __all__ = [
     "SeqSet",
     "EncodeError",
     "ForgedRepeatError",
+    "ForgedSignatureError",
     "InvalidNameError",
     "MetricValueError",
     "MetricbusError",

@@ -21,6 +21,7 @@ from ._errors import (
     UnknownSchemaError,
 )
 from ._registry import SCHEMA_DIR, SchemaVersion, load_versions
+from ._signing import inner
 
 MAGIC = b"\xc3\x01"
 HEADER_SIZE = 10
@@ -70,8 +71,11 @@ class Codec:
         """Return ``(schema name, datum)``, the datum shaped by the newest reader schema.
 
         Union branches of records come back as ``(full record name, dict)`` tuples.
+        A signed record (``_signing``) is read as its inner record: checking the signature is
+        the consumers' (``Signer.check``), before they decode.
         Raises BadMagicError, UnknownSchemaError or TruncatedRecordError.
         """
+        data = inner(data)
         if len(data) < HEADER_SIZE:
             raise TruncatedRecordError(
                 f"record is {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header"

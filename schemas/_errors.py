@@ -6,6 +6,8 @@
     ├── ConfigError                 a setting, flag or argument is wrong (the message names it and the fix)
     │   └── InvalidNameError        a run id / project name that cannot be used as a path or key
     ├── SchemaError                 bytes or values that do not fit the event contract
+    │   ├── ForgedRepeatError       a record repeating taken events with other bytes
+    │   ├── ForgedSignatureError    an events record without the project's HMAC (signing key set)
     │   ├── EncodeError             a value of the wrong type for its schema field
     │   ├── BadMagicError           not Avro single-object encoding (no C3 01 marker)
     │   ├── UnknownSchemaError      a writer fingerprint that no schema version in schemas/ has
@@ -44,6 +46,10 @@ class ForgedRepeatError(SchemaError):
     repeat: it is forged (someone else writing as that producer) or corrupted. Dead-lettered;
     what was taken first stays.
     """
+
+
+class ForgedSignatureError(SchemaError):
+    """An events record without a valid HMAC where the project signs its records (``_signing``)."""
 
 
 class EncodeError(SchemaError):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
+from ._signing import Signer
 from ._stack_file import StackInfo, running_stack
 
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -165,6 +166,10 @@ class Settings:
     #: With SSL client authentication: this client's certificate and key.
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    #: A secret shared by the project's training jobs and consumers: producers sign each events
+    #: record with an HMAC-SHA256 under it, and the stream worker, the sinks and the dashboard
+    #: refuse (dead-letter) any record without a matching one (never printed nor logged).
+    signing_key: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.security_protocol not in _PROTOCOLS:
@@ -239,6 +244,11 @@ class Settings:
             if value is not None:
                 out[f"METRICBUS_{field.name.upper()}"] = str(int(value) if isinstance(value, bool) else value)
         return out
+
+    @property
+    def signer(self) -> Signer:
+        """Signs and checks events records with ``signing_key`` (does neither without one)."""
+        return Signer(self.signing_key)
 
     @property
     def compression_type(self) -> str | None:

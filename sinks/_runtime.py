@@ -26,6 +26,7 @@ from metricbus.schemas import (
     Codec,
     Deduper,
     Event,
+    ForgedSignatureError,
     Interval,
     LoopMetrics,
     RecordDigests,
@@ -611,6 +612,8 @@ class SinkRunner(ConsumerLoop):
         self.codec = codec or default_codec()
         self.feeder = Feeder(sink, self.codec)
         self.digests = RecordDigests()  #: a record repeated with other bytes is forged: dead-lettered
+        self.signer = settings.signer  #: with a signing key, an events record without its HMAC is forged
+        self._badly_signed = 0
         #: derived records of runs whose logged events (RunStarted first) this sink has not seen
         #: yet: they come from another topic and can overtake them; written once the run is
         #: known, and their partition is not committed past them meanwhile
@@ -668,10 +671,12 @@ class SinkRunner(ConsumerLoop):
                 if record.topic == self.settings.topics.alerts:
                     alerts.append((record, self._alert_event(record.value)))
                     continue
+                self.signer.check(record.value)
                 events, columns = decode_record(self.codec, record.value)
                 self.digests.check(record.value, record_span(events, columns))  # a forged repeat
             except SchemaError as exc:
-                self.stats.forged = self.digests.forged
+                self._badly_signed += isinstance(exc, ForgedSignatureError)
+                self.stats.forged = self.digests.forged + self._badly_signed
                 await self._deadletter(record.value, record.key, f"{type(exc).__name__}: {exc}", record)
                 continue
             if columns is not None and self.sink.columnar and feeder.fresh_columns(columns):

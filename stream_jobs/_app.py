@@ -19,6 +19,7 @@ from metricbus.schemas import (
     LoopMetrics,
     RecordDigests,
     SchemaError,
+    ForgedSignatureError,
     Settings,
     dead_letter,
     decode_record,
@@ -141,6 +142,8 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
     app.partition_state = state  # type: ignore[attr-defined]  # for tests and status
     unacked: set[Any] = set()  # outputs not yet acknowledged by the broker
     digests = RecordDigests()  # a record repeated with other bytes is forged: not a repeat
+    signer = settings.signer  # with a signing key, a record without its HMAC is forged
+    badly_signed = 0
     _patch_fetch_wait()
     app.fetch_max_wait_ms = settings.worker_fetch_max_wait_ms  # type: ignore[attr-defined]
     events = app.topic(topics.events, value_serializer="raw", key_serializer="raw")
@@ -200,12 +203,15 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
 
     @app.agent(events)
     async def derive(stream: Any) -> None:
+        nonlocal badly_signed
         async for event in stream.events():
             try:
+                signer.check(event.value)
                 batch, columns = decode_record(codec, event.value)
                 digests.check(event.value, record_span(batch, columns))  # a forged repeat: buried
             except SchemaError as exc:
-                counts["forged"] = digests.forged
+                badly_signed += isinstance(exc, ForgedSignatureError)
+                counts["forged"] = digests.forged + badly_signed
                 await bury(event, exc)
             else:
                 message = event.message

@@ -63,7 +63,7 @@ async def _replay(
     """Feed the records of each partition p in ``[todo[p][0], todo[p][1])`` to ``processor``."""
     from aiokafka import TopicPartition
 
-    codec = default_codec()
+    codec, signer = default_codec(), settings.signer
     consumer = make_consumer(settings, client_id="metricbus-stream-rebuild")
     try:  # started inside: one that cannot reach the broker is stopped too
         await consumer.start()
@@ -84,6 +84,7 @@ async def _replay(
                         break
                     replayed += 1
                     try:
+                        signer.check(record.value)
                         processor.process_record(*decode_record(codec, record.value))
                     except SchemaError:
                         pass  # dead-lettered when it was first consumed

@@ -228,6 +228,7 @@ class RunBoard:
         #: read only the last ``tail`` records of each partition (``status`` on a long topic)
         self.tail = tail
         self.codec = default_codec()
+        self.signer = settings.signer  #: with a signing key, an events record without its HMAC is skipped
         self.runs: collections.OrderedDict[str, RunView] = collections.OrderedDict()
         self.lock = threading.Lock()
         self.skipped = 0  #: records that could not be read (the sinks dead-letter them)
@@ -257,6 +258,8 @@ class RunBoard:
             return
         t = self.settings.topics
         try:
+            if topic == t.events:
+                self.signer.check(value)
             if topic == t.events and self.light:
                 events, columns = decode_record(self.codec, value)
                 if columns is not None and not events:

@@ -29,12 +29,14 @@ def events_from_kafka(settings: Settings, run_id: str) -> list[Any]:
     from metricbus.schemas import Deduper, SchemaError, decode_aggregates, decode_events, read_topic
 
     codec, logged, derived = default_codec(), Deduper(), Deduper()
+    signer = settings.signer
     key = run_id.encode()
     out: list[Any] = []
     skipped = 0
     for record in read_topic(settings, settings.topics.events):
         if record.key == key:
             try:
+                signer.check(record.value)
                 events = decode_events(codec, record.value)
             except SchemaError:  # the live consumers dead-lettered it; a replay skips it, and says so
                 skipped += 1
@@ -105,10 +107,10 @@ def replay_to_kafka(settings: Settings, target: Settings, runs: Iterable[str]) -
     an archived event that does not encode again is left out with an error naming it.
     """
     from metricbus.producers import KafkaTransport
-    from metricbus.schemas import MAX_RECORD_BYTES, encode_fitting
+    from metricbus.schemas import MAX_RECORD_BYTES, SIGNATURE_BYTES, encode_fitting
     from metricbus.sinks import iter_events
 
-    codec = default_codec()
+    codec, signer = default_codec(), target.signer  # signed under the target's key, if it has one
     transport = KafkaTransport(target, send_timeout_s=30.0)
     total = 0
 
@@ -128,9 +130,9 @@ def replay_to_kafka(settings: Settings, target: Settings, runs: Iterable[str]) -
                     for start in range(0, len(evs), 500):
                         batch = [(e.seq, e.ts_ms, e.kind, e.body) for e in evs[start : start + 500]]
                         records = encode_fitting(
-                            codec, run_id, producer_id, batch, MAX_RECORD_BYTES, rejected
+                            codec, run_id, producer_id, batch, MAX_RECORD_BYTES - SIGNATURE_BYTES, rejected
                         )
-                        transport.send(run_id.encode(), records)
+                        transport.send(run_id.encode(), [signer.sign(r) for r in records])
                 total += len(events)
     finally:
         transport.close()
