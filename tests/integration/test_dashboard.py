@@ -276,9 +276,11 @@ def test_with_kafka_down_the_pipeline_page_says_so_at_once_and_shows_the_waiting
     assert text.count("run board:") == 1, text
 
 
-def archive_earlier_run(archive, run_id: str, name: str, steps: int = 40, nan_at: int | None = None) -> None:
+def archive_earlier_run(
+    archive, run_id: str, name: str, steps: int = 40, nan_at: int | None = None, scale: float = 1.0
+) -> None:
     """A run an earlier stack archived: logged and derived rows, none of it on today's topics;
-    its loss NaN at step ``nan_at``."""
+    its loss ``scale / (step + 1)``, NaN at step ``nan_at``."""
     from metricbus.schemas import (
         DERIVED_PRODUCER,
         METRICS,
@@ -304,7 +306,7 @@ def archive_earlier_run(archive, run_id: str, name: str, steps: int = 40, nan_at
             i + 1,
             1_700_000_001_000 + i,
             METRICS,
-            {**body, "step": i, "scalars": {"Train/Loss": float("nan") if i == nan_at else 1 / (i + 1)}},
+            {**body, "step": i, "scalars": {"Train/Loss": float("nan") if i == nan_at else scale / (i + 1)}},
             fp,
         )
         for i in range(steps)
@@ -405,6 +407,36 @@ def test_runs_of_an_earlier_stack_are_listed_and_drawn_from_the_archive(settings
         page.screenshot(path=str(tmp_path / "alerts-after-restart.png"), full_page=False)
         page.goto(f"{dashboard}/runs/not-a-run-anywhere")
         expect(page.get_by_role("link", name="All runs")).to_be_visible()
+        browser.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: `make test` installs it")
+def test_two_runs_ticked_on_the_runs_page_are_overlaid_on_one_chart(settings, dashboard, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    ids = {"20261101-000000-overlay1": 1.0, "20261101-000000-overlay2": 2.0}
+    for run_id, scale in ids.items():
+        archive_earlier_run(settings.archive_dir, run_id, f"loss-x{scale:g}", scale=scale)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(f"{dashboard}/")
+        for run_id in ids:
+            tick = page.locator(f'#runs input[data-run="{run_id}"]')
+            expect(tick).to_be_visible(timeout=60_000)
+            tick.check()
+        expect(page.locator("#overlay")).not_to_have_class(re.compile("disabled"))
+        page.locator("#overlay").click()
+        page.wait_for_url("**/experiments#*")
+        page.locator("#metric").select_option("Train/Loss")
+        chart = page.locator("#group-chart")
+        expect(chart).to_have_attribute("data-groups", "2", timeout=30_000)
+        drawn = page.evaluate("window.mbExperiment")
+        lines = {tuple(b["runs"]): b["mean"] for b in drawn["bands"]}
+        assert set(lines) == {(run_id,) for run_id in ids}
+        for run_id, scale in ids.items():  # each run's own archived values, one line each
+            assert lines[(run_id,)] == pytest.approx([scale / (i + 1) for i in range(40)])
+        page.screenshot(path=str(tmp_path / "runs-overlaid.png"), full_page=False)
         browser.close()
 
 
