@@ -99,8 +99,8 @@ from ._media import (
 )
 from ._names import FALLBACK_PROJECT, UNKNOWN_PROJECT, check_run_id, checked_ids, path_segment, printable
 from ._registry import SCHEMA_DIR, SchemaVersion, load_versions
-from ._signing import SIGNATURE_BYTES, Signer
 from ._settings import Groups, Settings, Topics
+from ._signing import SIGNATURE_BYTES, Signer
 from ._stack_file import StackInfo, announce, running_stack, this_process, withdraw
 from ._telemetry import LoopMetrics, count_restart, multiprocess_dir
 

@@ -280,6 +280,7 @@ def make_producer(settings: Settings, client_id: str = "metricbus", **overrides:
     opts.update(overrides)
     return AIOKafkaProducer(**opts)
 
+
 def unreachable(settings: Settings, timeout_s: float = 2.0) -> list[str]:
     """Each bootstrap server with why it refused a TCP connection; empty once one accepts.
 

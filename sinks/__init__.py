@@ -4,8 +4,9 @@ from ._archive import SCHEMA as ARCHIVE_SCHEMA
 from ._archive import iter_events, read_events, read_table, run_dir, run_extent, run_projects, summary, tidy
 from ._factory import KINDS as SINK_KINDS
 from ._factory import make_sink
+from ._loop import SinkStats
 from ._protocol import Sink
-from ._runtime import Feeder, SinkRunner, SinkStats
+from ._runtime import Feeder, SinkRunner
 from .parquet import ParquetArchive
 from .tensorboard import TensorBoardSink
 

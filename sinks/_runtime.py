@@ -13,7 +13,7 @@ not yet durable.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -28,40 +28,25 @@ from metricbus.schemas import (
     Event,
     ForgedSignatureError,
     Interval,
-    LoopMetrics,
     RecordDigests,
     ScalarColumns,
     SchemaError,
     SeqSet,
     Settings,
-    alive_stamp,
     all_events,
-    dead_letter,
     decode_aggregates,
     decode_alert,
     decode_record,
     default_codec,
     encode_event,
-    make_consumer,
-    make_producer,
     record_span,
 )
 
+from ._loop import ConsumerLoop
 from ._protocol import Sink, Unavailable
 
 log = logging.getLogger("metricbus.sink")
 
-#: A poll's records are processed in slices of about this many bytes of record values
-#: (~20,000 ten-scalar events), each slice committable once processed. A poll of a consumer far
-#: behind returns tens of MB of records; processed as one batch, every decoded event was in
-#: memory at once, and the W&B sink (~0.3 ms an event in wandb's own log()) spent minutes on it,
-#: past `metricbus up`'s 30 s to stop, so a planned restart killed it (6 of 7 in a soak) and it
-#: started over from its last commit. Measured on a backlog (/tmp harness, one run each): the
-#: W&B sink 537 MB resident -> 189, a SIGTERM heard in 30.5 s -> 2.9; the Parquet sink on 1M
-#: events 2,875 MB -> 464.
-SLICE_BYTES = 2 * 1024 * 1024
-#: How often a consumer commits an alive stamp (``schemas.alive_stamp``), read or not
-ALIVE_EVERY_S = 5.0
 
 #: How often a sink looks for held records of runs the events topic never showed (seconds).
 LET_GO_CHECK_S = 1.0
@@ -77,23 +62,6 @@ MAX_HELD_RECORDS = 10_000
 #: then) and asked of the sink again on its next event.
 RUNS_KNOWN = 4096
 KNOWN_IDLE_COMMITS = 30
-
-
-@dataclasses.dataclass
-class SinkStats:
-    """Counters of one sink process."""
-
-    records: int = 0
-    events: int = 0
-    written: int = 0
-    duplicates: int = 0
-    deadlettered: int = 0
-    forged: int = 0  #: records repeating taken events with other bytes (dead-lettered too)
-    rejected: int = 0
-    flushes: int = 0
-    flush_failures: int = 0
-    commits: int = 0
-    unavailable: int = 0  #: times the destination could take nothing (see ``Unavailable``)
 
 
 class Feeder:
@@ -264,323 +232,6 @@ def _first_missing(intervals: Sequence[Interval]) -> int:
     return merged[0][1] + 1 if merged and merged[0][0] <= 0 else 0
 
 
-class Interrupted(Exception):  # noqa: N818 - an outcome, not a failure
-    """Raised by ``_process`` when the loop stops mid-slice: the slice is not taken.
-
-    Nothing of it is committed, so the next process reads it again (what was already done
-    is dropped by its identity).
-    """
-
-
-class ConsumerLoop:
-    """One consumer group's loop: poll, process, flush, then commit; dead letters; clean stop.
-
-    Subclasses say what a batch of records means (:meth:`_process`) and how to make it
-    durable (:meth:`flush`); the loop never commits an offset before that flush returned.
-    """
-
-    def __init__(
-        self,
-        settings: Settings,
-        topics: list[str],
-        group_id: str,
-        name: str,
-        *,
-        flush_interval_s: float = 2.0,
-    ) -> None:
-        self.settings = settings
-        self.topics = topics
-        self.group_id = group_id
-        self.name = name
-        self.flush_interval_s = flush_interval_s
-        self.stats = SinkStats()
-        self.metrics = LoopMetrics("consumer", group_id)
-        self._stopping = asyncio.Event()
-        self._consumer: Any = None
-        self._producer: Any = None
-        self._uncommitted: dict[Any, int] = {}
-        self._committed: dict[Any, int] = {}  #: what this process last committed, per partition
-        self._last_flush = time.monotonic()
-        self._flush_lock = asyncio.Lock()
-        self._commit_lock = asyncio.Lock()  #: one commit at a time: alive stamps never go backwards
-        self._unavailable_backoff = 0.0  #: seconds to wait after the destination was unavailable
-
-    # -- what a subclass says -----------------------------------------------------------
-
-    def open(self) -> None:
-        """Before consuming."""
-
-    def close(self) -> None:
-        """After the last commit (also after a failure)."""
-
-    def pending(self) -> int:
-        """How much is taken but not yet durable (0: nothing to flush)."""
-        return 0
-
-    def flush(self) -> None:
-        """Make durable what :meth:`_process` took (runs in a thread)."""
-
-    def due(self) -> bool:
-        """Whether to flush and commit now."""
-        return bool(self._uncommitted) and time.monotonic() - self._last_flush >= self.flush_interval_s
-
-    async def _process(self, records: list[Any]) -> None:
-        raise NotImplementedError
-
-    def _after_commit(self) -> None:
-        """After each flush and commit."""
-
-    # -- the loop -----------------------------------------------------------------------
-
-    def stop(self) -> None:
-        """Ask the loop to flush, commit and return."""
-        self._stopping.set()
-
-    async def run(self) -> SinkStats:
-        """Consume until stop(); always flushes and commits what it took before returning."""
-        from aiokafka.abc import ConsumerRebalanceListener
-
-        loop = self
-
-        class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-            async def on_partitions_revoked(self, revoked: Any) -> None:
-                await loop._flush_and_commit()
-                loop._committed.clear()  # another member may commit them next
-                loop._released()
-
-            async def on_partitions_assigned(self, assigned: Any) -> None:
-                log.info("%s assigned %s", loop.name, sorted(str(tp) for tp in assigned))
-                await loop._commit_start(assigned)
-
-        self.open()
-        self._consumer = make_consumer(
-            self.settings, group_id=self.group_id, client_id=f"metricbus-{self.name}"
-        )
-        self._producer = make_producer(self.settings, client_id=f"metricbus-{self.name}-dlq")
-        try:
-            await self._consumer.start()
-            await self._producer.start()
-            await self._before_join()
-            if self._stopping.is_set():
-                return self.stats
-            self._consumer.subscribe(self.topics, listener=_Listener())
-            log.info("%s consuming %s as group %s", self.name, ", ".join(self.topics), self.group_id)
-            beating = asyncio.ensure_future(self._say_alive())
-            try:
-                while not self._stopping.is_set():
-                    batches = await self._consumer.getmany(timeout_ms=200, max_records=5000)
-                    await self._process_sliced([r for records in batches.values() for r in records])
-            finally:
-                beating.cancel()
-            await self._flush_and_commit()
-        finally:
-            self.close()
-            await self._consumer.stop()
-            await self._producer.stop()
-        return self.stats
-
-    async def _process_sliced(self, records: list[Any]) -> None:
-        """Process a poll's records a slice (:data:`SLICE_BYTES`) at a time; flush when due.
-
-        Each slice's offsets become committable once it is processed, and a stop asked for
-        meanwhile is heeded between slices: the rest of the poll is not committed, so the next
-        process reads it again.
-        """
-        from aiokafka import TopicPartition
-
-        start = 0
-        while start < len(records):
-            end, size = start, 0
-            while end < len(records) and (end == start or size < SLICE_BYTES):
-                size += len(records[end].value or b"")
-                end += 1
-            try:
-                await self._process(records[start:end])
-            except Interrupted as why:
-                log.info("%s: %s", self.name, why)
-                return
-            except Unavailable as why:
-                await self._wait_out(why)
-                return
-            if self._unavailable_backoff:
-                self._unavailable_backoff = 0.0
-                if self.metrics.failing(False):
-                    log.warning("%s: its destination writes again", self.name)
-            for record in records[start:end]:
-                self._uncommitted[TopicPartition(record.topic, record.partition)] = record.offset + 1
-            self._after_slice(records[start:end])
-            start = end
-            if self.due():
-                await self._flush_and_commit()
-            await asyncio.sleep(0)  # a stop (a signal handler on this loop) can be heard
-            if self._stopping.is_set():
-                return
-        if self.due():
-            await self._flush_and_commit()
-
-    def _after_slice(self, records: list[Any]) -> None:
-        """After a slice's offsets were marked committable (before any flush)."""
-
-    async def _wait_out(self, why: Unavailable) -> None:
-        """The destination cannot take anything now: commit what is durable, read the rest again.
-
-        Nothing is dead-lettered for it. What this process took since its last commit is
-        forgotten (as on a rebalance) and read again from the partitions' commits after a
-        backoff (1 s doubling to 30 s while it lasts), its identities dropping what the sink
-        had made durable meanwhile.
-        """
-        self.stats.unavailable += 1
-        self.metrics.failing(True)
-        self.metrics.update(dataclasses.asdict(self.stats))
-        backoff = self._unavailable_backoff = min(max(1.0, self._unavailable_backoff * 2), 30.0)
-        log.error("%s: %s; reading it again in %.0fs, nothing committed past it", self.name, why, backoff)
-        await self._flush_and_commit()
-        self._released()
-        assigned = list(self._consumer.assignment())
-        if assigned:
-            await self._consumer.seek_to_committed(*assigned)
-        try:
-            await asyncio.wait_for(self._stopping.wait(), backoff)
-        except asyncio.TimeoutError:
-            pass
-
-    def _commit_limits(self) -> dict[Any, int]:
-        """Per partition, an offset not to commit past yet (after a flush); none by default."""
-        return {}
-
-    async def _commit(self, offsets: dict[Any, int]) -> None:
-        """Commit ``offsets``, each with this moment as its metadata (``schemas.alive_stamp``)."""
-        from aiokafka.structs import OffsetAndMetadata
-
-        async with self._commit_lock:
-            stamp = alive_stamp()
-            await self._consumer.commit({tp: OffsetAndMetadata(o, stamp) for tp, o in offsets.items()})
-            self._committed.update(offsets)
-
-    async def _say_alive(self) -> None:
-        """Commit what was committed again, with a new alive stamp, every ALIVE_EVERY_S.
-
-        So ``status`` sees this consumer alive while it waits on a slow destination (the flush
-        runs on a thread: this loop is free meanwhile) or has nothing to read. Only partitions
-        it holds now; a commit refused (a rebalance) is tried again at the next beat.
-        """
-        while True:
-            await asyncio.sleep(ALIVE_EVERY_S)
-            held = set(self._consumer.assignment())
-            mine = {tp: o for tp, o in self._committed.items() if tp in held}
-            if not mine:
-                continue
-            try:
-                await self._commit(mine)
-            except Exception as exc:  # noqa: BLE001 - a missed beat: status sees it older, no more
-                log.debug("%s: alive stamp not committed (%s)", self.name, exc)
-
-    async def _before_join(self) -> None:
-        """Before the group is joined (its clients started): nothing by default."""
-
-    async def _commit_start(self, assigned: Any) -> None:
-        """Commit the log start of each assigned partition this group has no commit on.
-
-        Where the group reads from anyway (earliest). Until then the group was invisible to
-        `metricbus up`'s planned broker restart, which carries over what each group still needs
-        by its commits: a sink stopped before its first commit would lose what it had not read.
-        """
-        consumer = self._consumer
-        try:
-            fresh = [tp for tp in assigned if await consumer.committed(tp) is None]
-            if fresh:
-                starts = await consumer.beginning_offsets(fresh)
-                await self._commit({tp: starts[tp] for tp in fresh})
-        except Exception as exc:  # noqa: BLE001 - reading goes on; the next flush commits
-            log.warning("%s: cannot commit where its new partitions start (%s)", self.name, exc)
-
-    def _released(self) -> None:
-        """Partitions were revoked (after a flush and commit): forget what may have moved."""
-
-    async def _flush_and_commit(self) -> None:
-        # One at a time: a rebalance calls this from the consumer's own task (partitions
-        # revoked) while the loop may be awaiting a flush in its thread. Two flushes at once
-        # wrote the same buffer twice (duplicate rows in the archive after a broker restart).
-        async with self._flush_lock:
-            await self._flush_and_commit_locked()
-
-    async def _flush_and_commit_locked(self) -> None:
-        backoff = 0.5
-        while True:
-            try:
-                if self.pending():
-                    started = time.perf_counter()
-                    await asyncio.to_thread(self.flush)
-                    self.metrics.observe(time.perf_counter() - started)
-                    self.stats.flushes += 1
-                break
-            except Exception as exc:  # noqa: BLE001 - keep the consumer alive; nothing is committed
-                self.stats.flush_failures += 1
-                self.metrics.failing(True)
-                self.metrics.update(dataclasses.asdict(self.stats))  # a stuck sink says so meanwhile
-                log.error(
-                    "%s: flush failed (%s); retrying in %.1fs, nothing committed", self.name, exc, backoff
-                )
-                if self._stopping.is_set():
-                    return  # stopping: what was not flushed is re-delivered to the next process
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-        self._last_flush = time.monotonic()
-        if not self._unavailable_backoff and self.metrics.failing(False):
-            log.warning("%s: writes again; committing what it took", self.name)
-        limits = self._commit_limits()
-        offsets = {tp: min(offset, limits.get(tp, offset)) for tp, offset in self._uncommitted.items()}
-        # what may not be committed yet stays, for a later commit; what this process committed
-        # already is not committed again (a sink waiting on its destination flushes every interval)
-        self._uncommitted = {tp: o for tp, o in self._uncommitted.items() if o > offsets[tp]}
-        offsets = {tp: o for tp, o in offsets.items() if self._committed.get(tp) != o}
-        if offsets:
-            try:
-                await self._commit(offsets)
-                self.stats.commits += 1
-                self.metrics.stamp()
-            except Exception as exc:  # noqa: BLE001 - a lost commit only means harmless re-delivery
-                log.warning(
-                    "%s: commit failed (%s); records may be re-delivered and deduplicated", self.name, exc
-                )
-        self.metrics.update(dataclasses.asdict(self.stats))
-        self._after_commit()
-
-    async def _deadletter(self, value: bytes | None, key: bytes | None, reason: str, record: Any) -> None:
-        """Send what could not be taken to the dead-letter topic, with the reason."""
-        self.stats.deadlettered += 1
-        topic, partition, offset = (
-            (record.topic, record.partition, record.offset) if record else ("-", -1, -1)
-        )
-        where = f"{topic}[{partition}]@{offset}" if record else "an event"
-        log.error(
-            "%s: %s cannot be taken (%.300s); sent to %s",
-            self.name,
-            where,
-            reason,
-            self.settings.topics.deadletter,
-        )
-        letter = dead_letter(
-            value, key, reason, topic=topic, partition=partition, offset=offset, consumer=self.group_id
-        )
-        backoff = 0.5
-        while True:
-            try:
-                await self._producer.send_and_wait(
-                    self.settings.topics.deadletter,
-                    value=letter.value,
-                    key=letter.key,
-                    headers=letter.headers,
-                )
-                return
-            except Exception as send_exc:  # noqa: BLE001 - never commit past a record we did not keep
-                log.error("dead-letter send failed (%s); retrying in %.1fs", send_exc, backoff)
-                if self._stopping.is_set():
-                    raise
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-
-
 class SinkRunner(ConsumerLoop):
     """Runs one sink until :meth:`stop` (call it from the event loop, e.g. a signal handler)."""
 
@@ -656,6 +307,7 @@ class SinkRunner(ConsumerLoop):
         return self.sink.pending() >= self.max_pending_events or super().due()
 
     async def _process(self, records: list[Any]) -> None:
+        prepared_at = self._generation
         fresh: list[Event] = []
         fresh_columns: list[ScalarColumns] = []
         closing: list[str] = []
@@ -691,21 +343,31 @@ class SinkRunner(ConsumerLoop):
             if derived.closes_run:
                 closing.append(derived.run_id)
         self.stats.duplicates = feeder.duplicates
-        rejected = feeder.write(fresh)
-        for columns in fresh_columns:
-            rejected += feeder.write_columns(columns)
+
+        def write() -> list[tuple[Event, str]]:
+            rejected = feeder.write(fresh)
+            for columns in fresh_columns:
+                rejected += feeder.write_columns(columns)
+            return rejected
+
+        rejected = await self._owned_write(prepared_at, write)
         self.stats.written += len(fresh) + sum(len(c.seqs) for c in fresh_columns) - len(rejected)
         if rejected:
             for event, reason in rejected:
                 self.stats.rejected += 1
                 await self._deadletter(self._event_bytes(event), event.run_id.encode(), reason, None)
-        for run_id in closing:
+        if closing:
+            await self._owned_write(prepared_at, lambda: self._close_runs(closing))
+        if alerts or self._held_alerts:
+            await self._alerts(alerts, prepared_at)
+
+    def _close_runs(self, run_ids: list[str]) -> None:
+        """The sink's ``derived_complete`` of runs whose derived series are all in."""
+        for run_id in run_ids:
             try:
                 self.sink.derived_complete(run_id)
             except OSError as exc:  # its output cannot be closed now (a full disk): read it again later
                 raise Unavailable(f"run {run_id} cannot be closed ({exc})") from exc
-        if alerts or self._held_alerts:
-            await self._alerts(alerts)
 
     def _ready(self, held: dict[str, list[Any]], items: list[Any]) -> list[Any]:
         """Of ``items`` (record, something with a ``run_id``), those of runs the sink has seen.
@@ -726,14 +388,14 @@ class SinkRunner(ConsumerLoop):
                 held.setdefault(item.run_id, []).append((record, item))
         return ready
 
-    async def _alerts(self, alerts: list[tuple[Any, Event]]) -> None:
+    async def _alerts(self, alerts: list[tuple[Any, Event]], prepared_at: int) -> None:
         """Alerts of runs the sink has seen (the rest are held), once each; refused: dead letters."""
         feeder = self.feeder
         for record, event in self._ready(self._held_alerts, alerts):
             self.stats.events += 1
             if not feeder.fresh([event]):
                 continue
-            refused = feeder.write([event])
+            refused = await self._owned_write(prepared_at, functools.partial(feeder.write, [event]))
             for _, reason in refused:
                 self.stats.rejected += 1
                 await self._deadletter(record.value, record.key, reason, record)

@@ -35,7 +35,7 @@ from metricbus.schemas import (
     strict_json,
 )
 
-from ._runtime import ConsumerLoop, Interrupted
+from ._loop import ConsumerLoop, Interrupted
 from ._wandb_file import finish
 from ._wandb_run import init_run, raise_on_wandb, run_project, wandb_mode
 

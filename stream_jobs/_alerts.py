@@ -355,8 +355,13 @@ class AlertEngine:
 
 def _shift_params(rule: Rule) -> ShiftParams:
     return ShiftParams(
-        int(rule.block), int(rule.reference), int(rule.gap), float(rule.slack), float(rule.limit),
-        float(rule.floor), rule.direction,
+        int(rule.block),
+        int(rule.reference),
+        int(rule.gap),
+        float(rule.slack),
+        float(rule.limit),
+        float(rule.floor),
+        rule.direction,
     )
 
 

@@ -16,10 +16,10 @@ from typing import Any
 
 from metricbus.schemas import (
     MAX_RECORD_BYTES,
+    ForgedSignatureError,
     LoopMetrics,
     RecordDigests,
     SchemaError,
-    ForgedSignatureError,
     Settings,
     dead_letter,
     decode_record,

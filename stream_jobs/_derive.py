@@ -41,6 +41,7 @@ log = logging.getLogger("metricbus.stream")
 #: size of its largest per-step average (else the mean is near 0 and the ratio means nothing)
 CV_MIN_MEAN_SHARE = 0.1
 
+
 class Point(NamedTuple):
     """One derived value; becomes an Aggregate record.
 

@@ -30,7 +30,7 @@ def committed(settings: Settings) -> dict[str, list[PartitionLag]]:
     """Per group, its committed position and the end of each partition it committed on.
 
     A group with no commit is left out (consumers commit where their partitions start as soon
-    as they are assigned them: ``sinks._runtime.ConsumerLoop``). Raises RuntimeError when the
+    as they are assigned them: ``sinks._loop.ConsumerLoop``). Raises RuntimeError when the
     groups' offsets cannot be read (then nothing may be restarted).
     """
     probe = LagProbe(settings)

@@ -177,7 +177,7 @@ class _SlowArchive(ParquetArchive):
 
 
 def test_a_sink_far_behind_hears_a_stop_within_a_slice_and_the_next_process_writes_the_rest_once(settings):
-    from metricbus.sinks._runtime import SLICE_BYTES
+    from metricbus.sinks._loop import SLICE_BYTES
 
     run = Run("p", settings=settings, system_metrics=False)
     for step in range(100_000):  # ~9 MB of records, one poll's worth, ~5 slices

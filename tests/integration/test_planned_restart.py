@@ -22,7 +22,7 @@ from metricbus.schemas import (
     read_topic,
 )
 from metricbus.sinks import SinkRunner
-from metricbus.sinks._runtime import ConsumerLoop
+from metricbus.sinks._loop import ConsumerLoop
 from metricbus.stack import _restart as _carry
 from metricbus.stack._broker import port_open
 from metricbus.stack._supervisor import Stack

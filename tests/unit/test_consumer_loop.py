@@ -7,7 +7,7 @@ import time
 from prometheus_client import REGISTRY
 
 from metricbus.schemas import Settings, alive_at
-from metricbus.sinks._runtime import ConsumerLoop
+from metricbus.sinks._loop import ConsumerLoop
 
 
 class SlowLoop(ConsumerLoop):
@@ -94,7 +94,7 @@ class SlicingLoop(ConsumerLoop):
 def test_a_large_poll_is_processed_and_committed_a_slice_at_a_time():
     from aiokafka import TopicPartition
 
-    from metricbus.sinks._runtime import SLICE_BYTES
+    from metricbus.sinks._loop import SLICE_BYTES
 
     loop = SlicingLoop()
     loop._consumer = Consumer()
@@ -110,7 +110,7 @@ def test_a_large_poll_is_processed_and_committed_a_slice_at_a_time():
 def test_a_stop_between_slices_commits_what_was_processed_and_leaves_the_rest_to_be_read_again():
     from aiokafka import TopicPartition
 
-    from metricbus.sinks._runtime import SLICE_BYTES
+    from metricbus.sinks._loop import SLICE_BYTES
 
     loop = SlicingLoop(stop_after=2)
     loop._consumer = Consumer()
@@ -206,3 +206,75 @@ def test_no_record_is_committed_past_events_the_destination_has_not_confirmed():
     asyncio.run(runner._flush_and_commit())
     assert runner._consumer.commits[-1] == {tp0: 4, tp1: 2}
     assert runner._uncommitted == {}
+
+
+class WritingLoop(ConsumerLoop):
+    """Processes a slice as SinkRunner does: takes the records, may wait (a dead letter), writes."""
+
+    def __init__(self) -> None:
+        super().__init__(Settings(bootstrap="127.0.0.1:1"), ["t"], "g", "writing")
+        self.written: list[int] = []
+        self.released = 0
+        self.waiting = asyncio.Event()  #: set: the slice waits here before its write
+        self.resume = asyncio.Event()
+
+    def pending(self) -> int:
+        return 0
+
+    def _released(self) -> None:
+        self.released += 1
+
+    async def _process(self, records) -> None:  # type: ignore[no-untyped-def]
+        prepared_at = self._generation
+        if self.waiting.is_set():
+            await self.resume.wait()
+
+        def write() -> None:
+            time.sleep(0.5)  # a slow destination (wandb opening a run)
+            self.written.extend(r.offset for r in records)
+
+        await self._owned_write(prepared_at, write)
+
+
+def test_a_slow_write_runs_off_the_event_loop_so_the_consumer_goes_on_beating():
+    loop = WritingLoop()
+    loop._consumer = Consumer()
+    beats = 0
+
+    async def heartbeat() -> None:  # aiokafka's heartbeat is a task on this event loop
+        nonlocal beats
+        while True:
+            await asyncio.sleep(0.05)
+            beats += 1
+
+    async def main() -> None:
+        beating = asyncio.ensure_future(heartbeat())
+        await loop._process_sliced([Record(0, 0, 10)])
+        beating.cancel()
+
+    asyncio.run(main())
+    assert loop.written == [0]
+    assert beats >= 4  # 0.5 s of writing: about 10 beats, none while the loop is blocked
+
+
+def test_a_slice_taken_before_a_revocation_is_not_written_nor_committed_after_it():
+    from aiokafka import TopicPartition
+
+    loop = WritingLoop()
+    loop._consumer = Consumer()
+    tp = TopicPartition("t", 0)
+    loop._uncommitted = {tp: 3}  # taken earlier, not committed yet: the revocation commits it
+    loop.waiting.set()
+
+    async def main() -> None:
+        processing = asyncio.ensure_future(loop._process_sliced([Record(0, 3, 10)]))
+        await asyncio.sleep(0.1)  # the slice waits before its write
+        await loop._revoked({tp})  # a rebalance takes partition 0 away meanwhile
+        loop.resume.set()
+        await processing
+
+    asyncio.run(main())
+    assert loop.written == []  # the new owner writes offset 3
+    assert loop._consumer.commits == [{tp: 3}]  # what was taken before, committed at the revocation
+    assert loop._uncommitted == {}  # nothing of the moved partition left to commit later
+    assert loop.released == 2  # at the revocation, and again for what was marked since
