@@ -279,3 +279,79 @@ def test_two_tensorboard_sinks_one_killed_mid_run_show_every_step_once(wide, tmp
                 proc.wait(20)
         for out in logs.values():
             out.close()
+
+
+def test_two_wandb_sinks_one_killed_mid_run_log_every_step_once(wide, tmp_path):
+    """W&B opens a run in seconds: the sink's write must not cost its group session, and a run
+    that moves between the two instances is written by one at a time (W&B's own records read)."""
+    from tests.wandb_reader import read_run, run_files
+
+    ids = run_ids()
+    logdir = tmp_path / "wandb"
+    env = {**os.environ, **wide.to_env(), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    env.pop("WANDB_API_KEY", None)
+    args = ["sink", "wandb", "--logdir", str(logdir), "--flush-interval", "0.3"]
+    logs = {n: open(tmp_path / f"{n}.log", "wb") for n in ("b1", "b2")}
+    sinks = {
+        n: subprocess.Popen(cli(wide, *args), stdout=out, stderr=subprocess.STDOUT, env=env)
+        for n, out in logs.items()
+    }
+    runs = [Run("scale", run_id=r, settings=wide, system_metrics=False) for r in ids]
+
+    def assignments(name) -> int:
+        text = (tmp_path / f"{name}.log").read_text()
+        return sum("assigned" in line and f"'{wide.topics.events}'" in line for line in text.splitlines())
+
+    try:
+        deadline = time.monotonic() + 60
+        while not (assignments("b1") and assignments("b2")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(3.0)  # the rebalance that gave b2 its share ends for b1 too
+        before = {n: assignments(n) for n in sinks}
+        for step in range(STEPS):
+            for i, run in enumerate(runs):
+                run.log(values(i, step), step=step)
+            if step % 10 == 9:
+                for run in runs:
+                    assert run._publisher.flush(10)
+                time.sleep(1.0)
+            if step == 20:  # both wrote runs they opened meanwhile (seconds each): no rebalance
+                assert {n: assignments(n) for n in sinks} == before
+            if step == 40:
+                sinks["b1"].send_signal(signal.SIGKILL)
+                sinks["b1"].wait(10)
+        for run in runs:
+            assert run.finish(timeout=20)
+        steps: dict = {}
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            steps = {}
+            for r in ids:
+                try:
+                    history = (
+                        read_run(logdir, r, every_opening=True)["history"] if run_files(logdir, r) else []
+                    )
+                except (OSError, ValueError, EOFError):  # a file being written: read again
+                    continue
+                steps[r] = [row["metricbus/step"] for row in history if _has(row, "Train/AvgReward")]
+            if len(steps) == RUNS and all(len(v) >= STEPS for v in steps.values()):
+                break
+            time.sleep(1)
+        assert assignments("b2") > before["b2"]  # the killed sink's runs moved to the other
+        for r in ids:
+            assert sorted(steps.get(r, [])) == list(range(STEPS)), r  # every step once, over its openings
+    finally:
+        for proc in sinks.values():
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(30)
+        for out in logs.values():
+            out.close()
+
+
+def _has(row: dict, name: str) -> bool:
+    """Whether a W&B history row holds ``name`` (a key with slashes, or nested by them)."""
+    if name in row:
+        return True
+    head, _, rest = name.partition("/")
+    return bool(rest) and isinstance(row.get(head), dict) and _has(row[head], rest)
