@@ -237,7 +237,7 @@ function experimentsView() {
     const rows = chart.scores.map((s) => {
       const c = against.get(s.group);
       return [
-        el("td", {}, s.group, s.best ? el("span", { class: "state live best" }, "best") : ""),
+        el("td", {}, s.group, s.best ? el("span", { class: "state live best", title: `the ${dir === "higher" ? "highest" : "lowest"} IQM of the groups: whether it differs from the baseline is the verdict's to say` }, "best IQM") : ""),
         el("td", { class: "num" }, s.runs.length),
         el("td", { class: "num" }, fmt(s.iqm) + interval(s.interval)),
         el("td", { class: "num" }, s.std == null ? "-" : fmt(s.std)),
