@@ -277,7 +277,13 @@ def test_with_kafka_down_the_pipeline_page_says_so_at_once_and_shows_the_waiting
 
 
 def archive_earlier_run(
-    archive, run_id: str, name: str, steps: int = 40, nan_at: int | None = None, scale: float = 1.0
+    archive,
+    run_id: str,
+    name: str,
+    steps: int = 40,
+    nan_at: int | None = None,
+    scale: float = 1.0,
+    config: dict | None = None,
 ) -> None:
     """A run an earlier stack archived: logged and derived rows, none of it on today's topics;
     its loss ``scale / (step + 1)``, NaN at step ``nan_at``."""
@@ -297,7 +303,15 @@ def archive_earlier_run(
     sink.open()
     body = {"epoch": None, "rank": 0, "samples": {}}
     events = [
-        Event(run_id, "p", 0, 1_700_000_000_000, RUN_STARTED, run_started("earlier", name, {"lr": 0.1}), fp)
+        Event(
+            run_id,
+            "p",
+            0,
+            1_700_000_000_000,
+            RUN_STARTED,
+            run_started("earlier", name, {"lr": 0.1} if config is None else config),
+            fp,
+        )
     ]
     events += [
         Event(
@@ -415,8 +429,13 @@ def test_two_runs_ticked_on_the_runs_page_are_overlaid_on_one_chart(settings, da
     from playwright.sync_api import expect, sync_playwright
 
     ids = {"20261101-000000-overlay1": 1.0, "20261101-000000-overlay2": 2.0}
-    for run_id, scale in ids.items():
-        archive_earlier_run(settings.archive_dir, run_id, f"loss-x{scale:g}", scale=scale)
+    accelerate = {"split_batches": False, "dispatch_batches": None, "even_batches": True}  # as HF's
+    configs = [
+        {"lr": 0.1, "seed": 1, "accelerator_config": accelerate, "output_dir": "/x" * 40},
+        {"lr": 0.2, "seed": 1},
+    ]
+    for (run_id, scale), config in zip(ids.items(), configs, strict=True):
+        archive_earlier_run(settings.archive_dir, run_id, f"loss-x{scale:g}", scale=scale, config=config)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1400, "height": 900})
@@ -425,6 +444,11 @@ def test_two_runs_ticked_on_the_runs_page_are_overlaid_on_one_chart(settings, da
             tick = page.locator(f'#runs input[data-run="{run_id}"]')
             expect(tick).to_be_visible(timeout=60_000)
             tick.check()
+        # the default columns: the plain config value that differs (lr), not one both share (seed)
+        # nor one only a run of another framework has (an object, a long path); the last loss
+        heads = page.locator("#runs thead th").all_inner_texts()
+        assert "lr" in heads and "last Train/Loss" in heads, heads
+        assert not {"seed", "accelerator_config", "output_dir"} & set(heads), heads
         expect(page.locator("#overlay")).not_to_have_class(re.compile("disabled"))
         page.locator("#overlay").click()
         page.wait_for_url("**/experiments#*")

@@ -42,10 +42,16 @@ function runsPage() {
     const keys = (field) => [...new Set(runs.flatMap((r) => Object.keys(r[field] || {})))].sort();
     return { config: keys("params"), last: keys("last"), summary: keys("final") };
   };
-  // by default: the config keys whose values differ between runs, and the last reward and loss
+  // by default: the plain config values (numbers, short text) that differ between the runs
+  // having them (one framework's run has keys another's lacks: that is no difference), and the
+  // last reward and loss
+  const plain = (v) => v === null || typeof v === "number" || typeof v === "boolean" || (typeof v === "string" && v.length <= 40);
   const defaults = () => {
     const a = available();
-    const differ = a.config.filter((k) => new Set(runs.map((r) => JSON.stringify((r.params || {})[k]))).size > 1);
+    const differ = a.config.filter((k) => {
+      const values = runs.map((r) => (r.params || {})[k]).filter((v) => v !== undefined);
+      return values.length > 1 && values.every(plain) && new Set(values.map((v) => JSON.stringify(v))).size > 1;
+    });
     const main = a.last.filter((n) => /reward|return|loss/i.test(n) && !/_(ema|recent_mean)$/.test(n)).slice(0, 3);
     return [...differ.slice(0, 6).map((k) => `config/${k}`), ...main.map((n) => `last/${n}`), ...a.summary.slice(0, 3).map((k) => `summary/${k}`)];
   };
@@ -78,6 +84,13 @@ function runsPage() {
       });
     }
     return rows;
+  };
+  // a value as a cell: numbers formatted, anything long cut (the whole of it in the tooltip)
+  const cell = (v) => {
+    if (typeof v === "number") return el("td", { class: "num" }, fmt(v));
+    if (v == null) return el("td", { class: "num" }, "-");
+    const text = typeof v === "object" ? JSON.stringify(v) : String(v);
+    return text.length <= 40 ? el("td", { class: "num" }, text) : el("td", { class: "num", title: text }, text.slice(0, 39) + "…");
   };
   function draw() {
     const cols = st.cols || defaults();
@@ -120,7 +133,7 @@ function runsPage() {
         el("td", { class: "num" }, r.last_step == null ? "-" : r.last_step),
         el("td", { class: "num" }, r.events_per_s.toFixed(1)),
         el("td", { class: "num" }, age(r.since_last_event_s)),
-        ...cols.map((c) => { const v = valueOf(r, c); return el("td", { class: "num" }, typeof v === "number" ? fmt(v) : v == null ? "-" : String(v)); }),
+        ...cols.map((c) => { const v = valueOf(r, c); return cell(v); }),
         el("td", {}, ...r.firing.map((f) => el("span", { class: "state firing" }, f))),
       ));
     }
