@@ -8,7 +8,9 @@
 - stability (15): loss spikes, values more than 6 robust standard deviations (MAD) from the
   median of the 21 values around them (the first and last 10 values are not judged);
 - timing (10): a metric logged at half the rate late in the run that it was early (a
-  collection-frequency regression); a stall (no event for 10x the usual interval, over 30 s);
+  collection-frequency regression; not the ``episode/`` metrics of ``run.log_episode``, logged
+  once an episode: an agent that learns plays longer episodes); a stall (no event for 10x the
+  usual interval, over 30 s);
 - pipeline (10): records of the run in the dead-letter topic (when the broker is reachable).
 
 Each part deducts at most its weight; the score is 100 minus the deductions.
@@ -44,6 +46,8 @@ from metricbus.schemas import (
 
 #: ranks named one by one when they never reported; the rest are counted in one line
 SAID_RANKS = 8
+#: The prefix of what ``run.log_episode`` logs, one value an episode.
+EPISODE = "episode/"
 WEIGHTS = {"completeness": 30, "validity": 20, "progress": 15, "stability": 15, "timing": 10, "pipeline": 10}
 
 
@@ -299,6 +303,8 @@ def _stability(part: Part, series: Series) -> None:
 
 def _timing(part: Part, series: Series, every_ts: Sequence[int]) -> None:
     for name, points in sorted(series.items()):
+        if name.startswith(EPISODE):
+            continue  # its rate is the episodes', which lengthen as an agent learns
         gaps = np.diff(_columns(points)[2])
         if len(gaps) < 30:
             continue

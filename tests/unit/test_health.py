@@ -215,3 +215,12 @@ def test_a_reward_logged_as_samples_is_judged_like_one_logged_as_a_scalar(reward
         for e in events
     ]
     assert f"reward {reward} did not improve" in evidence(assess("r", falling), "progress")
+
+
+def test_episodes_that_lengthen_as_the_agent_learns_are_no_collection_frequency_regression():
+    """``run.log_episode`` logs once an episode: 10 episodes a second early, 2 late is learning."""
+    events = run(interval_ms=lambda s: 100 if s < 100 else 500)
+    episodes = [e for e in events if e.kind == METRICS]
+    for e in episodes:
+        e.body["scalars"] = {"episode/length": 10.0 + e.body["step"], "episode/reward": 1.0}
+    assert "collection-frequency" not in evidence(assess("r", events, 0), "timing")
