@@ -14,7 +14,7 @@ a series that was constant is judged against a small share of its level, not aga
 Page's one-sided CUSUM accumulates the evidence, ``S = max(0, S + d·z - slack)`` (``d`` is +1
 watching for a rise, -1 for a drop), and the condition holds while ``S > limit``: one block
 ``slack + limit`` sds out fires at once; a smaller shift that lasts fires a few blocks later.
-While the rule fires, the reference is held as it was before the change, so the alert stays
+While the rule fires, the reference is held as it was before the shift, so the alert stays
 until the series is back in its earlier range (or the run ends), and its evidence says
 against what it was judged.
 """
@@ -118,7 +118,7 @@ class ShiftState:
         cusum = {"below": self.low, "above": self.high}.get(p.direction, max(self.low, self.high))
         holds = cusum > p.limit
         if holds and self.held is None:
-            self.held = reference  # judged against the past before the change until it is over
+            self.held = reference  # judged against the past before the shift until it is over
         elif not holds and not firing:
             self.held = None  # held for a block that did not fire (``for`` > 1): let go
         if self.held is None:
