@@ -219,41 +219,72 @@ def test_two_parquet_sinks_one_killed_mid_run_archive_every_event_once(wide, tmp
                 sink.stop()
 
 
+class Instances:
+    """Two or more instances of one sink in one consumer group, each a process with its log."""
+
+    def __init__(self, settings, tmp_path, names, args, env=None) -> None:
+        self.settings, self.tmp_path = settings, tmp_path
+        env = {**os.environ, **settings.to_env(), **(env or {})}
+        env.pop("WANDB_API_KEY", None)  # W&B offline: nothing leaves the machine
+        self.logs = {n: open(tmp_path / f"{n}.log", "wb") for n in names}  # noqa: SIM115
+        self.procs = {
+            n: subprocess.Popen(cli(settings, *args), stdout=out, stderr=subprocess.STDOUT, env=env)
+            for n, out in self.logs.items()
+        }
+
+    def assignments(self, name) -> int:
+        """How often ``name`` was assigned partitions of the events topic, from its log."""
+        text = (self.tmp_path / f"{name}.log").read_text()
+        events = f"'{self.settings.topics.events}'"
+        return sum("assigned" in line and events in line for line in text.splitlines())
+
+    def wait_all_assigned(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not all(map(self.assignments, self.procs)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+    def kill(self, name) -> None:
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait(10)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(30)
+        for out in self.logs.values():
+            out.close()
+
+
+def log_and_kill(runs, kill, every_step=None) -> None:
+    """STEPS steps of every run, flushed every 10 with a second's pause; ``kill()`` at step 40."""
+    for step in range(STEPS):
+        for i, run in enumerate(runs):
+            run.log(values(i, step), step=step)
+        if step % 10 == 9:
+            for run in runs:
+                assert run._publisher.flush(10)
+            time.sleep(1.0)
+        if every_step is not None:
+            every_step(step)
+        if step == 40:
+            kill()
+    for run in runs:
+        assert run.finish(timeout=20)
+
+
 def test_two_tensorboard_sinks_one_killed_mid_run_show_every_step_once(wide, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     ids = run_ids()
     logdir = tmp_path / "tb"
-    env = {**os.environ, **wide.to_env()}
     args = ["sink", "tensorboard", "--logdir", str(logdir), "--flush-interval", "0.3"]
-    logs = {n: open(tmp_path / f"{n}.log", "wb") for n in ("t1", "t2")}
-    sinks = {
-        n: subprocess.Popen(cli(wide, *args), stdout=out, stderr=subprocess.STDOUT, env=env)
-        for n, out in logs.items()
-    }
+    sinks = Instances(wide, tmp_path, ("t1", "t2"), args)
     runs = [Run("scale", run_id=r, settings=wide, system_metrics=False) for r in ids]
-
-    def assignments(name) -> int:
-        text = (tmp_path / f"{name}.log").read_text()
-        return sum("assigned" in line and f"'{wide.topics.events}'" in line for line in text.splitlines())
-
     try:
-        deadline = time.monotonic() + 60
-        while not (assignments("t1") and assignments("t2")) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        taken = assignments("t2")
-        for step in range(STEPS):
-            for i, run in enumerate(runs):
-                run.log(values(i, step), step=step)
-            if step % 10 == 9:
-                for run in runs:
-                    assert run._publisher.flush(10)
-                time.sleep(1.0)
-            if step == 40:
-                sinks["t1"].send_signal(signal.SIGKILL)
-                sinks["t1"].wait(10)
-        for run in runs:
-            assert run.finish(timeout=20)
+        sinks.wait_all_assigned()
+        taken = sinks.assignments("t2")
+        log_and_kill(runs, lambda: sinks.kill("t1"))
         steps: dict = {}
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -269,16 +300,11 @@ def test_two_tensorboard_sinks_one_killed_mid_run_show_every_step_once(wide, tmp
             if len(steps) == RUNS and all(len(v) >= STEPS for v in steps.values()):
                 break
             time.sleep(1)
-        assert assignments("t2") > taken  # the killed sink's runs moved to the other
+        assert sinks.assignments("t2") > taken  # the killed sink's runs moved to the other
         for r in ids:
             assert sorted(steps[r]) == list(range(STEPS)), r  # every step once, in one directory
     finally:
-        for proc in sinks.values():
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(20)
-        for out in logs.values():
-            out.close()
+        sinks.stop()
 
 
 def test_two_wandb_sinks_one_killed_mid_run_log_every_step_once(wide, tmp_path):
@@ -288,40 +314,19 @@ def test_two_wandb_sinks_one_killed_mid_run_log_every_step_once(wide, tmp_path):
 
     ids = run_ids()
     logdir = tmp_path / "wandb"
-    env = {**os.environ, **wide.to_env(), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    env.pop("WANDB_API_KEY", None)
     args = ["sink", "wandb", "--logdir", str(logdir), "--flush-interval", "0.3"]
-    logs = {n: open(tmp_path / f"{n}.log", "wb") for n in ("b1", "b2")}
-    sinks = {
-        n: subprocess.Popen(cli(wide, *args), stdout=out, stderr=subprocess.STDOUT, env=env)
-        for n, out in logs.items()
-    }
+    sinks = Instances(wide, tmp_path, ("b1", "b2"), args, {"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     runs = [Run("scale", run_id=r, settings=wide, system_metrics=False) for r in ids]
-
-    def assignments(name) -> int:
-        text = (tmp_path / f"{name}.log").read_text()
-        return sum("assigned" in line and f"'{wide.topics.events}'" in line for line in text.splitlines())
-
     try:
-        deadline = time.monotonic() + 60
-        while not (assignments("b1") and assignments("b2")) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        sinks.wait_all_assigned()
         time.sleep(3.0)  # the rebalance that gave b2 its share ends for b1 too
-        before = {n: assignments(n) for n in sinks}
-        for step in range(STEPS):
-            for i, run in enumerate(runs):
-                run.log(values(i, step), step=step)
-            if step % 10 == 9:
-                for run in runs:
-                    assert run._publisher.flush(10)
-                time.sleep(1.0)
-            if step == 20:  # both wrote runs they opened meanwhile (seconds each): no rebalance
-                assert {n: assignments(n) for n in sinks} == before
-            if step == 40:
-                sinks["b1"].send_signal(signal.SIGKILL)
-                sinks["b1"].wait(10)
-        for run in runs:
-            assert run.finish(timeout=20)
+        before = {n: sinks.assignments(n) for n in sinks.procs}
+
+        def no_rebalance_while_both_write(step: int) -> None:
+            if step == 20:  # both wrote runs they opened meanwhile (seconds each)
+                assert {n: sinks.assignments(n) for n in sinks.procs} == before
+
+        log_and_kill(runs, lambda: sinks.kill("b1"), no_rebalance_while_both_write)
         steps: dict = {}
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
@@ -337,16 +342,11 @@ def test_two_wandb_sinks_one_killed_mid_run_log_every_step_once(wide, tmp_path):
             if len(steps) == RUNS and all(len(v) >= STEPS for v in steps.values()):
                 break
             time.sleep(1)
-        assert assignments("b2") > before["b2"]  # the killed sink's runs moved to the other
+        assert sinks.assignments("b2") > before["b2"]  # the killed sink's runs moved to the other
         for r in ids:
             assert sorted(steps.get(r, [])) == list(range(STEPS)), r  # every step once, over its openings
     finally:
-        for proc in sinks.values():
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(30)
-        for out in logs.values():
-            out.close()
+        sinks.stop()
 
 
 def _has(row: dict, name: str) -> bool:
