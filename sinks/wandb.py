@@ -250,12 +250,18 @@ class WandbSink(Sink):
         W&B itself has no flush: rows it holds are found in its files (``confirmed``); a run
         whose file W&B stopped writing is opened again and its missing rows logged again,
         raising while W&B cannot open it. Then keep in memory only the ledgers of open runs
-        (read again when needed).
+        (read again when needed). A ledger the disk refuses fails the flush, after W&B's files
+        were looked at (a full disk is what stops W&B writing them).
         """
+        unsaved: OSError | None = None
         for ledger in self._ledgers.values():
-            ledger.save()
-        for run_id in [r for r in self._ledgers if r not in self._runs]:
-            del self._ledgers[run_id]
+            try:
+                ledger.save()
+            except OSError as exc:  # a full disk: what W&B's files hold is still looked at below
+                unsaved = unsaved or exc
+        if unsaved is None:
+            for run_id in [r for r in self._ledgers if r not in self._runs]:
+                del self._ledgers[run_id]
         now = time.monotonic()
         for run_id, (since, _) in list(self._finished.items()):
             if run_id in self._runs and now - since >= self.finish_grace_s:
@@ -269,9 +275,12 @@ class WandbSink(Sink):
             if now - at >= self.idle_close_s:
                 log.info("run %s: nothing written for %.0fs; closing until its next event", run_id, now - at)
                 self._finish(run_id)
-        self._pending = 0
+        if unsaved is None:
+            self._pending = 0  # else the flush is tried again, its ledgers with it
         for run_id in list(self._waiting):
             self._see(run_id)
+        if unsaved is not None:
+            raise unsaved  # the flush failed: nothing is committed
         waiting = sum(len(w.rows) for w in self._waiting.values())
         if waiting > MAX_WAITING_ROWS:  # a W&B that takes rows and writes none: stop taking more
             raise RuntimeError(f"W&B has not written {waiting} rows handed to it; waiting for it")
