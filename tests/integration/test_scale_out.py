@@ -184,17 +184,7 @@ def test_two_parquet_sinks_one_killed_mid_run_archive_every_event_once(wide, tmp
         while not (assignments(first) and assignments(second)) and time.monotonic() < deadline:
             time.sleep(0.5)  # both joined: the partitions are split between them
         taken = assignments(second)
-        for step in range(STEPS):
-            for i, run in enumerate(runs):
-                run.log(values(i, step), step=step)
-            if step % 10 == 9:
-                for run in runs:
-                    assert run._publisher.flush(10)
-                time.sleep(1.0)
-            if step == 40:
-                first.kill9()  # mid-run, mid-flush perhaps: its partitions move to the other
-        for run in runs:
-            assert run.finish(timeout=20)
+        log_and_kill(runs, first.kill9)  # mid-run, mid-flush perhaps: its partitions move to the other
         deadline = time.monotonic() + 120
         complete = set()
         while time.monotonic() < deadline and len(complete) < RUNS:

@@ -313,7 +313,7 @@ def test_a_fast_loop_gets_a_smoothed_point_every_10_steps_and_a_back_test_derive
             epoch=step // 100,
         )
     took = time.perf_counter() - t0
-    assert took < 1.0, took
+    assert took < 5.0, took  # ~2 ms on a quiet machine: never a send in the loop
     assert run.finish(timeout=30)
     logged = read_events(settings.archive_dir, run.run_id)
     deadline = time.monotonic() + 60
