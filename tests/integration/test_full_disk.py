@@ -155,8 +155,14 @@ def test_the_wandb_sink_commits_only_what_wandbs_file_holds_through_a_full_disk(
         for step in range(300, 3000):
             run.log({"Train/Loss": 1 / (step + 1)}, step=step)
         assert run.flush(timeout=30)
-        time.sleep(15)  # past the sink's STALLED_AFTER_S: it finds W&B stopped writing the file
-        text = (tmp_path / "wandb.log").read_text()
+        # The sink looks at W&B's file on each flush retry (0.5 s doubling): past STALLED_AFTER_S
+        # of no growth, the first retry after it finds W&B stopped writing (15.5 s after the first
+        # refused flush, or later on a loaded machine): wait for what it says, not a fixed time.
+        deadline = time.monotonic() + 90
+        text = ""
+        while time.monotonic() < deadline and "W&B did not write" not in text:
+            time.sleep(0.5)
+            text = (tmp_path / "wandb.log").read_text()
         assert "W&B did not write" in text, text[-3000:]
         assert proc.poll() is None, text[-3000:]  # waiting, not dead
         filler.unlink()
