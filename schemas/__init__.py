@@ -68,6 +68,8 @@ from ._events import (
 from ._files import DIRECTORY_ERRNOS, Ledger, atomic_write, fsync_dir, read_yaml
 from ._kafka import (
     MAX_RECORD_BYTES,
+    ONE_SHOT_FETCH_WAIT_MS,
+    ONE_SHOT_POLL_MS,
     alive_at,
     alive_stamp,
     client_options,
@@ -211,6 +213,8 @@ __all__ = [
     "unreachable",
     "read_topic",
     "topic_reader",
+    "ONE_SHOT_POLL_MS",
+    "ONE_SHOT_FETCH_WAIT_MS",
     "wait_for_broker",
     "mark_broker_restarting",
     "mark_carried_over",

@@ -349,6 +349,15 @@ def wait_for_broker(settings: Settings, wait_s: float | None, who: str) -> None:
         return
 
 
+#: how long a one-shot read (``status``) polls at a time: kafka-python's poll that brings no
+#: record waits out its whole timeout, while a partition's end comes with the first fetch answer
+ONE_SHOT_POLL_MS = 20
+
+#: how long the broker holds a one-shot reader's fetch at a partition's end (its default, 100 ms,
+#: is for followers: they want records, a one-shot read wants the end)
+ONE_SHOT_FETCH_WAIT_MS = 10
+
+
 def topic_reader(settings: Settings, client_id: str, **overrides: Any) -> Any:
     """The one kafka-python consumer of the ops tools: no group, no commits, records up to the limit.
 

@@ -10,8 +10,33 @@ a sink and never slows one;
 it never imports the supervisor (``metricbus.stack``).
 """
 
-from ._archived import RuleFiles
-from ._status import ask_dashboard, collect, format_status, from_dashboard, unreachable
-from ._web import serve
+from __future__ import annotations
+
+import importlib
+import typing
+from typing import Any
+
+if typing.TYPE_CHECKING:
+    from ._archived import RuleFiles
+    from ._status import ask_dashboard, collect, format_status, from_dashboard, unreachable
+    from ._web import serve
+
+#: where each public name lives: imported on first use, so ``status`` does not load the
+#: dashboard's web stack and the archive's readers it never calls
+_HOMES = {
+    "RuleFiles": "._archived",
+    "ask_dashboard": "._status",
+    "collect": "._status",
+    "format_status": "._status",
+    "from_dashboard": "._status",
+    "unreachable": "._status",
+    "serve": "._web",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name], __name__), name)
 
 __all__ = ["RuleFiles", "ask_dashboard", "collect", "format_status", "from_dashboard", "serve", "unreachable"]

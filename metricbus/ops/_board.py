@@ -27,6 +27,8 @@ from metricbus.schemas import (
     LOSS_ALIASES,
     MEDIA,
     METRICS,
+    ONE_SHOT_FETCH_WAIT_MS,
+    ONE_SHOT_POLL_MS,
     REWARD_ALIASES,
     RUN_FINISHED,
     RUN_STARTED,
@@ -516,7 +518,7 @@ class RunBoard:
 
     def read_once(self, timeout_s: float = 10.0) -> RunBoard:
         """Read the topics up to their ends now (for a one-shot ``status``), then return."""
-        consumer = self._consumer()
+        consumer = self._consumer(fetch_max_wait_ms=ONE_SHOT_FETCH_WAIT_MS)
         try:
             self._consume(consumer, until_caught_up=True, deadline=time.monotonic() + timeout_s)
         finally:
@@ -555,11 +557,11 @@ class RunBoard:
                 said = self.error = error
                 self._stop.wait(2.0)
 
-    def _consumer(self) -> Any:
+    def _consumer(self, **overrides: Any) -> Any:
         from kafka import TopicPartition
 
         t = self.settings.topics
-        consumer = topic_reader(self.settings, "metricbus-board")
+        consumer = topic_reader(self.settings, "metricbus-board", **overrides)
         topics = (t.events, t.alerts) if self.light else (t.events, t.aggregates, t.alerts)
         found = {topic: sorted(consumer.partitions_for_topic(topic) or ()) for topic in topics}
         tps = [TopicPartition(topic, p) for topic, partitions in found.items() for p in partitions]
@@ -581,7 +583,8 @@ class RunBoard:
         while not self._stop.is_set():
             if deadline is not None and time.monotonic() > deadline:
                 return
-            for tp, records in consumer.poll(timeout_ms=200).items():
+            # one-shot: an empty poll waits out its timeout, and the ends come with the first answer
+            for tp, records in consumer.poll(timeout_ms=ONE_SHOT_POLL_MS if until_caught_up else 200).items():
                 for record in records:
                     if record.serialized_value_size > _MAX_RECORD:
                         self.skipped += 1

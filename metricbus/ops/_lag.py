@@ -38,7 +38,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from metricbus.schemas import Settings, alive_at, make_admin, reach, topic_reader
+from metricbus.schemas import (
+    ONE_SHOT_FETCH_WAIT_MS,
+    ONE_SHOT_POLL_MS,
+    Settings,
+    alive_at,
+    make_admin,
+    reach,
+    topic_reader,
+)
 
 log = logging.getLogger("metricbus.lag")
 
@@ -198,7 +206,7 @@ class LagProbe:
                 request_timeout_ms=max(ms, 6000),
                 max_partition_fetch_bytes=64 * 1024,
                 fetch_max_bytes=1024 * 1024,
-                fetch_max_wait_ms=10,  # a partition at its end answers now, not after the wait
+                fetch_max_wait_ms=ONE_SHOT_FETCH_WAIT_MS,  # a partition at its end answers now
             )
         return self._admin, self._consumer
 
@@ -324,7 +332,9 @@ class LagProbe:
         oldest: dict[Any, int] = {}
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
-            for tp, records in consumer.poll(timeout_ms=200, update_offsets=False).items():
+            # a poll that brings no record waits out its whole timeout: the ends come with the
+            # first fetch answer (the reader waits 10 ms at a partition's end), so look often
+            for tp, records in consumer.poll(timeout_ms=ONE_SHOT_POLL_MS, update_offsets=False).items():
                 if records and tp not in oldest:
                     oldest[tp] = records[0].timestamp
             for tp in positions:

@@ -16,7 +16,7 @@ from typing import Any
 from metricbus.ops._board import RunBoard
 from metricbus.ops._lag import STATUSES, GroupSample, LagProbe, evaluate
 from metricbus.producers import pending_spools, spool_in_use, unsent_bytes
-from metricbus.schemas import BrokerError, Settings, printable, topic_reader
+from metricbus.schemas import ONE_SHOT_POLL_MS, BrokerError, Settings, printable, topic_reader
 
 #: Dead letters read for the top reasons (the count covers the whole topic).
 DEAD_LETTERS_READ = 10_000
@@ -83,7 +83,7 @@ def dead_letters(settings: Settings, timeout_s: float = 5.0, reader: Any = None)
         read = 0
         ends: dict[Any, int] = {}
         while time.monotonic() < deadline:
-            for records in consumer.poll(timeout_ms=200).values():
+            for records in consumer.poll(timeout_ms=ONE_SHOT_POLL_MS).values():
                 for r in records:
                     read += 1
                     headers = {k: v for k, v in (r.headers or [])}
