@@ -37,6 +37,7 @@ from metricbus.schemas import (
     encode_fitting,
 )
 
+from ._resend import ResendWindow
 from ._spool import Spool
 from ._transport import BrokerRestarting, Transport, TransportError
 
@@ -57,11 +58,11 @@ Event = tuple[int, int, str, Any]
 #: so a log() call now promotes nothing (measured: 3 full collections per 100k calls -> 0).
 PER_EVENT = 2
 
-#: While sending, the broker is asked at most this often whether it still holds what it
-#: acknowledged (a memory-only broker that restarted does not); always before a flush returns.
 #: How long the spooler waits, at most, for the sender to take the lock it waits for (a turn).
 SENDER_TURN_S = 0.05
-#: Acknowledged records are retained for ``retain_s`` (60 s) to be sent again if it lost them.
+#: While sending, the broker is asked at most this often whether it still holds what it
+#: acknowledged (a memory-only broker that restarted does not; ``ResendWindow``); always
+#: before a flush returns.
 VERIFY_INTERVAL_S = 1.0
 #: The spooler looks at the queue this often: what comes after a quiet spell is spooled (and
 #: sent) within a tick, a steady stream once per ``linger_s``.
@@ -130,21 +131,10 @@ class Publisher:
         self.signer = signer or Signer(None)
         self.max_record_bytes = max_record_bytes
         self.max_block_s = max_block_s
-        #: Acknowledged records kept in memory for ``retain_s`` (at most ``retain_bytes``) and
-        #: sent again when the broker turns out to have lost its topic (a memory-only broker
-        #: restarted): its acknowledgement was not durability. Consumers drop the duplicates.
-        self.retain_s = retain_s
-        self.retain_bytes = retain_bytes
-        self._retained: collections.deque[tuple[float, bytes]] = collections.deque()
-        self._retained_size = 0
-        #: how many of the newest retained records no check has confirmed yet: kept past
-        #: ``retain_s`` (a planned broker restart can take longer than a check interval), and
-        #: put back in the spool by a stop that could not confirm them
-        self._unverified = 0
-        self._resend_retained = False
-        self._resend_all = True  #: else only what was acknowledged since the last check (``_lost``)
+        #: what the broker acknowledged, sent again if it turns out to have lost its topic (a
+        #: memory-only broker restarted): its acknowledgement was not durability
+        self.window = ResendWindow(retain_s, retain_bytes)
         self._restarting_said = False
-        self.records_resent = 0
         self.describe_target = describe_target
         self._key = run_id.encode()
         #: Events waiting for the thread, PER_EVENT items each. Run.log extends it directly
@@ -275,7 +265,7 @@ class Publisher:
             return len(self._queue) // PER_EVENT + 1  # a check is under way: not done yet
         try:
             with self._lock:
-                unchecked = self.transport.unverified or self._resend_retained
+                unchecked = self.transport.unverified or self.window.due
                 queued = len(self._queue) // PER_EVENT + self._held_events
                 return queued + self.spool.unsent_bytes + int(unchecked)
         finally:
@@ -515,7 +505,7 @@ class Publisher:
 
     def _send_spooled(self) -> None:
         while time.monotonic() >= self._next_attempt:
-            if self._resend_retained and not self._send_retained():
+            if self.window.due and not self._send_retained():
                 return
             if not self._send_due():
                 return
@@ -532,7 +522,7 @@ class Publisher:
                 self.spool.commit(pending[-1][1])
             self._tokens = max(0.0, self._tokens - 1)
             self.records_sent += len(pending)
-            self._retain(records)
+            self.window.add(records)
             self._verify(force=False)
 
     def _connect(self) -> None:
@@ -562,9 +552,7 @@ class Publisher:
 
     def _sending(self) -> bool:
         """Whether the sender has work of its own; if not, the spooler or a flush wakes it."""
-        return bool(
-            self.spool.unsent_bytes or self._resend_retained or self._failures or self.transport.unverified
-        )
+        return bool(self.spool.unsent_bytes or self.window.due or self._failures or self.transport.unverified)
 
     def _send_due(self) -> bool:
         """Whether to send now: a flush waits, enough is spooled, or the bucket holds a send."""
@@ -600,9 +588,9 @@ class Publisher:
             return
         self._restarting_said = False
         if transport.take_lost():
-            self._lost()
+            self.window.lost(self.transport.carried_over)
         else:
-            self._unverified = 0
+            self.window.confirmed()
 
     def _hold(self, why: BrokerRestarting, now: float) -> None:
         """`metricbus up` restarts its broker: send nothing until the new one is ready."""
@@ -611,7 +599,7 @@ class Publisher:
             log.warning(
                 "%s: the last %d acknowledged records are held and nothing is sent until the broker is back",
                 why,
-                self._unverified,
+                self.window.unconfirmed,
             )
         self._next_attempt = now + RESTART_CHECK_S
 
@@ -624,8 +612,8 @@ class Publisher:
             return False
         except TransportError as exc:
             if self.transport.take_lost():  # what the broker acknowledged may be gone: resend it first
-                self._lost()
-                if self._resend_retained:
+                self.window.lost(self.transport.carried_over)
+                if self.window.due:
                     return False
             self._failures += 1
             self._next_attempt = time.monotonic() + min(0.25 * 2 ** (self._failures - 1), 5.0)
@@ -639,25 +627,11 @@ class Publisher:
                 )
             return False
         if self.transport.take_lost():  # found after these records: they were resent by the spool
-            self._lost()
+            self.window.lost(self.transport.carried_over)
         if self._failures:
             log.warning("%s is reachable again; sending the spooled events", self.describe_target())
             self._failures = 0
         return True
-
-    def _retain(self, records: list[bytes]) -> None:
-        now = time.monotonic()
-        retained = self._retained
-        for record in records:
-            retained.append((now, record))
-            self._retained_size += len(record)
-        self._unverified += len(records)
-        while retained and (
-            (len(retained) > self._unverified and now - retained[0][0] > self.retain_s)
-            or self._retained_size > self.retain_bytes
-        ):
-            self._retained_size -= len(retained.popleft()[1])
-        self._unverified = min(self._unverified, len(retained))
 
     def _respool_unverified_locked(self) -> None:
         """At stop: what the broker acknowledged but no check confirmed goes back in the spool.
@@ -665,9 +639,9 @@ class Publisher:
         The broker was restarting or unreachable when the run stopped; ``metricbus sync`` (or
         the next run with this spool) sends it again, and consumers drop what arrived twice.
         """
-        if not (self.transport.unverified and self._unverified):
+        records = self.window.unconfirmed_records() if self.transport.unverified else []
+        if not records:
             return
-        records = [record for _, record in list(self._retained)[-self._unverified :]]
         try:
             self.spool.append(records)
             self.spool.sync()
@@ -682,29 +656,13 @@ class Publisher:
             self.spool.path,
         )
 
-    def _lost(self) -> None:
-        """The broker's topic is not the one the retained records went to: send them again first.
-
-        All of the window; or, when ``metricbus up`` carried the old broker's records over (its
-        planned restart), only what was acknowledged since the last passing check: the rest is
-        in the new topic already (at 3,000 events/s a whole minute is 180,000 events, which
-        every consumer read again and dropped after each planned restart of a soak).
-        """
-        self._resend_all = not self.transport.carried_over
-        self._resend_retained = bool(self._retained) and (self._resend_all or self._unverified > 0)
-
     def _send_retained(self) -> bool:
         """Send the retained window again, oldest first; True when all of it was acknowledged."""
-        window = [record for _, record in self._retained]
-        if not self._resend_all:
-            window = window[len(window) - self._unverified :]
-        self._unverified = len(window)
+        window = self.window.to_resend()
         for start in range(0, len(window), 64):
             if not self._send(window[start : start + 64]):
                 return False
-        self.records_resent += len(window)
-        self._resend_retained = False
-        if self._resend_all:
+        if self.window.resent(len(window)):
             log.warning(
                 "%s had lost its topic (a memory-only broker restarted?): sent the last %d acknowledged "
                 "records again; consumers drop the duplicates",

@@ -61,8 +61,8 @@ def test_what_no_group_has_read_is_carried_over_to_the_restarted_broker(stack):
     events = stack.settings.topics.events
     before = [(r.partition, r.value) for r in read_topic(stack.settings, events)]
     old_pid = stack.broker.proc.pid
-    stack._planned_restart(stack.broker, rss_mb=2000.0, now=time.monotonic())
-    assert stack.broker.proc.pid != old_pid and stack.planned_restarts == 1
+    stack.planned.restart(rss_mb=2000.0, now=time.monotonic())
+    assert stack.broker.proc.pid != old_pid and stack.planned.restarts == 1
     after = [(r.partition, r.value) for r in read_topic(stack.settings, events)]
     assert after == before and any(run_id.encode() in value for _, value in after)  # same partitions, order
 
@@ -74,7 +74,7 @@ def test_a_planned_restart_that_fails_is_reported_and_the_stack_goes_on(stack, m
         raise RuntimeError("[Error -1] UnknownError")
 
     monkeypatch.setattr(_carry, "publish", refused)
-    stack._planned_restart(stack.broker, rss_mb=2000.0, now=time.monotonic())  # must not raise
+    stack.planned.restart(rss_mb=2000.0, now=time.monotonic())  # must not raise
     assert any("planned broker restart failed (RuntimeError" in line for line in stack.lines), stack.lines
     assert stack.broker.proc.poll() is None and port_open("127.0.0.1", stack.settings.local_port)
     stack.supervise_once()  # and supervision goes on
@@ -187,31 +187,31 @@ def test_a_group_killed_before_its_first_flush_still_gets_what_it_had_not_read_c
     assert sample.partitions and all(
         p.committed is not None and p.lag == p.end for p in sample.partitions.values()
     )
-    stack._planned_restart(stack.broker, rss_mb=2000.0, now=time.monotonic())
-    assert stack.planned_restarts == 1
+    stack.planned.restart(rss_mb=2000.0, now=time.monotonic())
+    assert stack.planned.restarts == 1
     assert sum(1 for _ in read_topic(settings, settings.topics.events)) == total  # carried for the slow group
 
 
 def test_the_next_planned_restart_waits_for_every_group_to_be_back_on_the_new_broker(stack, monkeypatch):
     """Restarts 20-22 of the soak came 17-20 s apart, before a slow sink was back: it waits now
     (for at most GROUPS_BACK_S: a group whose consumer is gone for good does not hold it)."""
-    from metricbus.stack import _supervisor as _stack
+    from metricbus.stack import _planned_restart as _stack
 
     lag = _carry.PartitionLag(stack.settings.topics.events, 0, committed=5, end=5, lag=0, lag_s=None)
     monkeypatch.setattr(_carry, "committed", lambda settings: {"metricbus.sink.parquet": [lag]})
-    stack._planned_restart(stack.broker, rss_mb=2000.0, now=time.monotonic())
-    assert stack._groups_before == {"metricbus.sink.parquet"}
-    assert stack._far_behind(2000.0) == ""  # it is back
-    stack._groups_before = {"metricbus.sink.parquet", "metricbus.alerts.pager"}
-    assert "metricbus.alerts.pager" in stack._far_behind(2000.0)  # not back yet: put off
-    assert stack._groups_wait_until > time.monotonic() + _stack.GROUPS_BACK_S - 60
-    stack._groups_wait_until = time.monotonic() - 1
-    assert stack._far_behind(2000.0) == ""  # waited long enough
+    stack.planned.restart(rss_mb=2000.0, now=time.monotonic())
+    assert stack.planned.groups_before == {"metricbus.sink.parquet"}
+    assert stack.planned.far_behind(2000.0) == ""  # it is back
+    stack.planned.groups_before = {"metricbus.sink.parquet", "metricbus.alerts.pager"}
+    assert "metricbus.alerts.pager" in stack.planned.far_behind(2000.0)  # not back yet: put off
+    assert stack.planned.groups_wait_until > time.monotonic() + _stack.GROUPS_BACK_S - 60
+    stack.planned.groups_wait_until = time.monotonic() - 1
+    assert stack.planned.far_behind(2000.0) == ""  # waited long enough
     # a sink that is not back holds nothing: it catches up from the archive (left behind)
-    stack._groups_wait_until = time.monotonic() + 60
-    stack._groups_before = {"metricbus.sink.parquet", "metricbus.sink.wandb"}
-    assert stack._far_behind(2000.0) == ""
-    assert stack._leave_behind(_carry.committed(stack.settings), 2000.0) == {"metricbus.sink.wandb"}
+    stack.planned.groups_wait_until = time.monotonic() + 60
+    stack.planned.groups_before = {"metricbus.sink.parquet", "metricbus.sink.wandb"}
+    assert stack.planned.far_behind(2000.0) == ""
+    assert stack.planned.leave_behind(_carry.committed(stack.settings), 2000.0) == {"metricbus.sink.wandb"}
 
 
 def test_a_consumer_slower_than_the_training_jobs_does_not_stop_the_restarts(stack, monkeypatch):
@@ -229,10 +229,10 @@ def test_a_consumer_slower_than_the_training_jobs_does_not_stop_the_restarts(sta
         "metricbus.sink.wandb": [_carry.PartitionLag(events, 0, committed=90, end=100, lag=10, lag_s=None)],
     }
     monkeypatch.setattr(_carry, "committed", lambda settings: lags)
-    stack.settings = dataclasses.replace(stack.settings, broker_max_mb=30.0)
-    assert stack._far_behind(130.0) == ""  # frees ~104 MB: restart, carrying the worker's fifth
-    assert stack._leave_behind(lags, 130.0) == set()  # the sink is carried for: the restart frees enough
-    why = stack._far_behind(18.0)  # frees ~14 MB, under half the bound: put off, nothing stopped
+    stack.planned.settings = dataclasses.replace(stack.settings, broker_max_mb=30.0)
+    assert stack.planned.far_behind(130.0) == ""  # frees ~104 MB: restart, carrying the worker's fifth
+    assert stack.planned.leave_behind(lags, 130.0) == set()  # the sink is carried for: the restart frees enough
+    why = stack.planned.far_behind(18.0)  # frees ~14 MB, under half the bound: put off, nothing stopped
     assert "20 of the 100 records" in why and "free little" in why
     assert "most of them metricbus.stream-worker (20)" in why  # the operator sees which one, and what to do
 
@@ -254,18 +254,18 @@ def test_a_sink_too_far_behind_to_carry_for_is_left_behind_to_catch_up_from_the_
         "metricbus.alerts.pager": lag(90),
     }
     monkeypatch.setattr(_carry, "committed", lambda settings: lags)
-    stack.settings = dataclasses.replace(stack.settings, broker_max_mb=30.0)
-    assert stack._leave_behind(lags, 300.0) == set()  # carrying 80% of 300 MB frees 60 MB: no need
-    assert stack._leave_behind(lags, 60.0) == {"metricbus.sink.wandb"}  # 40% of 60 MB: frees 36 MB
-    assert stack._leave_behind(lags, 20.0) == {"metricbus.sink.wandb", "metricbus.sink.tensorboard"}
-    assert stack._far_behind(20.0) == ""  # 10% of 20 MB carried: the restart goes on
+    stack.planned.settings = dataclasses.replace(stack.settings, broker_max_mb=30.0)
+    assert stack.planned.leave_behind(lags, 300.0) == set()  # carrying 80% of 300 MB frees 60 MB: no need
+    assert stack.planned.leave_behind(lags, 60.0) == {"metricbus.sink.wandb"}  # 40% of 60 MB: frees 36 MB
+    assert stack.planned.leave_behind(lags, 20.0) == {"metricbus.sink.wandb", "metricbus.sink.tensorboard"}
+    assert stack.planned.far_behind(20.0) == ""  # 10% of 20 MB carried: the restart goes on
     # the alerts consumer is no sink: it is carried for; when even then too little is freed, the
     # restart is put off and no sink is left behind for nothing
-    assert stack._leave_behind(lags, 16.0) == set()
-    assert "80 of the 100 records" in stack._far_behind(16.0)
+    assert stack.planned.leave_behind(lags, 16.0) == set()
+    assert "80 of the 100 records" in stack.planned.far_behind(16.0)
     # without the archive sink nothing holds a backlog: nothing is left behind
     del lags["metricbus.sink.parquet"]
-    assert stack._leave_behind(lags, 30.0) == set()
+    assert stack.planned.leave_behind(lags, 30.0) == set()
 
 
 def test_a_put_off_is_said_again_when_its_reason_changes_not_when_its_numbers_do(stack):
@@ -273,10 +273,10 @@ def test_a_put_off_is_said_again_when_its_reason_changes_not_when_its_numbers_do
     while the restart waited for another reason (a slow sink's backlog)."""
     now = time.monotonic()
     said = len(stack.lines)
-    stack._put_off(40.0, "not every consumer is back on the restarted broker yet (a, b)", now)
-    stack._put_off(41.0, "not every consumer is back on the restarted broker yet (a, b)", now)
-    stack._put_off(42.0, "the consumers have 1849 of the 1971 records still to read: free little", now)
-    stack._put_off(43.0, "the consumers have 1901 of the 2010 records still to read: free little", now)
+    stack.planned.put_off(40.0, "not every consumer is back on the restarted broker yet (a, b)", now)
+    stack.planned.put_off(41.0, "not every consumer is back on the restarted broker yet (a, b)", now)
+    stack.planned.put_off(42.0, "the consumers have 1849 of the 1971 records still to read: free little", now)
+    stack.planned.put_off(43.0, "the consumers have 1901 of the 2010 records still to read: free little", now)
     new = stack.lines[said:]
     assert len(new) == 2 and "not every consumer" in new[0] and "1849 of the 1971" in new[1]
 
@@ -291,7 +291,7 @@ def test_what_was_carried_goes_before_what_live_training_jobs_send_again_to_the_
     import threading
 
     run = Run("order", settings=stack.settings, system_metrics=False)
-    run._publisher.retain_s = 0.2  # its re-sent window is its last records only, not what is carried
+    run._publisher.window.retain_s = 0.2  # its re-sent window is its last records only, not what is carried
     for step in range(30):
         run.log({"Train/Loss": 1.0}, step=step)
     assert run.flush(30)
@@ -316,8 +316,8 @@ def test_what_was_carried_goes_before_what_live_training_jobs_send_again_to_the_
     trainer.start()
     try:
         time.sleep(0.5)
-        stack._planned_restart(stack.broker, rss_mb=2000.0, now=time.monotonic())
-        assert stack.planned_restarts == 1
+        stack.planned.restart(rss_mb=2000.0, now=time.monotonic())
+        assert stack.planned.restarts == 1
         time.sleep(1.0)
     finally:
         stop.set()
@@ -331,7 +331,7 @@ def test_what_was_carried_goes_before_what_live_training_jobs_send_again_to_the_
         if e.run_id == run.run_id and e.kind == METRICS
     ]
     first_seen = list(dict.fromkeys(steps))
-    assert run._publisher.records_resent > 0  # the job did send its window again
+    assert run._publisher.window.records_resent > 0  # the job did send its window again
     assert first_seen == list(range(len(first_seen))) and len(first_seen) > 100
 
 
@@ -371,7 +371,7 @@ def test_each_group_resumes_on_the_restarted_broker_where_it_was_instead_of_read
             if (events, partition) in s.partitions
         }
 
-    stack._planned_restart(stack.broker, rss_mb=2000.0, now=time.monotonic())
+    stack.planned.restart(rss_mb=2000.0, now=time.monotonic())
     new = [r for r in read_topic(settings, events)]
     assert [r.value for r in new] == [r.value for r in old[-5:]]  # what the slowest group needs
     assert commits() == {"fast": (5, 5), "slow": (2, 5), "slowest": (0, 5)}
@@ -379,8 +379,8 @@ def test_each_group_resumes_on_the_restarted_broker_where_it_was_instead_of_read
     _run_until(slow, lambda: slow.read >= 3, kill=False)
     time.sleep(1.0)  # anything more would have been read by now
     assert slow.read == 3  # its three, not the run's records again
-    assert "metricbus.test.fast" in stack._far_behind(2000.0)  # not back on the new broker yet
-    stack._planned_restart(stack.broker, rss_mb=2000.0, now=time.monotonic())
+    assert "metricbus.test.fast" in stack.planned.far_behind(2000.0)  # not back on the new broker yet
+    stack.planned.restart(rss_mb=2000.0, now=time.monotonic())
     # the fast and slowest groups never came back: no position for them on the third broker
     # (they would read from the start if they came back), and nothing is held for them after
     assert set(commits()) == {"slow"}
@@ -395,13 +395,13 @@ def test_a_training_job_sends_again_only_what_no_check_had_confirmed_before_the_
     for step in range(30):
         run.log({"Train/Loss": 1.0}, step=step)
     assert run.flush(30)  # acknowledged and confirmed: the carry has it
-    stack._planned_restart(stack.broker, rss_mb=2000.0, now=time.monotonic())
+    stack.planned.restart(rss_mb=2000.0, now=time.monotonic())
     for step in range(30, 40):
         run.log({"Train/Loss": 2.0}, step=step)
     assert run.finish(timeout=30)
     # at most the record sent after the restart before its check found the new topic (it could
     # have gone to a topic the broker no longer had: acknowledged and kept nowhere)
-    assert run._publisher.records_resent <= 1
+    assert run._publisher.window.records_resent <= 1
     steps = steps_on_broker(stack.settings, run.run_id)
     assert steps[:30] == list(range(30)) and set(steps[30:]) == set(range(30, 40))  # 0-29 once
 
@@ -426,13 +426,13 @@ def test_a_training_job_sending_through_a_planned_restart_sends_again_only_its_u
     try:
         time.sleep(3.0)
         sent_before = run._publisher.records_sent
-        stack._planned_restart(stack.broker, rss_mb=2000.0, now=time.monotonic())
+        stack.planned.restart(rss_mb=2000.0, now=time.monotonic())
         time.sleep(2.0)
     finally:
         stop.set()
         trainer.join()
     assert run.finish(timeout=30)
-    assert 0 < run._publisher.records_resent < sent_before / 2  # not the whole minute
+    assert 0 < run._publisher.window.records_resent < sent_before / 2  # not the whole minute
     steps = steps_on_broker(stack.settings, run.run_id)
     assert sorted(set(steps)) == list(range(logged[0]))
 
@@ -447,7 +447,7 @@ def test_without_the_carry_marker_a_training_job_sends_its_whole_last_minute_aga
     for step in range(30, 40):
         run.log({"Train/Loss": 2.0}, step=step)
     assert run.finish(timeout=30)
-    assert run._publisher.records_resent > 0
+    assert run._publisher.window.records_resent > 0
     steps = steps_on_broker(stack.settings, run.run_id)
     assert steps.count(0) == 1 and sorted(set(steps)) == list(range(40))  # the window went again
 
@@ -468,7 +468,7 @@ def test_a_sink_left_behind_catches_up_from_the_archive_every_step_once(stack):
     from metricbus.sinks._catchup import catchup_path, pending_runs
 
     settings = dataclasses.replace(stack.settings, broker_max_mb=3000.0)
-    stack.settings = settings
+    stack.settings = stack.planned.settings = settings
     events = settings.topics.events
     run = Run("behind", settings=settings, system_metrics=False)
     for step in range(100):
@@ -497,8 +497,8 @@ def test_a_sink_left_behind_catches_up_from_the_archive_every_step_once(stack):
     archive = _sink(settings, ParquetArchive(settings.archive_dir))
     _run_until(archive, lambda: archived() >= 201, kill=False)  # and RunFinished
 
-    stack._planned_restart(stack.broker, rss_mb=2000.0, now=time.monotonic())
-    assert stack.planned_restarts == 1
+    stack.planned.restart(rss_mb=2000.0, now=time.monotonic())
+    assert stack.planned.restarts == 1
     assert read_topic(settings, events) == []  # its backlog was not carried: the archive holds it
     assert pending_runs(settings, board.group_id) == {run.run_id: False}
     assert any("sink.tensorboard is left behind" in line for line in stack.lines)
@@ -509,8 +509,8 @@ def test_a_sink_left_behind_catches_up_from_the_archive_every_step_once(stack):
     assert other.finish(timeout=30)
     archive = _sink(settings, ParquetArchive(settings.archive_dir))
     _run_until(archive, lambda: read_table(settings.archive_dir, other.run_id).num_rows >= 3, kill=False)
-    stack._planned_restart(stack.broker, rss_mb=2000.0, now=time.monotonic())
-    assert stack.planned_restarts == 2
+    stack.planned.restart(rss_mb=2000.0, now=time.monotonic())
+    assert stack.planned.restarts == 2
     assert pending_runs(settings, board.group_id) == {run.run_id: False, other.run_id: False}
 
     board = _sink(settings, TensorBoardSink(tb_root))

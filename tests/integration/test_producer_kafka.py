@@ -74,7 +74,7 @@ def test_broker_killed_mid_run_and_restarted_loses_nothing_it_had_acknowledged(s
         # is re-created, ahead of the resent ones, so the order is the one of a retry.
         seqs = [seq for _, seq, _, _ in events]
         assert sorted(set(seqs)) == list(range(702))
-        assert run._publisher.records_resent > 0
+        assert run._publisher.window.records_resent > 0
         from kafka import KafkaConsumer
 
         consumer = KafkaConsumer(bootstrap_servers=s.bootstrap_servers)
