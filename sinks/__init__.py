@@ -1,4 +1,10 @@
-"""Sink consumers: a small runtime and one module per sink (parquet, tensorboard, wandb, alerts)."""
+"""Sink consumers: a small runtime and one module per sink (parquet, tensorboard, wandb, alerts).
+
+The runtime: the consumer loop (``_loop``: poll, flush, commit, rebalance), the sink runner
+(``_runtime``: decode, deduplicate, write), the records held for runs not seen yet (``_held``)
+and the catch-up from the archive of a group a planned broker restart left behind
+(``_catchup``).
+"""
 
 from ._archive import SCHEMA as ARCHIVE_SCHEMA
 from ._archive import iter_events, read_events, read_table, run_dir, run_extent, run_projects, summary, tidy

@@ -42,6 +42,7 @@ from metricbus.schemas import (
     record_span,
 )
 
+from ._held import HeldRecords
 from ._loop import ConsumerLoop
 from ._protocol import Sink, Unavailable
 
@@ -50,12 +51,6 @@ log = logging.getLogger("metricbus.sink")
 
 #: How often a sink looks for held records of runs the events topic never showed (seconds).
 LET_GO_CHECK_S = 1.0
-
-#: Records held for runs not seen yet (derived records, alerts) past which a sink stops reading
-#: their topics until it holds half as many: a sink catching up on a backlog reads the small
-#: aggregates topic far ahead of the events that bring its runs' RunStarted.
-MAX_HELD_RECORDS = 10_000
-
 
 #: Runs a sink's feeder keeps what it knows of (which seqs the sink holds); past it, a run not
 #: seen for KNOWN_IDLE_COMMITS commits is forgotten after a commit (what it took is durable
@@ -100,6 +95,11 @@ class Feeder:
         self._known_runs.clear()
         self._run_of.clear()
         self.logged_runs.clear()
+
+    def seen(self, run_id: str) -> bool:
+        """Whether the sink has a logged event of ``run_id`` (its RunStarted, say)."""
+        self.known(run_id)
+        return run_id in self.logged_runs
 
     def known(self, run_id: str) -> None:
         """Load what the sink holds of ``run_id`` (once per run)."""
@@ -265,17 +265,10 @@ class SinkRunner(ConsumerLoop):
         self.digests = RecordDigests()  #: a record repeated with other bytes is forged: dead-lettered
         self.signer = settings.signer  #: with a signing key, an events record without its HMAC is forged
         self._badly_signed = 0
-        #: derived records of runs whose logged events (RunStarted first) this sink has not seen
-        #: yet: they come from another topic and can overtake them; written once the run is
-        #: known, and their partition is not committed past them meanwhile
-        self._held: dict[str, list[Any]] = {}
-        #: alerts of runs not seen yet, likewise: (record, its event)
-        self._held_alerts: dict[str, list[tuple[Any, Event]]] = {}
-        #: per run held, where this instance's events partitions ended soon after it was first
-        #: held: read past them with no sight of the run, what is held for it is let go
-        self._held_marks: dict[str, dict[Any, int]] = {}
+        #: derived records and alerts of runs whose logged events (RunStarted first) this sink
+        #: has not seen yet: written once the run is, not committed past meanwhile
+        self.held = HeldRecords()
         self._next_let_go_check = 0.0
-        self._held_paused = False  #: the aggregates and alerts partitions paused: too much held
         self._event_topics = {
             t for t in self.topics if t not in (settings.topics.aggregates, settings.topics.alerts)
         }
@@ -283,7 +276,6 @@ class SinkRunner(ConsumerLoop):
         #: for a sink that confirms late (``Sink.confirmed``): per slice, the events handed by
         #: its end and the first offset of each partition it wrote from
         self._marks: list[tuple[int, dict[Any, int]]] = []
-        self._released_now: list[Any] = []  #: held records written in this slice
         self._last_handed = 0
 
     def open(self) -> None:
@@ -338,7 +330,7 @@ class SinkRunner(ConsumerLoop):
                 events = all_events(events, columns)
             self.stats.events += len(events)
             fresh.extend(feeder.fresh(events))
-        for _, derived in self._ready(self._held, derived_records):
+        for _, derived in self.held.ready(self.held.derived, derived_records, feeder.seen):
             fresh.extend(feeder.fresh_derived(derived.run_id, derived.events, derived.identified))
             if derived.closes_run:
                 closing.append(derived.run_id)
@@ -358,7 +350,7 @@ class SinkRunner(ConsumerLoop):
                 await self._deadletter(self._event_bytes(event), event.run_id.encode(), reason, None)
         if closing:
             await self._owned_write(prepared_at, lambda: self._close_runs(closing))
-        if alerts or self._held_alerts:
+        if alerts or self.held.alerts:
             await self._alerts(alerts, prepared_at)
 
     def _close_runs(self, run_ids: list[str]) -> None:
@@ -369,29 +361,10 @@ class SinkRunner(ConsumerLoop):
             except OSError as exc:  # its output cannot be closed now (a full disk): read it again later
                 raise Unavailable(f"run {run_id} cannot be closed ({exc})") from exc
 
-    def _ready(self, held: dict[str, list[Any]], items: list[Any]) -> list[Any]:
-        """Of ``items`` (record, something with a ``run_id``), those of runs the sink has seen.
-
-        The ``held`` ones of such runs come first; the others are held, their run's RunStarted
-        not written yet (another topic may bring them before it).
-        """
-        feeder = self.feeder
-        for run_id in [r for r in held if r in feeder.logged_runs]:
-            self._released_now.extend(record for record, _ in held[run_id])
-            items = held.pop(run_id) + items
-        ready = []
-        for record, item in items:
-            feeder.known(item.run_id)
-            if item.run_id in feeder.logged_runs:
-                ready.append((record, item))
-            else:
-                held.setdefault(item.run_id, []).append((record, item))
-        return ready
-
     async def _alerts(self, alerts: list[tuple[Any, Event]], prepared_at: int) -> None:
         """Alerts of runs the sink has seen (the rest are held), once each; refused: dead letters."""
         feeder = self.feeder
-        for record, event in self._ready(self._held_alerts, alerts):
+        for record, event in self.held.ready(self.held.alerts, alerts, feeder.seen):
             self.stats.events += 1
             if not feeder.fresh([event]):
                 continue
@@ -405,7 +378,7 @@ class SinkRunner(ConsumerLoop):
     async def _process_sliced(self, records: list[Any]) -> None:
         await super()._process_sliced(records)
         if (
-            (self._held or self._held_alerts)
+            self.held
             and not self._stopping.is_set()  # else a poll's records may be left unprocessed
             and time.monotonic() >= self._next_let_go_check
         ):
@@ -419,15 +392,17 @@ class SinkRunner(ConsumerLoop):
         The events topic is still read, which is what releases them (their runs' RunStarted, or
         their events partitions read past: :meth:`_let_go_of_unseen_runs`).
         """
-        held = sum(map(len, self._held.values())) + sum(map(len, self._held_alerts.values()))
         consumer = self._consumer
-        if not self._held_paused and held >= MAX_HELD_RECORDS:
+        change = self.held.pause_or_resume()
+        if change == "pause":
             consumer.pause(*(tp for tp in consumer.assignment() if tp.topic not in self._event_topics))
-            self._held_paused = True
-            log.info("%s: %d records held for runs not seen yet; reading only the events", self.name, held)
-        elif self._held_paused and held <= MAX_HELD_RECORDS // 2:
+            log.info(
+                "%s: %d records held for runs not seen yet; reading only the events",
+                self.name,
+                len(self.held),
+            )
+        elif change == "resume":
             consumer.resume(*consumer.paused())
-            self._held_paused = False
 
     async def _let_go_of_unseen_runs(self) -> None:
         """Dead-letter what is held for runs that the events topic, read past them, never showed.
@@ -445,36 +420,28 @@ class SinkRunner(ConsumerLoop):
         from aiokafka import TopicPartition
 
         consumer = self._consumer
-        held = set(self._held) | set(self._held_alerts)
-        self._held_marks = {run: ends for run, ends in self._held_marks.items() if run in held}
         events = [tp for tp in consumer.assignment() if tp.topic in self._event_topics]
-        unmarked = held - set(self._held_marks)
+        unmarked = self.held.unmarked()
         try:
             if unmarked:
-                ends = await consumer.end_offsets(events) if events else {}
-                self._held_marks.update(dict.fromkeys(unmarked, ends))
+                self.held.mark(unmarked, await consumer.end_offsets(events) if events else {})
             positions = {tp: await consumer.position(tp) for tp in events}
         except Exception as exc:  # noqa: BLE001 - checked again later; holding loses nothing
             log.warning("%s: cannot tell where its events partitions stand (%s)", self.name, exc)
             return
-        unseen = [
-            run
-            for run, ends in self._held_marks.items()
-            if all(positions[tp] >= end for tp, end in ends.items() if tp in positions)
-        ]
+        unseen = self.held.unseen(positions)
         for run in unseen:
-            del self._held_marks[run]
             reason = (
                 f"run {run!r} was not seen on {', '.join(sorted(self._event_topics))} (no "
                 "RunStarted nor any logged event of it) up to where its partitions ended after "
                 "this record came: held, then let go"
             )
-            for record, _ in self._held.pop(run, []) + self._held_alerts.pop(run, []):
+            for record, _ in self.held.take(run):
                 await self._deadletter(record.value, record.key, reason, record)
                 tp = TopicPartition(record.topic, record.partition)
                 self._uncommitted[tp] = max(self._uncommitted.get(tp, 0), await consumer.position(tp))
         if unseen:
-            self._hold_back_commits()
+            self.held.limit(self._uncommitted)  # not committed past a record still held
 
     def _alert_event(self, value: bytes) -> Event:
         """An Alert record as an event of kind ALERT; SchemaError when it is none or unusable."""
@@ -567,17 +534,13 @@ class SinkRunner(ConsumerLoop):
         sink that pass a run between them never write an event twice.
         """
         self.feeder.forget()
-        self._held.clear()  # their partitions were not committed past them: delivered again
-        self._held_alerts.clear()
-        self._held_marks.clear()
-        self._held_paused = False  # a new assignment starts unpaused
+        self.held.clear()  # their partitions were not committed past them: delivered again
         self._marks.clear()  # what was not confirmed is delivered again (not committed past)
-        self._released_now.clear()
         self.sink.release()
 
     def _after_slice(self, records: list[Any]) -> None:
-        self._hold_back_commits()
-        released, self._released_now = self._released_now, []
+        self.held.limit(self._uncommitted)  # not committed past a record still held
+        released = self.held.take_released()
         confirmed = self.sink.confirmed()
         if confirmed is None or confirmed[0] == self._last_handed:
             return  # nothing handed in this slice: nothing of it to wait for
@@ -603,16 +566,6 @@ class SinkRunner(ConsumerLoop):
             for tp, offset in firsts.items():
                 limits[tp] = min(limits.get(tp, offset), offset)
         return limits
-
-    def _hold_back_commits(self) -> None:
-        """Never commit a partition past a derived record or an alert still held."""
-        from aiokafka import TopicPartition
-
-        for held in [*self._held.values(), *self._held_alerts.values()]:
-            for record, _ in held:
-                tp = TopicPartition(record.topic, record.partition)
-                if tp in self._uncommitted:
-                    self._uncommitted[tp] = min(self._uncommitted[tp], record.offset)
 
     def _event_bytes(self, event: Event) -> bytes:
         try:

@@ -541,10 +541,10 @@ def test_derived_points_that_overtake_their_runs_start_wait_for_it_and_hold_back
         runner._after_slice([record])
 
     process(settings.topics.aggregates, 7, derived)
-    assert runner.pending() == 0 and list(runner._held) == ["run-1"]
+    assert runner.pending() == 0 and list(runner.held.derived) == ["run-1"]
     assert runner._uncommitted[TopicPartition(settings.topics.aggregates, 0)] == 7  # not past it
     process(settings.topics.events, 3, start)
-    assert runner._held == {} and runner.pending() == 2
+    assert runner.held.derived == {} and runner.pending() == 2
     runner.flush()
     assert [p.parent.parent.name for p in settings.archive_dir.rglob("*.parquet")] == ["project=grpo"]
 

@@ -526,7 +526,7 @@ def test_sink_alerts_raise_each_alert_once_on_the_run_the_sink_holds_open(tmp_pa
                     ]
                 )
             )
-            held.append(sorted(runner._held_alerts))
+            held.append(sorted(runner.held.alerts))
         runner.flush()
         runner.close()
         return letters, held
@@ -582,7 +582,7 @@ def test_an_alert_whose_run_never_comes_is_let_go_once_the_events_are_read_past_
     ]
     asyncio.run(runner._process_sliced(overtaking))
     assert (
-        sorted(runner._held_alerts) == ["ghost", "run-al3"] and letters.sent == []
+        sorted(runner.held.alerts) == ["ghost", "run-al3"] and letters.sent == []
     )  # events not read to their end
     assert runner._uncommitted[alerts] == 0
     consumer.positions[events] = 2
@@ -591,7 +591,7 @@ def test_an_alert_whose_run_never_comes_is_let_go_once_the_events_are_read_past_
         codec, "run-al3", "p1", [(0, 1_700_000_000_000, RUN_STARTED, run_started("grpo", "g"))]
     )
     asyncio.run(runner._process_sliced([record(events, 1, started)]))
-    assert runner._held_alerts == {}
+    assert runner.held.alerts == {}
     ((value, headers),) = letters.sent
     assert value == overtaking[1].value
     assert (
@@ -617,9 +617,9 @@ def test_a_sink_holding_too_much_for_unseen_runs_reads_only_the_events_until_hal
     from aiokafka import TopicPartition
 
     from metricbus.schemas import Settings, encode_events
-    from metricbus.sinks import SinkRunner, _runtime
+    from metricbus.sinks import SinkRunner, _held
 
-    monkeypatch.setattr(_runtime, "MAX_HELD_RECORDS", 4)
+    monkeypatch.setattr(_held, "MAX_HELD_RECORDS", 4)
     codec = default_codec()
     settings = Settings(data_dir=tmp_path)
     topics = settings.topics
@@ -651,7 +651,7 @@ def test_a_sink_holding_too_much_for_unseen_runs_reads_only_the_events_until_hal
     )
     consumer.positions[events] = 2
     asyncio.run(runner._process_sliced([record(events, 1, started)]))
-    assert runner._held_alerts == {} and consumer.stopped == set()  # read again
+    assert runner.held.alerts == {} and consumer.stopped == set()  # read again
     runner.close()
 
 
