@@ -4,12 +4,12 @@
 """
 
 from ._publisher import Publisher
-from ._run import SDK_VERSION, OfflineTransport, Run
+from ._run import SDK_VERSION, Run
 from ._spool import Spool, SpoolBusyError, pending_spools, spool_in_use, spooled_records, unsent_bytes
 from ._summary_writer import SummaryWriter
 from ._sync import SyncReport, sync_spools
 from ._system import SystemSampler, sample_system
-from ._transport import KafkaTransport, Transport, TransportError
+from ._transport import KafkaTransport, OfflineTransport, Transport, TransportError
 from ._values import ValueGate
 from ._wandb_api import Audio as WandbAudio
 from ._wandb_api import Histogram as WandbHistogram

@@ -7,22 +7,19 @@ its timeout and leaves the rest in the spool.
 from __future__ import annotations
 
 import atexit
-import dataclasses
-import hashlib
+import functools
 import logging
 import os
 import socket
-import sys
 import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from operator import floordiv, itemgetter
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from metricbus.schemas import (
     CONFIG_UPDATE,
@@ -46,16 +43,17 @@ from metricbus.schemas import (
     default_codec,
     histogram,
     merge_config,
-    reach,
     run_started,
 )
 
+from ._identity import RunConfig, cell, config_dict, git_commit, new_run_id, shared_run_id
 from ._media import MediaWriter, copy_for_later, size_of
 from ._publisher import PER_EVENT, Publisher
 from ._spool import SUFFIX, Spool
 from ._system import SystemSampler
-from ._transport import KafkaTransport, Transport, TransportError
+from ._transport import KafkaTransport, OfflineTransport, Transport
 from ._values import ValueGate, _flatten
+from ._where import describe_target, say_where
 
 log = logging.getLogger("metricbus.producer")
 SDK_VERSION = "0.1.0"
@@ -67,29 +65,6 @@ _PLAIN_ONLY = {PLAIN}
 _time_ns = time.time_ns  # log()'s clock, one lookup fewer a call
 #: Largest list (not array) log_histogram walks; arrays and tensors are binned whole by numpy.
 MAX_HISTOGRAM_VALUES = 10_000_000
-
-
-class OfflineTransport:
-    """Sends nothing: offline mode keeps every event in the spool for ``metricbus sync``."""
-
-    offline = True
-    carried_over = False
-
-    def send(self, key: bytes, records: list[bytes]) -> None:
-        """Refuse; the records stay spooled."""
-        raise TransportError("offline mode")
-
-    def take_lost(self) -> bool:
-        """Never: nothing was sent."""
-        return False
-
-    unverified = False
-
-    def verify(self) -> None:
-        """Nothing to check."""
-
-    def close(self) -> None:
-        """Nothing to release."""
 
 
 #: How long ``init`` waits for the sender's first connect (a broker that answers takes ~0.1 s)
@@ -134,7 +109,7 @@ class Run:
         if settings is None:
             settings, stack = Settings.resolve()
         self.settings = settings
-        self.run_id = check_run_id(run_id) if run_id is not None else _shared_run_id() or _new_run_id()
+        self.run_id = check_run_id(run_id) if run_id is not None else shared_run_id() or new_run_id()
         self.project = project
         self.name = name or self.run_id
         self.producer_id = uuid.uuid4().hex
@@ -158,7 +133,7 @@ class Run:
             codec=default_codec(),
             sdk_version=SDK_VERSION,
             prepare=self._bodies,
-            describe_target=self._describe_target,
+            describe_target=functools.partial(describe_target, self.settings),
             max_queue=max_queue,
             linger_s=linger_s,
             max_block_s=max_block_s,
@@ -178,7 +153,7 @@ class Run:
             self._publisher.connected.wait(CONNECT_WAIT_S)
         #: the run's config: what it started with (RunStarted's), and keys set since with
         #: ``run.config.update(...)`` / ``run.config[key] = ...`` (each a ConfigUpdate event)
-        self.config = RunConfig(_config_dict(config), self.update_config)
+        self.config = RunConfig(config_dict(config), self.update_config)
         self._emit(RUN_STARTED, self._started_body(dict(self.config), tags))
         self._sampler: SystemSampler | None = None
         if system_metrics:
@@ -395,7 +370,7 @@ class Run:
             if self._closed("log_table"):
                 return
             cols = [str(c) for c in columns]
-            table_rows = [[_cell(v) for v in row] for row in rows]
+            table_rows = [[cell(v) for v in row] for row in rows]
             bad = [i for i, row in enumerate(table_rows) if len(row) != len(cols)]
             if bad:
                 raise ConfigError(f"table {name!r}: rows {bad[:5]} do not have {len(cols)} cells")
@@ -571,7 +546,7 @@ class Run:
                 "run %s: not every event reached %s (%s); they wait in %s: the next `metricbus up` "
                 "on this data dir publishes them (or `metricbus sync`)",
                 self.run_id,
-                self._describe_target(),
+                describe_target(self.settings),
                 why,
                 self.spool_path.parent,
             )
@@ -670,103 +645,25 @@ class Run:
         )
 
     def _say_where(self, stack: StackInfo | None) -> None:
-        """One line on stderr: the run, and where its events go (W&B's "View run at").
-
-        A broker found unreachable at once (nothing listens on this machine) is a warning in
-        the log instead, said once: the publisher does not say it again.
-        """
+        """One line on stderr: the run, and where its events go (W&B's "View run at")."""
         run = f"run {self.name!r} ({self.run_id})" if self.name != self.run_id else f"run {self.run_id}"
-        if self.settings.offline:
-            log.warning(
-                "metricbus: %s in offline mode (METRICBUS_OFFLINE): its events are kept in %s; "
-                "publish them with `metricbus sync`",
-                run,
-                self.spool_path.parent,
-            )
-            return
-        if stack is not None:
-            line = f"{run} -> {stack.describe()}"
-            if stack.dashboard_url:
-                line += f"; view it at {stack.dashboard_url}runs/{quote(self.run_id)}"
-        elif self._refused_here():
-            self._publisher.said_unreachable = True
-            log.warning(
-                "metricbus: %s: the broker at %s is unreachable (nothing listens there: start one with "
-                "`metricbus up`); its events are kept in %s, sent when it answers or by the next "
-                "`metricbus up` (or `metricbus sync`)",
-                run,
-                self.settings.bootstrap_servers,
-                self.spool_path.parent,
-            )
-            return
-        else:
-            line = f"{run} -> {self._describe_target()}"
-        if not os.environ.get("METRICBUS_QUIET"):
-            print(f"metricbus: {line}", file=sys.stderr, flush=True)
-
-    def _refused_here(self) -> bool:
-        """Whether a broker on this machine refuses the connection (instant; remote hosts are not tried)."""
-        if not isinstance(self._publisher.transport, KafkaTransport):
-            return False
-        host = self.settings.bootstrap_servers.split(",")[0].rpartition(":")[0].strip("[]")
-        if host not in ("127.0.0.1", "localhost", "::1"):
-            return False
-        try:
-            reach(self.settings, timeout_s=0.3)
-        except Exception:  # noqa: BLE001 - kafka's connection error: nothing listens
-            return True
-        return False
-
-    def _describe_target(self) -> str:
-        if self.settings.offline:
-            return "nothing (offline mode: METRICBUS_OFFLINE)"
-        if self.settings.is_local:
-            return (
-                f"the local metricbus broker at {self.settings.bootstrap_servers} (start it with "
-                "`metricbus up`, or set METRICBUS_BOOTSTRAP)"
-            )
-        return f"Kafka at {self.settings.bootstrap_servers}"
+        if say_where(
+            run, self.run_id, self.settings, self.spool_path.parent, stack, self._publisher.transport
+        ):
+            self._publisher.said_unreachable = True  # said: the publisher does not say it again
 
     def _started_body(self, config: Any, tags: Iterable[str]) -> dict[str, Any]:
         return run_started(
             self.project,
             self.name,
-            _config_dict(config),
+            config_dict(config),
             tags=tags,
             host=socket.gethostname(),
             pid=os.getpid(),
-            git=_git_commit(Path.cwd()),
+            git=git_commit(Path.cwd()),
             rank=self.rank,
             world_size=self.world_size,
         )
-
-
-class RunConfig(dict):  # type: ignore[type-arg]
-    """``run.config``: a dict whose ``update``, item assignment and ``setdefault`` publish the change.
-
-    Copies (``copy``, ``deepcopy``, pickle) are plain dicts. Removing a key is local only: a
-    config change is a set of keys, as in W&B.
-    """
-
-    def __init__(self, initial: Mapping[str, Any], publish: Callable[[Mapping[str, Any]], None]) -> None:
-        super().__init__(initial)
-        self._publish = publish
-
-    def update(self, other: Any = (), /, **kwargs: Any) -> None:  # type: ignore[override]
-        """Set keys and publish them."""
-        self._publish({**dict(other), **kwargs})
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self._publish({key: value})
-
-    def setdefault(self, key: str, default: Any = None) -> Any:
-        """Set ``key`` (and publish it) only when it is missing."""
-        if key not in self:
-            self._publish({key: default})
-        return self.get(key, default)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (dict, (dict(self),))
 
 
 def _longs(numbers: list[int | None]) -> bool:
@@ -781,66 +678,3 @@ def _long(value: Any, what: str) -> int:
     if not _MIN_LONG <= number < _LONG:
         raise ValueError(f"{what} {number} does not fit in 64 bits")
     return number
-
-
-def _new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
-
-
-def _shared_run_id() -> str | None:
-    """The run id every rank of one job agrees on without talking.
-
-    ``METRICBUS_RUN_ID``, or under torchrun (``WORLD_SIZE`` > 1) one made from its rendezvous
-    id ``TORCHELASTIC_RUN_ID``.
-    """
-    explicit = os.environ.get("METRICBUS_RUN_ID")
-    if explicit:
-        return check_run_id(explicit)
-    elastic = os.environ.get("TORCHELASTIC_RUN_ID")
-    if elastic and elastic != "none" and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-        return "torchrun-" + hashlib.sha256(elastic.encode()).hexdigest()[:16]
-    return None
-
-
-def _cell(value: Any) -> Any:
-    if value is None or type(value) in (bool, int, float, str):
-        return value
-    if hasattr(value, "item"):
-        return value.item()
-    return str(value)
-
-
-def _config_dict(config: Any) -> dict[str, Any]:
-    if config is None:
-        return {}
-    if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        return dataclasses.asdict(config)
-    if isinstance(config, Mapping):
-        return dict(config)
-    if hasattr(config, "__dict__"):  # argparse.Namespace and friends
-        return dict(vars(config))
-    raise ConfigError(f"config must be a mapping, a dataclass or a Namespace (got {type(config).__name__})")
-
-
-def _git_commit(start: Path) -> str | None:
-    """HEAD's commit of the repository around ``start``, read from .git without a subprocess."""
-    for directory in (start, *start.parents):
-        git = directory / ".git"
-        if git.is_dir():
-            try:
-                head = (git / "HEAD").read_text().strip()
-                if not head.startswith("ref: "):
-                    return head
-                ref = head[5:]
-                ref_file = git / ref
-                if ref_file.exists():
-                    return ref_file.read_text().strip()
-                packed = git / "packed-refs"
-                if packed.exists():
-                    for line in packed.read_text().splitlines():
-                        if line.endswith(" " + ref):
-                            return line.split(" ", 1)[0]
-            except OSError:
-                return None
-            return None
-    return None

@@ -370,3 +370,26 @@ class KafkaTransport:
                     client.close()
                 except Exception:  # noqa: BLE001 - closing a broken client must never raise here
                     log.debug("closing a Kafka client raised", exc_info=True)
+
+
+class OfflineTransport:
+    """Sends nothing: offline mode keeps every event in the spool for ``metricbus sync``."""
+
+    offline = True
+    carried_over = False
+
+    def send(self, key: bytes, records: list[bytes]) -> None:
+        """Refuse; the records stay spooled."""
+        raise TransportError("offline mode")
+
+    def take_lost(self) -> bool:
+        """Never: nothing was sent."""
+        return False
+
+    unverified = False
+
+    def verify(self) -> None:
+        """Nothing to check."""
+
+    def close(self) -> None:
+        """Nothing to release."""
