@@ -6,7 +6,8 @@ training jobs) or gone (stopped, crash-looping) would make that carry as large a
 or lose its backlog once it is gone past one restart. Such a group is left behind instead when
 the archive sink already holds its backlog durably (its commits are past it): `up` records the
 runs of the records the group had not read in ``<data>/catchup/<group>.json``, and the sink
-reads them from the archive before it joins its group again (:meth:`SinkRunner._before_join`).
+reads them from the archive before it joins its group again (:class:`CatchUp`, which the
+sink runner holds: :meth:`SinkRunner._before_join`).
 Its identities drop what it already holds, so a run written in part is completed, not
 written twice. Runs whose last derived record (``closes_run``) was in the backlog are marked
 closed: the sink is told so once it has them (``derived_complete``).
@@ -18,13 +19,30 @@ where it was; the other instances of the group wait for it.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from metricbus.schemas import MetricbusError, Settings, atomic_write, check_run_id, path_segment
+from metricbus.schemas import (
+    Codec,
+    Event,
+    Interval,
+    MetricbusError,
+    SeqSet,
+    Settings,
+    atomic_write,
+    check_run_id,
+    path_segment,
+)
+
+log = logging.getLogger("metricbus.sink")
+
+#: Archived rows read at a time while catching up
+CHUNK_ROWS = 20_000
 
 
 def catchup_path(settings: Settings, group: str) -> Path:
@@ -117,3 +135,73 @@ class CatchupLock:
             fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
             self._file.close()
             self._file = None
+
+
+class CatchUp:
+    """One sink group's catch-up from the archive: its list of runs, its lock, its reading.
+
+    The sink runner asks :meth:`runs`; one instance of the group takes the lock
+    (:meth:`take_turn`, the others wait), reads each run from the first seq it does not hold
+    (:meth:`chunks`), writes and flushes it as it would live, and strikes it off (:meth:`done`).
+    """
+
+    def __init__(self, settings: Settings, group: str, name: str) -> None:
+        self.settings = settings
+        self.group = group
+        self.name = name  #: the sink's, for its log lines
+        self._lock = CatchupLock(settings, group)
+
+    def runs(self) -> dict[str, bool]:
+        """Runs still to catch up on (run id -> its last derived record was missed)."""
+        return pending_runs(self.settings, self.group)
+
+    async def take_turn(self, stopping: asyncio.Event) -> bool:
+        """Wait for the lock (another instance may be catching up); False when stopped first."""
+        while not self._lock.acquire():
+            if stopping.is_set():
+                return False
+            await asyncio.sleep(0.5)  # another instance catches up; its lock goes with its process
+        return True
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def chunks(
+        self, run_id: str, held: Mapping[str, Sequence[Interval]], codec: Codec
+    ) -> Iterator[list[Event]]:
+        """The archived events of ``run_id`` from, per producer, the first seq not ``held``.
+
+        An archive that cannot be read ends the run's chunks, said in the log (a sink is not
+        stopped by it: `metricbus replay` the run once the archive is mended).
+        """
+        from ._archive import iter_events
+
+        since = {producer: _first_missing(intervals) for producer, intervals in held.items()}
+        chunks = iter_events(
+            self.settings.archive_dir, run_id, codec, derived=True, rows=CHUNK_ROWS, since=since
+        )
+        while True:
+            try:
+                events = next(chunks, None)
+            except Exception as exc:  # noqa: BLE001 - an unreadable archive must not stop the sink
+                log.error(
+                    "%s: run %r cannot be read from the archive (%.300s): not caught up on "
+                    "(`metricbus replay` it once the archive is mended)",
+                    self.name,
+                    run_id,
+                    exc,
+                )
+                return
+            if events is None:
+                return
+            yield events
+
+    def done(self, run_id: str) -> None:
+        """``run_id`` is caught up on and flushed."""
+        done(self.settings, self.group, run_id)
+
+
+def _first_missing(intervals: Sequence[Interval]) -> int:
+    """The lowest seq not in ``intervals`` (inclusive ``(start, end)`` pairs), from 0."""
+    merged = SeqSet(list(intervals)).intervals()
+    return merged[0][1] + 1 if merged and merged[0][0] <= 0 else 0

@@ -27,11 +27,9 @@ from metricbus.schemas import (
     Deduper,
     Event,
     ForgedSignatureError,
-    Interval,
     RecordDigests,
     ScalarColumns,
     SchemaError,
-    SeqSet,
     Settings,
     all_events,
     decode_aggregates,
@@ -42,6 +40,7 @@ from metricbus.schemas import (
     record_span,
 )
 
+from ._catchup import CatchUp
 from ._held import HeldRecords
 from ._loop import ConsumerLoop
 from ._protocol import Sink, Unavailable
@@ -224,12 +223,6 @@ class Feeder:
             except Exception as exc:  # noqa: BLE001 - dead-lettered with the reason
                 rejected.append((e, f"{type(exc).__name__}: {exc}"))
         return rejected
-
-
-def _first_missing(intervals: Sequence[Interval]) -> int:
-    """The lowest seq not in ``intervals`` (inclusive ``(start, end)`` pairs), from 0."""
-    merged = SeqSet(list(intervals)).intervals()
-    return merged[0][1] + 1 if merged and merged[0][0] <= 0 else 0
 
 
 class SinkRunner(ConsumerLoop):
@@ -455,51 +448,24 @@ class SinkRunner(ConsumerLoop):
         write a run at once); a stop asked for meanwhile is heeded between chunks, and what was
         done by then is kept (each run is flushed before it is struck off the list).
         """
-        from . import _catchup
-
-        if not _catchup.pending_runs(self.settings, self.group_id):
+        catchup = CatchUp(self.settings, self.group_id, self.name)
+        if not catchup.runs() or not await catchup.take_turn(self._stopping):
             return
-        lock = _catchup.CatchupLock(self.settings, self.group_id)
-        while not lock.acquire():
-            if self._stopping.is_set():
-                return
-            await asyncio.sleep(0.5)  # another instance catches up; its lock goes with its process
         try:
-            runs = _catchup.pending_runs(self.settings, self.group_id)  # what that instance left
+            runs = catchup.runs()  # what another instance left
             if runs:
                 log.info("%s: catching up on %d run(s) from the archive", self.name, len(runs))
             for run_id, closed in runs.items():
-                if not await self._catch_up_run(run_id, closed):
+                if not await self._catch_up_run(catchup, run_id, closed):
                     return
-                _catchup.done(self.settings, self.group_id, run_id)
+                catchup.done(run_id)
         finally:
-            lock.release()
+            catchup.release()
 
-    async def _catch_up_run(self, run_id: str, closed: bool) -> bool:
+    async def _catch_up_run(self, catchup: CatchUp, run_id: str, closed: bool) -> bool:
         """Feed one archived run to the sink and flush it; False when stopped midway."""
-        from ._archive import iter_events
-
         found = 0
-        since = {  # per producer, its first seq the sink does not hold: only from there on is read
-            producer: _first_missing(intervals) for producer, intervals in self.sink.recover(run_id).items()
-        }
-        chunks = iter_events(
-            self.settings.archive_dir, run_id, self.codec, derived=True, rows=20_000, since=since
-        )
-        while True:
-            try:
-                events = next(chunks, None)
-            except Exception as exc:  # noqa: BLE001 - an unreadable archive must not stop the sink
-                log.error(
-                    "%s: run %r cannot be read from the archive (%.300s): not caught up on "
-                    "(`metricbus replay` it once the archive is mended)",
-                    self.name,
-                    run_id,
-                    exc,
-                )
-                break
-            if events is None:
-                break
+        for events in catchup.chunks(run_id, self.sink.recover(run_id), self.codec):
             found += len(events)
             self.stats.events += len(events)
             fresh = self.feeder.fresh(events)
