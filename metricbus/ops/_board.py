@@ -100,6 +100,66 @@ class RunView:
     #: the series the stream worker derived (the rest the run logged)
     derived: set[str] = dataclasses.field(default_factory=set)
 
+    def fold_media(self, body: dict[str, Any]) -> None:
+        """Fold a Media event: its reference and what the page shows of it (bounded, checked)."""
+        try:
+            checked_media_type(body)
+            digest = checked_digest(body["ref"])
+        except (ValueError, MetricbusError):
+            return  # the sinks dead-letter it; the page has nothing to show
+        name = str(body["name"])[:200]
+        items = self.media.get(name)
+        if items is None:
+            if len(self.media) >= MAX_MEDIA_NAMES:
+                return
+            items = self.media[name] = []
+        item = {
+            "step": body["step"],
+            "kind": body["kind"],
+            "digest": digest,
+            "caption": None if body.get("caption") is None else str(body["caption"])[:500],
+            "size": body["size"],
+        }
+        items.append(item)
+        items.sort(key=lambda i: i["step"])
+        del items[:-MAX_MEDIA_ITEMS]
+        self.media_count += 1
+
+    def fold_summary(self, summary: Any) -> None:
+        """Fold a RunFinished's summary: its numbers (a bounded count, names cut; JSON has no NaN)."""
+        if not isinstance(summary, dict):
+            return
+        for key, value in summary.items():
+            if len(self.final) >= MAX_SUMMARY:
+                return
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.final[str(key)[:200]] = float(value) if math.isfinite(value) else None
+
+    def fold_config(self, body: dict[str, Any]) -> None:
+        """Fold a RunStarted's or a ConfigUpdate's config into the run's (bounded)."""
+        raw = body.get("config_json") or "{}"
+        if len(raw) > MAX_CONFIG_BYTES:
+            return
+        try:
+            config = config_object(raw)
+        except ValueError:
+            return
+        merged = merge_config(self.config, config)  # in arrival order, as schemas.run_config does
+        text = json.dumps(merged, default=str)
+        if len(text) <= MAX_CONFIG_BYTES:
+            # NaN and infinities as text: the page's JSON has none ({"lr": NaN} made it a 500)
+            self.config = json.loads(text, parse_constant=str)
+
+    def add_point(self, name: str, step: int, value: float, ts_ms: int) -> None:
+        """Keep a point of ``name`` (its last MAX_POINTS, of at most MAX_SERIES series)."""
+        points = self.series.get(name)
+        if points is None:
+            if len(self.series) >= MAX_SERIES:
+                return
+            points = self.series[name] = collections.deque(maxlen=MAX_POINTS)
+        # JSON has no NaN: a non-finite value is drawn as a gap (and the run's alerts say why)
+        points.append((step, value if math.isfinite(value) else None, ts_ms))
+
     def state(self, now_ms: int) -> str:
         if self.finished is not None:
             return "finished" if self.finished in ("", "finished", "success", "ok") else self.finished
@@ -358,7 +418,7 @@ class RunBoard:
             if self.light:
                 return
             for name, value in (body.get("scalars") or {}).items():
-                self._point(view, name, step, value, ts_ms)
+                view.add_point(name, step, value, ts_ms)
                 if derived and name in view.series:
                     view.derived.add(name)
                 if derived and epoch is not None and name.startswith("Epoch/"):
@@ -378,81 +438,19 @@ class RunBoard:
             view.started_ms = ts_ms if view.started_ms is None else min(view.started_ms, ts_ms)
             if len(view.ranks) < MAX_RANKS:
                 view.ranks.add(int(body.get("rank") or 0))
-            self._config(view, body)
+            view.fold_config(body)
         elif kind == CONFIG_UPDATE:
-            self._config(view, body)
+            view.fold_config(body)
         elif kind == RUN_FINISHED and not derived:
             view.finished_by.add(producer_id)  # one producer per rank: finished when all ranks are
             if len(view.finished_by) >= max(1, view.world_size):
                 view.finished = str(body.get("status") or "finished")[:40]
                 view.finished_ms = ts_ms
-            self._final(view, body.get("summary"))
+            view.fold_summary(body.get("summary"))
         elif kind == HEARTBEAT:
             pass  # counted above: a heartbeat says the run is alive
         elif kind == MEDIA:
-            self._media(view, body)
-
-    @staticmethod
-    def _media(view: RunView, body: dict[str, Any]) -> None:
-        """Fold a Media event: its reference and what the page shows of it (bounded, checked)."""
-        try:
-            checked_media_type(body)
-            digest = checked_digest(body["ref"])
-        except (ValueError, MetricbusError):
-            return  # the sinks dead-letter it; the page has nothing to show
-        name = str(body["name"])[:200]
-        items = view.media.get(name)
-        if items is None:
-            if len(view.media) >= MAX_MEDIA_NAMES:
-                return
-            items = view.media[name] = []
-        item = {
-            "step": body["step"],
-            "kind": body["kind"],
-            "digest": digest,
-            "caption": None if body.get("caption") is None else str(body["caption"])[:500],
-            "size": body["size"],
-        }
-        items.append(item)
-        items.sort(key=lambda i: i["step"])
-        del items[:-MAX_MEDIA_ITEMS]
-        view.media_count += 1
-
-    @staticmethod
-    def _final(view: RunView, summary: Any) -> None:
-        """Fold a RunFinished's summary: its numbers (a bounded count, names cut; JSON has no NaN)."""
-        if not isinstance(summary, dict):
-            return
-        for key, value in summary.items():
-            if len(view.final) >= MAX_SUMMARY:
-                return
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                view.final[str(key)[:200]] = float(value) if math.isfinite(value) else None
-
-    @staticmethod
-    def _config(view: RunView, body: dict[str, Any]) -> None:
-        """Fold a RunStarted's or a ConfigUpdate's config into the run's (bounded)."""
-        raw = body.get("config_json") or "{}"
-        if len(raw) > MAX_CONFIG_BYTES:
-            return
-        try:
-            config = config_object(raw)
-        except ValueError:
-            return
-        merged = merge_config(view.config, config)  # in arrival order, as schemas.run_config does
-        text = json.dumps(merged, default=str)
-        if len(text) <= MAX_CONFIG_BYTES:
-            # NaN and infinities as text: the page's JSON has none ({"lr": NaN} made it a 500)
-            view.config = json.loads(text, parse_constant=str)
-
-    def _point(self, view: RunView, name: str, step: int, value: float, ts_ms: int) -> None:
-        points = view.series.get(name)
-        if points is None:
-            if len(view.series) >= MAX_SERIES:
-                return
-            points = view.series[name] = collections.deque(maxlen=MAX_POINTS)
-        # JSON has no NaN: a non-finite value is drawn as a gap (and the run's alerts say why)
-        points.append((step, value if math.isfinite(value) else None, ts_ms))
+            view.fold_media(body)
 
     def _alert(self, alert: dict[str, Any]) -> None:
         """Fold one alert transition into its (rule, metric) row.
