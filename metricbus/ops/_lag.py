@@ -96,7 +96,8 @@ class GroupStatus:
     reason: str
     lag: int
     lag_s: float
-    commit_rate: float  #: records committed per second over the window
+    #: records committed per second over the window; None from one sample (not measured)
+    commit_rate: float | None
     partitions: list[dict[str, Any]]
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,7 +138,7 @@ def evaluate(samples: Sequence[GroupSample], stop_after_s: float = 30.0) -> Grou
         reason=reason,
         lag=last.lag,
         lag_s=round(last.lag_s, 3),
-        commit_rate=round(moved_total / span, 3) if len(samples) > 1 else 0.0,
+        commit_rate=round(moved_total / span, 3) if len(samples) > 1 else None,
         partitions=[
             {**dataclasses.asdict(p), "status": s, "reason": r}
             for s, r, p in sorted(verdicts, key=lambda v: (v[2].topic, v[2].partition))

@@ -62,7 +62,8 @@ class _Snapshot:
                 seconds.add_metric(labels, p["lag_s"] or 0.0)
             for name in STATUSES:
                 status.add_metric([g["group"], name], 1.0 if g["status"] == name else 0.0)
-            rate.add_metric([g["group"]], g["commit_rate"])
+            if g["commit_rate"] is not None:  # None: one sample so far, nothing measured
+                rate.add_metric([g["group"]], g["commit_rate"])
         yield from (records, seconds, status, rate)
 
         runs = self.board.runs_table()

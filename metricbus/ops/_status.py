@@ -287,6 +287,11 @@ def collect(
     return snapshot(settings, board, groups, deadletters)
 
 
+def _rate(per_s: float | None) -> str:
+    """A group's commit rate; '-' from one sample (``--window S`` measures it)."""
+    return "-" if per_s is None else f"{per_s:.1f}"
+
+
 def _age(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -330,7 +335,7 @@ def format_status(snap: dict[str, Any]) -> str:
     for g in snap["groups"]:
         lines.append(
             f"  {_cut(g['group'], 40):<40} {g['status']:<5} lag {g['lag']:>7} records "
-            f"{_age(g['lag_s'] if g['lag'] else None):>6}  {g['commit_rate']:>8.1f} rec/s  {g['reason']}"
+            f"{_age(g['lag_s'] if g['lag'] else None):>6}  {_rate(g['commit_rate']):>8} rec/s  {g['reason']}"
         )
     for c in snap.get("catching_up", []):
         runs = ", ".join(_cut(r, 28) for r in c["runs"][:3]) + (", ..." if len(c["runs"]) > 3 else "")

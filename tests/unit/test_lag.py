@@ -18,6 +18,16 @@ def test_consuming_with_steady_lag_is_ok_and_reports_the_commit_rate():
     assert s.status == "OK" and s.lag == 10 and s.commit_rate == 2.0
 
 
+def test_one_sample_measures_no_commit_rate_and_status_says_so():
+    """From one sample a rate is unknown: `status` (one sample unless --window) shows '-', not a
+    0.0 rec/s that reads as a stuck consumer beside 'consuming, 10 records behind'."""
+    from metricbus.ops._status import _rate
+
+    s = evaluate([sample(0, 10, 20, 1.0)])
+    assert s.status == "OK" and s.commit_rate is None and _rate(s.commit_rate) == "-"
+    assert _rate(evaluate([sample(0, 10, 20, 1.0), sample(5, 20, 30, 1.0)]).commit_rate) == "2.0"
+
+
 def test_lag_growing_in_every_interval_is_warn():
     s = evaluate([sample(0, 10, 15, 1), sample(1, 12, 20, 1), sample(2, 14, 30, 1)])
     assert s.status == "WARN" and "grew" in s.reason

@@ -193,7 +193,7 @@ function pipelineView(status) {
     el("td", {}, el("span", { class: `status ${g.status}` }, g.status)),
     el("td", { class: "num" }, g.lag),
     el("td", { class: "num" }, g.lag ? age(g.lag_s) : "-"),
-    el("td", { class: "num" }, g.commit_rate.toFixed(1)),
+    el("td", { class: "num" }, g.commit_rate == null ? "-" : g.commit_rate.toFixed(1)),
     g.reason,
   ]);
   const dl = p.dead_letters || {};
