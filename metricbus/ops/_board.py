@@ -82,7 +82,7 @@ class RunView:
     last_step: int | None = None
     last_event_ms: int = 0
     events: int = 0
-    #: per-second event counts of the last minute (event time): (second, count)
+    #: per-second event counts of the last minute (event time): [second, count, its first ts_ms]
     recent: collections.deque[list[int]] = dataclasses.field(default_factory=lambda: collections.deque())
     #: per series its last points: (step, value or None, ts_ms)
     series: dict[str, collections.deque[tuple[int, float | None, int]]] = dataclasses.field(
@@ -168,8 +168,28 @@ class RunView:
         return "live"
 
     def events_per_s(self, now_ms: int) -> float:
-        since = now_ms // 1000 - 60
-        return round(sum(n for sec, n in self.recent if sec > since) / 60.0, 3)
+        """Events a second over the last minute, or over the part of it seen.
+
+        A run younger than a minute, or a board that read only the topics' last records
+        (``status``), is not divided by a minute it was not seen for.
+        """
+        seen = [(n, first) for sec, n, first in self.recent if sec > now_ms // 1000 - 60]
+        if not seen:
+            return 0.0
+        span_s = min(60.0, max(1.0, (now_ms - seen[0][1]) / 1000))  # from the first event seen
+        return round(sum(n for n, _ in seen) / span_s, 3)
+
+    def count(self, ts_ms: list[int]) -> None:
+        """Count events (their times) for :meth:`events_per_s`, in per-second buckets."""
+        recent = self.recent
+        for ts in ts_ms:
+            sec = ts // 1000
+            if recent and recent[-1][0] == sec:
+                recent[-1][1] += 1
+            else:
+                recent.append([sec, 1, ts])
+        while len(recent) > 61:
+            recent.popleft()
 
     def firing(self) -> list[dict[str, Any]]:
         return [a for a in self.alerts.values() if a["state"] == "firing"]
@@ -368,13 +388,7 @@ class RunBoard:
             view.ranks.update(set(columns.ranks))
         if view.last_event_ms < time.time() * 1000 - 61_000:
             return  # older than the last minute: no events/s to count
-        for sec, n in sorted(collections.Counter(ts // 1000 for ts in columns.ts_ms).items()):
-            if view.recent and view.recent[-1][0] == sec:
-                view.recent[-1][1] += n
-            else:
-                view.recent.append([sec, n])
-        while len(view.recent) > 61:
-            view.recent.popleft()
+        view.count(sorted(columns.ts_ms))
 
     def fold(self, events: Any, alerts: Any = ()) -> None:
         """Fold decoded events and alert records (an archived run's, and the rules run over it).
@@ -401,13 +415,7 @@ class RunBoard:
         if not derived:
             view.events += 1
             view.last_event_ms = max(view.last_event_ms, ts_ms)
-            sec = ts_ms // 1000
-            if view.recent and view.recent[-1][0] == sec:
-                view.recent[-1][1] += 1
-            else:
-                view.recent.append([sec, 1])
-                while len(view.recent) > 61:
-                    view.recent.popleft()
+            view.count([ts_ms])
         if kind == METRICS:
             step = body["step"]
             if not derived:

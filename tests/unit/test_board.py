@@ -34,6 +34,23 @@ def test_a_config_nested_past_the_recursion_limit_is_left_out_and_the_run_still_
     assert run["series"]["Train/Loss"] == [[3, 0.5, 1_700_000_000_001]] and board.skipped == 0
 
 
+def test_events_per_second_are_over_the_time_seen_not_a_whole_minute(tmp_path):
+    """`status` reads the topics' last records: a run logging 100 events a second, seen for its
+    last 10 s, read 16.7 events/s (divided by a minute); and so did any run younger than a minute."""
+    board = RunBoard(Settings(data_dir=tmp_path))
+    now_ms = 1_700_000_100_000
+    events = [(i, METRICS, metrics(i)) for i in range(1000)]  # 100 a second over the last 10 s
+    board.take(
+        board.settings.topics.events,
+        encode_events(CODEC, "r1", "p1", [(seq, now_ms - 10_000 + seq * 10, k, b) for seq, k, b in events]),
+    )
+    view = board.runs["r1"]
+    assert view.events_per_s(now_ms) == 100.0  # from the first event, 10 s before now
+    assert view.events_per_s(now_ms + 120_000) == 0.0  # nothing in the last minute
+    later = now_ms + 49_000  # the first of them 59 s before: over those 59 s
+    assert view.events_per_s(later) == round(1000 / 59, 3)
+
+
 def test_a_stream_naming_endless_ranks_keeps_a_bounded_list(tmp_path):
     board = RunBoard(Settings(data_dir=tmp_path))
     events = [(i, METRICS, metrics(i, rank=i)) for i in range(MAX_RANKS + 100)]
