@@ -176,7 +176,8 @@ class RunView:
         seen = [(n, first) for sec, n, first in self.recent if sec > now_ms // 1000 - 60]
         if not seen:
             return 0.0
-        span_s = min(60.0, max(1.0, (now_ms - seen[0][1]) / 1000))  # from the first event seen
+        first = min(ts for _, ts in seen)  # ranks' records interleave: not always the oldest bucket
+        span_s = min(60.0, max(1.0, (now_ms - first) / 1000))
         return round(sum(n for n, _ in seen) / span_s, 3)
 
     def count(self, ts_ms: list[int]) -> None:
