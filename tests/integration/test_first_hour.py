@@ -139,7 +139,7 @@ def test_a_plain_script_and_every_command_find_the_stack_up_started_and_a_dead_o
     assert [r["run_id"] for r in listed] == [run_id] and listed[0]["finished"]
 
 
-def test_finish_with_the_broker_refusing_returns_in_under_a_second_and_sync_delivers_everything(
+def test_finish_with_the_broker_refusing_returns_long_before_its_timeout_and_sync_delivers_everything(
     settings, tmp_path
 ):
     refusing = Settings(
@@ -149,8 +149,10 @@ def test_finish_with_the_broker_refusing_returns_in_under_a_second_and_sync_deli
     for step in range(200):
         run.log({"Train/Loss": float(step)}, step=step)
     started = time.monotonic()
-    assert run.finish() is False
-    assert time.monotonic() - started < 1.0
+    assert run.finish() is False  # its timeout: 10 s
+    # it gives up after 0.5 s of refused connections (REFUSED_GIVE_UP_S); 3 s leaves a loaded
+    # machine room while still telling it from waiting out the timeout
+    assert time.monotonic() - started < 3.0
     out = subprocess.run(cli(settings, "sync"), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     codec = default_codec()
