@@ -13,7 +13,7 @@ to the dead-letter topic (:meth:`HeldRecords.unseen`, :meth:`HeldRecords.take`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 #: Records held for runs not seen yet past which a sink stops reading their topics until it
@@ -67,19 +67,15 @@ class HeldRecords:
         released, self._released = self._released, []
         return released
 
-    def records(self) -> Iterator[Any]:
-        for held in [*self.derived.values(), *self.alerts.values()]:
-            for record, _ in held:
-                yield record
-
     def limit(self, uncommitted: dict[Any, int]) -> None:
         """Lower ``uncommitted`` (offsets to commit) so that none is past a held record."""
         from aiokafka import TopicPartition
 
-        for record in self.records():
-            tp = TopicPartition(record.topic, record.partition)
-            if tp in uncommitted:
-                uncommitted[tp] = min(uncommitted[tp], record.offset)
+        for held in [*self.derived.values(), *self.alerts.values()]:
+            for record, _ in held:
+                tp = TopicPartition(record.topic, record.partition)
+                if tp in uncommitted:
+                    uncommitted[tp] = min(uncommitted[tp], record.offset)
 
     def pause_or_resume(self) -> str | None:
         """'pause' once MAX_HELD_RECORDS are held, 'resume' at half as many, else None."""

@@ -39,9 +39,6 @@ class Children:
     def __iter__(self) -> Iterator[Child]:
         return iter(self.all)
 
-    def __len__(self) -> int:
-        return len(self.all)
-
     def start(self, child: Child) -> None:
         child.proc = _proc.spawn(child.argv, log_path=child.log_path, env=self._env, report=self._report)
         child.started = time.monotonic()
