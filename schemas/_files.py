@@ -149,3 +149,20 @@ class Ledger:
             record = {"format": 2, "seqs": self.intervals(), "files": self.files}
             atomic_write(self.path, json.dumps(record).encode())
             self.dirty = False
+
+    def save_shared(self) -> None:
+        """``save`` to a file other processes save to too (the instances of one consumer group).
+
+        Under an exclusive lock on ``<file>.lock``, what the file holds now is merged in first,
+        so no instance's save drops what another saved; ``load`` then also sees what the others
+        took.
+        """
+        import fcntl
+
+        if not self.dirty:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "ab") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file closes
+            self.load()
+            self.save()

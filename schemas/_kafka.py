@@ -110,13 +110,13 @@ def ensure_topics(settings: Settings, timeout_s: float = 10.0, admin: Any = None
     """Create any missing metricbus topic (idempotent); return the names it created.
 
     The events, aggregates and alerts topics get ``settings.partitions`` partitions; the
-    dead-letter topic one. Raises BrokerError when the broker cannot be reached. ``admin``:
+    dead-letter and alive topics one. Raises BrokerError when the broker cannot be reached. ``admin``:
     a KafkaAdminClient of the caller's to use (and leave open) instead of connecting one.
     """
     topics = settings.topics
     return _create_topics(
         settings,
-        {name: 1 if name == topics.deadletter else settings.partitions for name in topics.all()},
+        {n: 1 if n in (topics.deadletter, topics.alive) else settings.partitions for n in topics.all()},
         timeout_s,
         admin,
     )
@@ -438,9 +438,11 @@ def read_topic(
     return asyncio.run(main())
 
 
-#: A consumer's commits carry when it was last alive, in each offset's metadata: brokers say who
-#: is in a group, not when it last committed, and the embedded broker keeps a member that died
-#: in its group. ``metricbus status`` reads it to tell a consumer alive and slow from one stopped.
+#: When a consumer was last alive: its commits carry it in each offset's metadata, and it says it
+#: on the alive topic (``Topics.alive``; the embedded broker keeps no commit metadata). Brokers
+#: say who is in a group, not when it last committed, and the embedded broker keeps a member that
+#: died in its group. ``metricbus status`` reads both to tell a consumer alive and slow from one
+#: stopped.
 ALIVE_PREFIX = "metricbus alive "
 
 

@@ -47,6 +47,16 @@ class Topics:
         return f"{self.prefix}deadletter"
 
     @property
+    def alive(self) -> str:
+        """Alive stamps: every metricbus consumer says here every few seconds that it runs.
+
+        Keyed by its consumer group (the newest stamp of each group is what counts), so
+        ``metricbus status`` tells a group that consumes slowly from one that stopped on any
+        broker; the embedded one keeps no commit metadata and lists a member that died.
+        """
+        return f"{self.prefix}alive"
+
+    @property
     def restarting(self) -> str:
         """A marker that exists only while ``metricbus up`` restarts its embedded broker.
 
@@ -69,7 +79,7 @@ class Topics:
 
     def all(self) -> tuple[str, ...]:
         """Every topic, in creation order (not the markers)."""
-        return (self.events, self.aggregates, self.alerts, self.deadletter)
+        return (self.events, self.aggregates, self.alerts, self.deadletter, self.alive)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -97,7 +97,9 @@ class ConsumerLoop:
         self._consumer: Any = None
         self._producer: Any = None
         self._uncommitted: dict[Any, int] = {}
-        self._committed: dict[Any, int] = {}  #: what this process last committed, per partition
+        #: per partition it holds: what this process last committed, or found committed when
+        #: the partition was assigned to it
+        self._committed: dict[Any, int] = {}
         self._last_flush = time.monotonic()
         self._flush_lock = asyncio.Lock()
         #: bumped at each revocation: a write prepared before one is refused (:meth:`_owned_write`)
@@ -248,28 +250,38 @@ class ConsumerLoop:
 
     async def _commit(self, offsets: dict[Any, int]) -> None:
         """Commit ``offsets``, each with this moment as its metadata (``schemas.alive_stamp``)."""
+        async with self._commit_lock:
+            await self._commit_locked(offsets)
+
+    async def _commit_locked(self, offsets: dict[Any, int]) -> None:
         from aiokafka.structs import OffsetAndMetadata
 
-        async with self._commit_lock:
-            stamp = alive_stamp()
-            await self._consumer.commit({tp: OffsetAndMetadata(o, stamp) for tp, o in offsets.items()})
-            self._committed.update(offsets)
+        stamp = alive_stamp()
+        await self._consumer.commit({tp: OffsetAndMetadata(o, stamp) for tp, o in offsets.items()})
+        self._committed.update(offsets)
 
     async def _say_alive(self) -> None:
-        """Commit what was committed again, with a new alive stamp, every ALIVE_EVERY_S.
+        """Every ALIVE_EVERY_S, an alive stamp on the alive topic and on what it committed.
 
         So ``status`` sees this consumer alive while it waits on a slow destination (the flush
-        runs on a thread: this loop is free meanwhile) or has nothing to read. Only partitions
-        it holds now; a commit refused (a rebalance) is tried again at the next beat.
+        runs on a thread: this loop is free meanwhile) or has nothing to read. The stamp on the
+        alive topic is keyed by its group; what was committed is committed again with the stamp
+        as metadata (only partitions it holds now; a commit refused, as in a rebalance, is tried
+        again at the next beat).
         """
+        topic, key = self.settings.topics.alive, self.group_id.encode()
         while True:
-            await asyncio.sleep(ALIVE_EVERY_S)
-            held = set(self._consumer.assignment())
-            mine = {tp: o for tp, o in self._committed.items() if tp in held}
-            if not mine:
-                continue
             try:
-                await self._commit(mine)
+                await self._producer.send(topic, alive_stamp().encode(), key=key)
+            except Exception as exc:  # noqa: BLE001 - a missed beat: status sees it older, no more
+                log.debug("%s: alive stamp not sent (%s)", self.name, exc)
+            await asyncio.sleep(ALIVE_EVERY_S)
+            try:
+                async with self._commit_lock:  # what it holds committed now, not a commit ago
+                    held = set(self._consumer.assignment())
+                    mine = {tp: o for tp, o in self._committed.items() if tp in held}
+                    if mine:
+                        await self._commit_locked(mine)
             except Exception as exc:  # noqa: BLE001 - a missed beat: status sees it older, no more
                 log.debug("%s: alive stamp not committed (%s)", self.name, exc)
 
@@ -277,7 +289,7 @@ class ConsumerLoop:
         """Before the group is joined (its clients started): nothing by default."""
 
     async def _commit_start(self, assigned: Any) -> None:
-        """Commit the log start of each assigned partition this group has no commit on.
+        """Commit the log start of each assigned partition this group has no commit on; note the others'.
 
         Where the group reads from anyway (earliest). Until then the group was invisible to
         `metricbus up`'s planned broker restart, which carries over what each group still needs
@@ -285,7 +297,11 @@ class ConsumerLoop:
         """
         consumer = self._consumer
         try:
-            fresh = [tp for tp in assigned if await consumer.committed(tp) is None]
+            found = {tp: await consumer.committed(tp) for tp in assigned}
+            # what the group committed on them is this member's to stamp alive (_say_alive),
+            # also before it commits anything itself (held records can keep it from that)
+            self._committed.update({tp: o for tp, o in found.items() if o is not None})
+            fresh = [tp for tp, o in found.items() if o is None]
             if fresh:
                 starts = await consumer.beginning_offsets(fresh)
                 await self._commit({tp: starts[tp] for tp in fresh})

@@ -286,8 +286,13 @@ class AlertRunner(ConsumerLoop):
         return int(self.ledger.dirty)
 
     def flush(self) -> None:
-        """Save the ledger (before the offsets are committed)."""
-        self.ledger.save()
+        """Save the ledger (before the offsets are committed), beside the group's other instances."""
+        self.ledger.save_shared()
+
+    async def _commit_start(self, assigned: Any) -> None:
+        """Partitions came: what the group's other instances delivered of them is in the ledger."""
+        self.ledger.load()  # a small file
+        await super()._commit_start(assigned)
 
     async def _process(self, records: list[Any]) -> None:
         decoded: list[tuple[Any, dict[str, Any] | None, str]] = []

@@ -107,7 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers", type=int, default=1, help="stream workers in the group (they share the partitions)"
     )
     s.add_argument(
-        "--sink-instances", type=int, default=1, help="instances of each sink in its group (share partitions)"
+        "--sink-instances",
+        type=int,
+        default=1,
+        help="instances of each sink and alert deliverer in its group (they share partitions)",
     )
     s.set_defaults(func=cmd_up)
 
@@ -288,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--stop-after",
         type=float,
         default=30.0,
-        help="a group with no member whose oldest waiting record is older than this is STOP",
+        help="a group whose oldest waiting record is older than this, and which has no member or "
+        "no consumer that said it runs within this time, is STOP (they say so every 5 s)",
     )
     s.add_argument("--since", type=float, metavar="S", help="read runs from the last S seconds only")
     s.add_argument(

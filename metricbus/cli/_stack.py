@@ -118,7 +118,7 @@ def up_consumers(args: argparse.Namespace) -> dict[str, list[str]]:
                 consumers[name] = [*consumers[name], f"--{flag}", path]
     for count, names in (
         (args.workers, ["stream-worker"]),
-        (args.sink_instances, [n for n in consumers if n.startswith("sink-")]),
+        (args.sink_instances, [n for n in consumers if n.startswith(("sink-", "alerts-"))]),
     ):
         if count < 1:
             raise MetricbusError("--workers and --sink-instances must be at least 1")

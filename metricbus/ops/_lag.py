@@ -11,12 +11,13 @@ consumer group of its own is joined, none is created.
 
 Status per partition, from the last sample and, when there are several, the window of them
 (Burrow's rules, adapted to what a broker tells every client: commit timestamps are not among
-it, so metricbus's consumers commit an alive stamp in each offset's metadata every few
-seconds, and a group's members are asked too):
+it, so metricbus's consumers say every few seconds that they run, on the alive topic and in
+each committed offset's metadata (the embedded broker keeps no such metadata, and lists a
+member that died), and a group's members are asked too):
 
 - OK: no lag in the last sample or in any sample of the window (records just arrived), or
   the group commits and its lag does not grow;
-- SLOW: records wait, and a consumer of the group committed an alive stamp within
+- SLOW: records wait, and a consumer of the group said it runs within
   ``stop_after_s``: it runs, however slowly it consumes (a slow destination); with a window,
   its commit rate is said beside the lag;
 - WARN: the group commits, but its lag grew in every interval of the window;
@@ -51,6 +52,10 @@ from metricbus.schemas import (
 log = logging.getLogger("metricbus.lag")
 
 #: Order of badness, for a group's status (its worst partition's).
+#: the newest records of the alive topic a sample reads: a stamp of each consumer every 5 s,
+#: so several minutes of a stack's consumers
+STAMPS_READ = 500
+
 STATUSES = ("OK", "SLOW", "WARN", "STALL", "STOP", "ERR")
 
 
@@ -265,8 +270,12 @@ class LagProbe:
             }
             for group, found in offsets.items()
         }
-        alive = {  # when each group's consumers last said they were alive (a commit's metadata)
-            group: max(filter(None, (alive_at(m.metadata) for m in found.values() if m)), default=None)
+        stamped = self._stamps(consumer)
+        alive = {  # when each group's consumers last said they were alive: a commit's metadata, a stamp
+            group: max(
+                filter(None, [stamped.get(group), *(alive_at(m.metadata) for m in found.values() if m)]),
+                default=None,
+            )
             for group, found in offsets.items()
         }
         members = group_members(admin, names)
@@ -313,6 +322,33 @@ class LagProbe:
             alive_s = round(max(0.0, now - seen), 3) if seen is not None else None
             out[group] = GroupSample(group, now, parts, members=members.get(group), alive_s=alive_s)
         return out
+
+    def _stamps(self, consumer: Any) -> dict[str, float]:
+        """When each group last said it runs (epoch seconds), from the alive topic's newest records.
+
+        Empty when the topic cannot be read (a broker set up before it existed).
+        """
+        from kafka import TopicPartition
+        from kafka.errors import KafkaError
+
+        tp = TopicPartition(self.settings.topics.alive, 0)
+        found: dict[str, float] = {}
+        try:
+            start, end = consumer.beginning_offsets([tp])[tp], consumer.end_offsets([tp])[tp]
+            if end <= start:
+                return found
+            consumer.assign([tp])
+            consumer.seek(tp, max(start, end - STAMPS_READ))
+            deadline = time.monotonic() + self.timeout_s
+            while consumer.position(tp) < end and time.monotonic() < deadline:
+                for record in consumer.poll(timeout_ms=ONE_SHOT_POLL_MS).get(tp, []):
+                    group = (record.key or b"").decode("utf-8", "replace")
+                    at = alive_at((record.value or b"").decode("utf-8", "replace"))
+                    if at is not None and at > found.get(group, 0.0):
+                        found[group] = at
+        except (KafkaError, KeyError) as exc:
+            log.debug("cannot read the alive stamps (%s)", exc)
+        return found
 
     def ends(self, at: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
         """The high watermark of each (topic, partition) of ``at``, from a Fetch at its offset."""

@@ -296,7 +296,7 @@ class Stack:
             + (" (embedded, memory-only)" if self.broker else "")
         ]
         t = self.settings.topics
-        lines.append(f"topics       {t.events}  {t.aggregates}  {t.alerts}  {t.deadletter}")
+        lines.append(f"topics       {'  '.join(t.all())}")
         lines.append(f"archive      {self.settings.archive_dir}")
         lines.append(f"spool        {self.settings.spool_dir}")
         for child in self.children:

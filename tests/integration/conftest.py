@@ -73,6 +73,22 @@ def read_events(settings: Settings, count: int, timeout: float = 30.0) -> list[t
     return events
 
 
+def spread_run_ids(partitions: int, per_partition: int, prefix: str = "scale") -> list[str]:
+    """Run ids the producer's key partitioner spreads ``per_partition`` to each partition, in
+    partition order."""
+    from kafka.partitioner.default import murmur2
+
+    ids: dict[int, list[str]] = {p: [] for p in range(partitions)}
+    n = 0
+    while any(len(v) < per_partition for v in ids.values()):
+        candidate = f"{prefix}-{uuid.uuid4().hex[:8]}-{n}"
+        n += 1
+        p = (murmur2(candidate.encode()) & 0x7FFFFFFF) % partitions
+        if len(ids[p]) < per_partition:
+            ids[p].append(candidate)
+    return [r for p in range(partitions) for r in ids[p]]
+
+
 def cli(settings: Settings, *args: str) -> list[str]:
     return [
         sys.executable,

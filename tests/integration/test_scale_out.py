@@ -12,7 +12,6 @@ import time
 import uuid
 
 import pytest
-from kafka.partitioner.default import murmur2
 
 from metricbus.producers import Run
 from metricbus.schemas import METRICS, RUN_FINISHED, Event, aggregate_points, default_codec, ensure_topics
@@ -20,7 +19,7 @@ from metricbus.sinks import read_events
 from metricbus.stream_jobs import StreamProcessor, derive_all, load_rules
 from metricbus.stream_jobs._rules import DEFAULT_RULES
 
-from .conftest import SinkProcess, cli, read_topic
+from .conftest import SinkProcess, cli, read_topic, spread_run_ids
 
 pytestmark = pytest.mark.integration
 
@@ -39,15 +38,7 @@ def wide(settings):
 
 def run_ids() -> list[str]:
     """Run ids that the producer's key partitioner spreads two to each partition."""
-    ids: dict[int, list[str]] = {p: [] for p in range(PARTITIONS)}
-    n = 0
-    while any(len(v) < RUNS // PARTITIONS for v in ids.values()):
-        candidate = f"scale-{uuid.uuid4().hex[:8]}-{n}"
-        n += 1
-        p = (murmur2(candidate.encode()) & 0x7FFFFFFF) % PARTITIONS
-        if len(ids[p]) < RUNS // PARTITIONS:
-            ids[p].append(candidate)
-    return [r for p in range(PARTITIONS) for r in ids[p]]
+    return spread_run_ids(PARTITIONS, RUNS // PARTITIONS)
 
 
 def values(run: int, step: int) -> dict[str, float]:

@@ -204,3 +204,41 @@ def test_status_with_no_stack_samples_in_one_round_and_joins_or_creates_no_consu
     assert {p["topic"] for p in only["partitions"]} == {settings.topics.alerts}, only
     assert only["lag"] == 0 and only["status"] == "OK", only
     assert run.finish(timeout=20)
+
+
+def test_a_consumer_that_says_it_runs_is_slow_not_stop_though_the_broker_keeps_no_commit_metadata(settings):
+    """The embedded broker drops what a commit says beside its offset and lists a member that
+    died: a consumer says it runs on the alive topic, and `status` reads that."""
+    from kafka import KafkaProducer
+
+    from metricbus.schemas import alive_stamp
+
+    slow = f"{settings.topic_prefix}sink.slowpoke"
+    run = Run("ops", name="slow-run", settings=settings, system_metrics=False)
+    run.log({"loss": 1.0}, step=0)
+    assert run._publisher.flush(20)
+    member = KafkaConsumer(  # in the group, heartbeating, and reading nothing more
+        settings.topics.events, group_id=slow, enable_auto_commit=False, **client_options(settings)
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not member.assignment() and time.monotonic() < deadline:
+            member.poll(timeout_ms=200)
+        # records wait from the start; the alive stamp in the commit's metadata is lost
+        member.commit({tp: OffsetAndMetadata(0, alive_stamp(), -1) for tp in member.assignment()})
+        time.sleep(2.5)  # the records waited longer than --stop-after
+        rc, snap = status(settings, "--stop-after", "2", "--sample")
+        stopped = group(snap, slow)
+        assert stopped["status"] == "STOP" and rc == 1, stopped  # nothing says it runs
+
+        producer = KafkaProducer(**client_options(settings), enable_idempotence=False)
+        producer.send(settings.topics.alive, key=slow.encode(), value=alive_stamp().encode())
+        producer.flush()
+        producer.close()
+        rc, snap = status(settings, "--stop-after", "2", "--sample")
+        slowed = group(snap, slow)
+        assert slowed["status"] == "SLOW" and "consuming (alive " in slowed["reason"], slowed
+        assert slowed["lag"] >= 1 and rc == 0
+    finally:
+        member.close()
+    assert run.finish(timeout=20)

@@ -83,3 +83,20 @@ def test_a_records_span_is_its_one_producers_first_and_last_seq():
         (6 + i, 2, METRICS, {**body, "step": i}) for i in range(3)
     ]
     assert record_span(*decode_record(codec, encode_events(codec, "r", "prod", rows))) == ("prod", 5, 8, 4)
+
+
+def test_instances_of_one_group_saving_one_ledger_keep_what_each_other_saved(tmp_path):
+    """Two alert consumers of one group in one data dir save one ledger: neither drops what the
+    other delivered."""
+    from metricbus.schemas import Ledger
+
+    path = tmp_path / "alerts" / "metricbus.alerts.console.json"
+    first, second = Ledger(path).load(), Ledger(path).load()
+    first.add("run-a", 0)
+    second.add("run-b", 0)
+    first.save_shared()
+    second.save_shared()
+    saved = Ledger(path).load()
+    assert saved.has("run-a", 0) and saved.has("run-b", 0)
+    handed = Ledger(path).load()  # run-a's partition moved to an instance started before
+    assert handed.has("run-a", 0)

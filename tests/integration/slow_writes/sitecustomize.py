@@ -1,0 +1,60 @@
+"""Slows one instance of each metricbus sink, for tests/integration/test_sink_instances.py.
+
+Python imports this module at the start of every process with this folder on PYTHONPATH and
+``METRICBUS_TEST_SLOW_DIR`` set. The first process of each kind of sink (``sink parquet``,
+``sink tensorboard``, ``sink wandb``, ``alerts``) to create ``<dir>/<kind>`` is elected (it
+writes its pid there) and then takes ``METRICBUS_TEST_SLOW_S`` seconds longer over every write
+and every flush of its destination: a destination slower than the group's session timeout.
+Every other process is left as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+
+
+def _kind(argv: list[str]) -> str | None:
+    if "sink" in argv and argv.index("sink") + 1 < len(argv):
+        return argv[argv.index("sink") + 1]
+    return "alerts" if "alerts" in argv else None
+
+
+def _elected(where: str, kind: str) -> bool:
+    try:
+        fd = os.open(os.path.join(where, kind), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    return True
+
+
+def _slow_down(seconds: float) -> None:
+    from metricbus.sinks._loop import ConsumerLoop
+
+    owned_write = ConsumerLoop._owned_write
+    flush_and_commit = ConsumerLoop._flush_and_commit_locked
+
+    async def slow_write(self, prepared_at, write):  # type: ignore[no-untyped-def]
+        def slowly():  # type: ignore[no-untyped-def]
+            time.sleep(seconds)
+            return write()
+
+        return await owned_write(self, prepared_at, slowly)
+
+    async def slow_flush(self) -> None:  # type: ignore[no-untyped-def]
+        if self.pending():
+            await asyncio.to_thread(time.sleep, seconds)
+        await flush_and_commit(self)
+
+    ConsumerLoop._owned_write = slow_write  # type: ignore[method-assign]
+    ConsumerLoop._flush_and_commit_locked = slow_flush  # type: ignore[method-assign]
+
+
+_where = os.environ.get("METRICBUS_TEST_SLOW_DIR")
+_what = _kind(sys.argv)
+if _where and _what and _elected(_where, _what):
+    _slow_down(float(os.environ.get("METRICBUS_TEST_SLOW_S", "7")))
