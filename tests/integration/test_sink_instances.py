@@ -78,6 +78,7 @@ def test_two_instances_of_every_sink_one_slow_one_killed_keep_every_step_once(tm
     statuses = Statuses(settings)
     try:
         wait_line(proc, "metricbus is up", timeout=60)
+        settled(tmp_path / "logs")  # both instances of each sink joined: no rebalance to come
         ids = spread_run_ids(PARTITIONS, RUNS // PARTITIONS)
         runs = [Run("scale", run_id=r, settings=settings, system_metrics=False) for r in ids]
         slowed = wait_elected(slow)
@@ -91,6 +92,8 @@ def test_two_instances_of_every_sink_one_slow_one_killed_keep_every_step_once(tm
                 time.sleep(1.0)
             if step == KILL_AT:
                 alerts_delivered(settings, tmp_path, timeout=90)  # the NaN alerts' commits are in
+                for kind in ("parquet", "tensorboard", "wandb"):
+                    kept_its_partitions_through_a_slow_write(tmp_path / "logs", kind)
                 killed = kill_the_others(proc.pid, slowed)
         for run in runs:
             assert run.finish(timeout=30)
@@ -119,6 +122,50 @@ def wait_elected(where: Path, timeout: float = 60.0) -> dict[str, int]:
             return {k: int(v) for k, v in pids.items()}
         time.sleep(0.2)
     raise AssertionError(f"not every sink has a slowed instance: {sorted(p.name for p in where.iterdir())}")
+
+
+def kept_its_partitions_through_a_slow_write(logs: Path, kind: str, timeout: float = 60.0) -> None:
+    """The slowed instance of ``kind`` wrote once past its session timeout, and its group did
+    not move a partition meanwhile: no instance of it was assigned any from the write's start
+    until 5 s after its end (a session that expired would have been noticed by then)."""
+    mark = "metricbus test: slowed:"
+
+    def texts() -> dict[str, list[str]]:
+        return {log.name: log.read_text().splitlines() for log in logs.glob(f"sink-{kind}*.log")}
+
+    def slowed() -> list[str]:
+        return next((t for t in texts().values() if any(f"{mark} this instance" in x for x in t)), [])
+
+    wait(lambda: any(f"{mark} a write took" in line for line in slowed()), timeout, f"{kind}: a slow write")
+    begun = next(at(line) for line in slowed() if f"{mark} a write begins" in line)
+    done = next(at(line) for line in slowed() if f"{mark} a write took" in line)
+    time.sleep(max(0.0, done + 5.0 - time.time()))
+    moved = [x for t in texts().values() for x in t if " assigned [" in x and begun <= at(x) <= done + 5.0]
+    assert not moved, moved
+
+
+def at(line: str) -> float:
+    """When a log line was written (epoch seconds), from its leading local time."""
+    import datetime
+
+    return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def settled(logs: Path, timeout: float = 90.0) -> None:
+    """Every instance of every sink has its partitions, and no assignment came for 3 s."""
+
+    def counts() -> dict[str, int]:
+        return {log.name: log.read_text().count(" assigned [") for log in logs.glob("sink-*.log")}
+
+    deadline = time.monotonic() + timeout
+    before = counts()
+    while time.monotonic() < deadline:
+        time.sleep(3.0)
+        now = counts()
+        if len(now) == 2 * (len(KINDS) - 1) and all(now.values()) and now == before:
+            return
+        before = now
+    raise AssertionError(f"the sinks' groups never settled: {before}")
 
 
 def kill_the_others(up_pid: int, slowed: dict[str, int]) -> dict[str, int]:

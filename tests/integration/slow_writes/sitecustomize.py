@@ -32,6 +32,13 @@ def _elected(where: str, kind: str) -> bool:
     return True
 
 
+def _say(what: str) -> None:
+    """A line as the log's others begin: when (local time, ms), then MARK and what."""
+    now = time.time()
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now * 1000) % 1000:03d}"
+    print(f"{when} {MARK} {what}", file=sys.stderr, flush=True)
+
+
 def _slow_down(seconds: float) -> None:
     from metricbus.sinks._loop import ConsumerLoop
 
@@ -40,7 +47,9 @@ def _slow_down(seconds: float) -> None:
 
     async def slow_write(self, prepared_at, write):  # type: ignore[no-untyped-def]
         def slowly():  # type: ignore[no-untyped-def]
+            _say("a write begins")
             time.sleep(seconds)
+            _say(f"a write took {seconds}s")
             return write()
 
         return await owned_write(self, prepared_at, slowly)
@@ -54,7 +63,11 @@ def _slow_down(seconds: float) -> None:
     ConsumerLoop._flush_and_commit_locked = slow_flush  # type: ignore[method-assign]
 
 
+#: what this module writes to the process's output (its log under `up`)
+MARK = "metricbus test: slowed:"
+
 _where = os.environ.get("METRICBUS_TEST_SLOW_DIR")
 _what = _kind(sys.argv)
 if _where and _what and _elected(_where, _what):
+    _say(f"this instance (pid {os.getpid()})")
     _slow_down(float(os.environ.get("METRICBUS_TEST_SLOW_S", "7")))
