@@ -9,9 +9,8 @@ import logging
 import math
 import operator
 from collections.abc import Iterable
-from functools import partial
 from itertools import islice, repeat
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -28,76 +27,19 @@ from metricbus.schemas import (
 )
 
 from ._config import StreamConfig
+from ._epochs import Epoch, Roles, epoch_points
 from ._labels import LabelSeries
+from ._points import Column, Point, point_of
 from ._ranks import RankMerger
 from ._roles import RoleBinding
 from ._statistics import STATISTICS, Series
-from ._stats import Blocks, Welford, Window, fsum, trend_class
+from ._stats import Welford, Window, fsum
 
 log = logging.getLogger("metricbus.stream")
 
 
-#: Epoch/RewardCV is emitted only when the epoch's mean reward is at least this share of the
-#: size of its largest per-step average (else the mean is near 0 and the ratio means nothing)
-CV_MIN_MEAN_SHARE = 0.1
-
-
-class Point(NamedTuple):
-    """One derived value; becomes an Aggregate record.
-
-    A NamedTuple: hundreds of thousands are made per second, and a frozen dataclass costs
-    several times more to build.
-    """
-
-    name: str
-    source: str
-    kind: str
-    step: int
-    epoch: int | None
-    value: float
-    ts_ms: int
-
-    def as_record(self) -> dict[str, Any]:
-        """The Aggregate Avro record."""
-        return self._asdict()
-
-
-#: a Point from a tuple of its fields, all in C (``Point._make`` is a Python call a point)
-_point_of = partial(tuple.__new__, Point)
-
-
-class Column(NamedTuple):
-    """One logged series over a stretch of an input record: its values with their steps and times."""
-
-    name: str
-    values: list[float]
-    steps: list[int]
-    ts_ms: list[int]
-
-
-class _Epoch:
-    __slots__ = (
-        "reward",
-        "reward_samples",
-        "loss",
-        "samples",
-        "counted",
-        "steps",
-        "sums",
-        "last_step",
-    )
-
-    def __init__(self) -> None:
-        # Epoch/AvgReward and RewardVariance are over the epoch's per-step average rewards,
-        # however the user logs them: the logged average, or the mean of the step's samples
-        self.reward = Blocks()  # the logged per-step average
-        self.reward_samples = Welford()  # the means of per-sample rewards, preferred when logged
-        self.loss = Blocks()
-        self.samples = 0  # the sizes of the logged per-sample arrays
-        self.counted: float | None = None  # the explicit sample counts logged (cfg.sample_count_metric)
-        self.steps = 0
-        self.sums: dict[str, float] = {}
-        self.last_step = 0
+#: checkpoints written before the epoch's class moved to ``_epochs`` name it here
+_Epoch = Epoch
 
 
 class RunDeriver:
@@ -113,7 +55,7 @@ class RunDeriver:
         self._sample_windows: dict[str, Window] = {}
         self._sample_totals: dict[str, Welford] = {}
         self._throughput: dict[str, tuple[Welford, Window]] = {}
-        self._epoch: _Epoch | None = None
+        self._epoch: Epoch | None = None
         self._epoch_no: int | None = None
         self._previous: dict[str, float] = {}
         self._last_step = 0
@@ -372,7 +314,7 @@ class RunDeriver:
             out.extend(self._close_epoch(stamps[0]))
         if epoch is not None:
             if self._epoch is None:
-                self._epoch = _Epoch()
+                self._epoch = Epoch()
             self._epoch_no = epoch
         ep = self._epoch
         if ep is not None:
@@ -499,7 +441,7 @@ class RunDeriver:
                 found = [sum(x) / len(x) for x in windows]
             derived, kind = repeat(f"{name}_{stat}", k), repeat(STATISTICS[stat].kind, k)
             columns = zip(derived, repeat(name, k), kind, at_steps, same, found, at_stamps, strict=True)
-            out.extend(map(_point_of, columns))
+            out.extend(map(point_of, columns))
             same = repeat(epoch, k)
         for x in values[start:]:
             last = last * w + c * x
@@ -641,58 +583,9 @@ class RunDeriver:
         ep, number = self._epoch, self._epoch_no
         if ep is None or number is None or ep.steps == 0:
             return []
-        self._epoch = _Epoch()
-        out: list[Point] = []
-
-        def point(name: str, source: str, kind: str, value: float) -> None:
-            out.append(Point(name, source, kind, ep.last_step, number, value, ts))
-
-        cfg = self.cfg
-        samples = ep.reward_samples.count > 0
-        reward = ep.reward_samples if samples else ep.reward.total()
-        if reward.count:
-            avg = reward.mean
-            source = (self._reward_samples.name if samples else self._reward.name) or "?"
-            point("Epoch/AvgReward", source, "epoch_mean", avg)
-            point("Epoch/RewardVariance", source, "epoch_variance", reward.variance)
-            # scale-free spread, for rules that must fit any reward scale; undefined (no point)
-            # where the mean is near 0 beside the epoch's own values, where std / |mean| says how
-            # close to 0 the mean is rather than how spread the rewards are
-            if avg != 0 and abs(avg) >= CV_MIN_MEAN_SHARE * max(abs(reward.min), abs(reward.max)):
-                point("Epoch/RewardCV", source, "epoch_cv", reward.std / abs(avg))
-            if "reward" in self._previous:
-                point("Epoch/RewardTrend", source, "epoch_trend", avg - self._previous["reward"])
-            self._previous["reward"] = avg
-        if (losses := ep.loss.total()).count:
-            loss = losses.mean
-            source = self._loss.name or "?"
-            point("Epoch/AvgLoss", source, "epoch_mean", loss)
-            if "loss" in self._previous:
-                # positive = improving, as loss should decrease (seed 004)
-                point("Epoch/LossTrend", source, "epoch_trend", self._previous["loss"] - loss)
-            self._previous["loss"] = loss
-        if ep.counted is not None:  # what the user counted wins over the arrays it logged
-            point("Epoch/NumSamples", cfg.sample_count_metric, "count", ep.counted)
-        elif ep.samples:
-            point("Epoch/NumSamples", "*", "count", float(ep.samples))
-        for suffix, total in sorted(ep.sums.items()):
-            point(f"Epoch/{suffix}", f"*{suffix}", "epoch_sum", total)
-        # the reward's per-step values: its samples' step means when it logs samples (as above)
-        rewards = (self._reward_samples.name, self._reward_steps) if samples else (self._reward.name, None)
-        roles: tuple[tuple[str, str | None, Series | None], ...] = (
-            ("Reward", *rewards),
-            ("Loss", self._loss.name, None),
-        )
-        for role, name, steps in roles:
-            series = steps or (self._series.get(name) if name is not None else None)
-            if name is None or series is None or len(series.trend) < 2:
-                continue
-            scale = series.trend.std() or abs(series.trend.mean())
-            up = cfg.higher_is_better(name) if role == "Loss" else True
-            slope_class = float(trend_class(series.trend.slope(), scale, up))
-            point(f"Epoch/{role}TrendClass", name, "trend", slope_class)
-            point(f"Epoch/{role}Converged", name, "converged", float(series.convergence.update(series.trend)))
-        return out
+        self._epoch = Epoch()
+        roles = Roles(self._reward, self._reward_samples, self._reward_steps, self._loss, self._series.get)
+        return epoch_points(ep, number, ts, self.cfg, roles, self._previous)
 
     def _final(self, ts: int) -> list[Point]:
         """Seed 002's ``final/{name}_*`` and the rubric table, over every sample of the run.
