@@ -20,15 +20,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from metricbus.schemas import (
-    LoopMetrics,
-    Settings,
-    alive_stamp,
-    dead_letter,
-    make_consumer,
-    make_producer,
-)
+from metricbus.schemas import LoopMetrics, Settings, make_consumer, make_producer
 
+from ._commits import Commits
+from ._deadletters import DeadLetters
 from ._protocol import Unavailable
 
 T = TypeVar("T")
@@ -41,8 +36,6 @@ log = logging.getLogger("metricbus.sink")
 #: memory at once, and a slow sink (the W&B sink spends ~0.3 ms an event in wandb's own log())
 #: would not hear a stop within `metricbus up`'s 30 s (bench/soak.py measures both).
 SLICE_BYTES = 2 * 1024 * 1024
-#: How often a consumer commits an alive stamp (``schemas.alive_stamp``), read or not
-ALIVE_EVERY_S = 5.0
 
 
 @dataclasses.dataclass
@@ -97,14 +90,12 @@ class ConsumerLoop:
         self._consumer: Any = None
         self._producer: Any = None
         self._uncommitted: dict[Any, int] = {}
-        #: per partition it holds: what this process last committed, or found committed when
-        #: the partition was assigned to it
-        self._committed: dict[Any, int] = {}
+        self.commits = Commits(settings, group_id, name)
+        self.dead_letters = DeadLetters(settings, group_id, name, self._stopping, self.stats)
         self._last_flush = time.monotonic()
         self._flush_lock = asyncio.Lock()
         #: bumped at each revocation: a write prepared before one is refused (:meth:`_owned_write`)
         self._generation = 0
-        self._commit_lock = asyncio.Lock()  #: one commit at a time: alive stamps never go backwards
         self._unavailable_backoff = 0.0  #: seconds to wait after the destination was unavailable
 
     # -- what a subclass says -----------------------------------------------------------
@@ -150,13 +141,15 @@ class ConsumerLoop:
 
             async def on_partitions_assigned(self, assigned: Any) -> None:
                 log.info("%s assigned %s", loop.name, sorted(str(tp) for tp in assigned))
-                await loop._commit_start(assigned)
+                await loop._assigned(assigned)
 
         self.open()
         self._consumer = make_consumer(
             self.settings, group_id=self.group_id, client_id=f"metricbus-{self.name}"
         )
         self._producer = make_producer(self.settings, client_id=f"metricbus-{self.name}-dlq")
+        self.commits.consumer, self.commits.producer = self._consumer, self._producer
+        self.dead_letters.producer = self._producer
         try:
             await self._consumer.start()
             await self._producer.start()
@@ -165,7 +158,7 @@ class ConsumerLoop:
                 return self.stats
             self._consumer.subscribe(self.topics, listener=_Listener())
             log.info("%s consuming %s as group %s", self.name, ", ".join(self.topics), self.group_id)
-            beating = asyncio.ensure_future(self._say_alive())
+            beating = asyncio.ensure_future(self.commits.say_alive())
             try:
                 while not self._stopping.is_set():
                     batches = await self._consumer.getmany(timeout_ms=200, max_records=5000)
@@ -248,65 +241,12 @@ class ConsumerLoop:
         """Per partition, an offset not to commit past yet (after a flush); none by default."""
         return {}
 
-    async def _commit(self, offsets: dict[Any, int]) -> None:
-        """Commit ``offsets``, each with this moment as its metadata (``schemas.alive_stamp``)."""
-        async with self._commit_lock:
-            await self._commit_locked(offsets)
-
-    async def _commit_locked(self, offsets: dict[Any, int]) -> None:
-        from aiokafka.structs import OffsetAndMetadata
-
-        stamp = alive_stamp()
-        await self._consumer.commit({tp: OffsetAndMetadata(o, stamp) for tp, o in offsets.items()})
-        self._committed.update(offsets)
-
-    async def _say_alive(self) -> None:
-        """Every ALIVE_EVERY_S, an alive stamp on the alive topic and on what it committed.
-
-        So ``status`` sees this consumer alive while it waits on a slow destination (the flush
-        runs on a thread: this loop is free meanwhile) or has nothing to read. The stamp on the
-        alive topic is keyed by its group; what was committed is committed again with the stamp
-        as metadata (only partitions it holds now; a commit refused, as in a rebalance, is tried
-        again at the next beat).
-        """
-        topic, key = self.settings.topics.alive, self.group_id.encode()
-        while True:
-            try:
-                await self._producer.send(topic, alive_stamp().encode(), key=key)
-            except Exception as exc:  # noqa: BLE001 - a missed beat: status sees it older, no more
-                log.debug("%s: alive stamp not sent (%s)", self.name, exc)
-            await asyncio.sleep(ALIVE_EVERY_S)
-            try:
-                async with self._commit_lock:  # what it holds committed now, not a commit ago
-                    held = set(self._consumer.assignment())
-                    mine = {tp: o for tp, o in self._committed.items() if tp in held}
-                    if mine:
-                        await self._commit_locked(mine)
-            except Exception as exc:  # noqa: BLE001 - a missed beat: status sees it older, no more
-                log.debug("%s: alive stamp not committed (%s)", self.name, exc)
-
     async def _before_join(self) -> None:
         """Before the group is joined (its clients started): nothing by default."""
 
-    async def _commit_start(self, assigned: Any) -> None:
-        """Commit the log start of each assigned partition this group has no commit on; note the others'.
-
-        Where the group reads from anyway (earliest). Until then the group was invisible to
-        `metricbus up`'s planned broker restart, which carries over what each group still needs
-        by its commits: a sink stopped before its first commit would lose what it had not read.
-        """
-        consumer = self._consumer
-        try:
-            found = {tp: await consumer.committed(tp) for tp in assigned}
-            # what the group committed on them is this member's to stamp alive (_say_alive),
-            # also before it commits anything itself (held records can keep it from that)
-            self._committed.update({tp: o for tp, o in found.items() if o is not None})
-            fresh = [tp for tp, o in found.items() if o is None]
-            if fresh:
-                starts = await consumer.beginning_offsets(fresh)
-                await self._commit({tp: starts[tp] for tp in fresh})
-        except Exception as exc:  # noqa: BLE001 - reading goes on; the next flush commits
-            log.warning("%s: cannot commit where its new partitions start (%s)", self.name, exc)
+    async def _assigned(self, assigned: Any) -> None:
+        """Partitions came (their commits are noted, or made where the group has none)."""
+        await self.commits.assigned(assigned)
 
     def _released(self) -> None:
         """Partitions were revoked (after a flush and commit): forget what may have moved."""
@@ -322,7 +262,7 @@ class ConsumerLoop:
         """
         await self._flush_and_commit()
         self._generation += 1
-        self._committed.clear()  # another member may commit them next
+        self.commits.revoked()  # another member may commit them next
         gone = set(revoked)
         self._uncommitted = {tp: o for tp, o in self._uncommitted.items() if tp not in gone}
         self._released()
@@ -347,84 +287,50 @@ class ConsumerLoop:
             return await asyncio.to_thread(write)
 
     async def _flush_and_commit(self) -> None:
-        # One at a time: a rebalance calls this from the consumer's own task (partitions
-        # revoked) while the loop may be awaiting a flush in its thread. Two flushes at once
-        # wrote the same buffer twice (duplicate rows in the archive after a broker restart).
+        """Flush (retried with backoff while it fails), then commit what the flush made durable.
+
+        One at a time: a rebalance calls this from the consumer's own task (partitions
+        revoked) while the loop may be awaiting a flush in its thread. Two flushes at once
+        wrote the same buffer twice (duplicate rows in the archive after a broker restart).
+        """
         async with self._flush_lock:
-            await self._flush_and_commit_locked()
-
-    async def _flush_and_commit_locked(self) -> None:
-        backoff = 0.5
-        while True:
-            try:
-                if self.pending():
-                    started = time.perf_counter()
-                    await asyncio.to_thread(self.flush)
-                    self.metrics.observe(time.perf_counter() - started)
-                    self.stats.flushes += 1
-                break
-            except Exception as exc:  # noqa: BLE001 - keep the consumer alive; nothing is committed
-                self.stats.flush_failures += 1
-                self.metrics.failing(True)
-                self.metrics.update(dataclasses.asdict(self.stats))  # a stuck sink says so meanwhile
-                log.error(
-                    "%s: flush failed (%s); retrying in %.1fs, nothing committed", self.name, exc, backoff
-                )
-                if self._stopping.is_set():
-                    return  # stopping: what was not flushed is re-delivered to the next process
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-        self._last_flush = time.monotonic()
-        if not self._unavailable_backoff and self.metrics.failing(False):
-            log.warning("%s: writes again; committing what it took", self.name)
-        limits = self._commit_limits()
-        offsets = {tp: min(offset, limits.get(tp, offset)) for tp, offset in self._uncommitted.items()}
-        # what may not be committed yet stays, for a later commit; what this process committed
-        # already is not committed again (a sink waiting on its destination flushes every interval)
-        self._uncommitted = {tp: o for tp, o in self._uncommitted.items() if o > offsets[tp]}
-        offsets = {tp: o for tp, o in offsets.items() if self._committed.get(tp) != o}
-        if offsets:
-            try:
-                await self._commit(offsets)
-                self.stats.commits += 1
-                self.metrics.stamp()
-            except Exception as exc:  # noqa: BLE001 - a lost commit only means harmless re-delivery
-                log.warning(
-                    "%s: commit failed (%s); records may be re-delivered and deduplicated", self.name, exc
-                )
-        self.metrics.update(dataclasses.asdict(self.stats))
-        self._after_commit()
-
-    async def _deadletter(self, value: bytes | None, key: bytes | None, reason: str, record: Any) -> None:
-        """Send what could not be taken to the dead-letter topic, with the reason."""
-        self.stats.deadlettered += 1
-        topic, partition, offset = (
-            (record.topic, record.partition, record.offset) if record else ("-", -1, -1)
-        )
-        where = f"{topic}[{partition}]@{offset}" if record else "an event"
-        log.error(
-            "%s: %s cannot be taken (%.300s); sent to %s",
-            self.name,
-            where,
-            reason,
-            self.settings.topics.deadletter,
-        )
-        letter = dead_letter(
-            value, key, reason, topic=topic, partition=partition, offset=offset, consumer=self.group_id
-        )
-        backoff = 0.5
-        while True:
-            try:
-                await self._producer.send_and_wait(
-                    self.settings.topics.deadletter,
-                    value=letter.value,
-                    key=letter.key,
-                    headers=letter.headers,
-                )
-                return
-            except Exception as send_exc:  # noqa: BLE001 - never commit past a record we did not keep
-                log.error("dead-letter send failed (%s); retrying in %.1fs", send_exc, backoff)
-                if self._stopping.is_set():
-                    raise
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+            backoff = 0.5
+            while True:
+                try:
+                    if self.pending():
+                        started = time.perf_counter()
+                        await asyncio.to_thread(self.flush)
+                        self.metrics.observe(time.perf_counter() - started)
+                        self.stats.flushes += 1
+                    break
+                except Exception as exc:  # noqa: BLE001 - keep the consumer alive; nothing is committed
+                    self.stats.flush_failures += 1
+                    self.metrics.failing(True)
+                    self.metrics.update(dataclasses.asdict(self.stats))  # a stuck sink says so meanwhile
+                    log.error(
+                        "%s: flush failed (%s); retrying in %.1fs, nothing committed", self.name, exc, backoff
+                    )
+                    if self._stopping.is_set():
+                        return  # stopping: what was not flushed is re-delivered to the next process
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
+            self._last_flush = time.monotonic()
+            if not self._unavailable_backoff and self.metrics.failing(False):
+                log.warning("%s: writes again; committing what it took", self.name)
+            limits = self._commit_limits()
+            offsets = {tp: min(offset, limits.get(tp, offset)) for tp, offset in self._uncommitted.items()}
+            # what may not be committed yet stays, for a later commit; what this process committed
+            # already is not committed again (a sink waiting on its destination flushes every interval)
+            self._uncommitted = {tp: o for tp, o in self._uncommitted.items() if o > offsets[tp]}
+            offsets = self.commits.changed(offsets)
+            if offsets:
+                try:
+                    await self.commits.commit(offsets)
+                    self.stats.commits += 1
+                    self.metrics.stamp()
+                except Exception as exc:  # noqa: BLE001 - a lost commit only means harmless re-delivery
+                    log.warning(
+                        "%s: commit failed (%s); records may be re-delivered and deduplicated", self.name, exc
+                    )
+            self.metrics.update(dataclasses.asdict(self.stats))
+            self._after_commit()

@@ -314,7 +314,7 @@ class SinkRunner(ConsumerLoop):
             except SchemaError as exc:
                 self._badly_signed += isinstance(exc, ForgedSignatureError)
                 self.stats.forged = self.digests.forged + self._badly_signed
-                await self._deadletter(record.value, record.key, f"{type(exc).__name__}: {exc}", record)
+                await self.dead_letters.send(record.value, record.key, f"{type(exc).__name__}: {exc}", record)
                 continue
             if columns is not None and self.sink.columnar and feeder.fresh_columns(columns):
                 fresh_columns.append(columns)  # a columnar sink: the order of rows is its own
@@ -340,7 +340,7 @@ class SinkRunner(ConsumerLoop):
         if rejected:
             for event, reason in rejected:
                 self.stats.rejected += 1
-                await self._deadletter(self._event_bytes(event), event.run_id.encode(), reason, None)
+                await self.dead_letters.send(self._event_bytes(event), event.run_id.encode(), reason, None)
         if closing:
             await self._owned_write(prepared_at, lambda: self._close_runs(closing))
         if alerts or self.held.alerts:
@@ -364,7 +364,7 @@ class SinkRunner(ConsumerLoop):
             refused = await self._owned_write(prepared_at, functools.partial(feeder.write, [event]))
             for _, reason in refused:
                 self.stats.rejected += 1
-                await self._deadletter(record.value, record.key, reason, record)
+                await self.dead_letters.send(record.value, record.key, reason, record)
             self.stats.written += not refused
         self.stats.duplicates = feeder.duplicates
 
@@ -430,7 +430,7 @@ class SinkRunner(ConsumerLoop):
                 "this record came: held, then let go"
             )
             for record, _ in self.held.take(run):
-                await self._deadletter(record.value, record.key, reason, record)
+                await self.dead_letters.send(record.value, record.key, reason, record)
                 tp = TopicPartition(record.topic, record.partition)
                 self._uncommitted[tp] = max(self._uncommitted.get(tp, 0), await consumer.position(tp))
         if unseen:
@@ -474,7 +474,7 @@ class SinkRunner(ConsumerLoop):
             self.stats.duplicates = self.feeder.duplicates
             for event, reason in rejected:
                 self.stats.rejected += 1
-                await self._deadletter(self._event_bytes(event), event.run_id.encode(), reason, None)
+                await self.dead_letters.send(self._event_bytes(event), event.run_id.encode(), reason, None)
             if (
                 self.sink.pending() >= self.max_pending_events
                 or time.monotonic() - self._last_flush >= self.flush_interval_s

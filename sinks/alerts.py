@@ -289,10 +289,10 @@ class AlertRunner(ConsumerLoop):
         """Save the ledger (before the offsets are committed), beside the group's other instances."""
         self.ledger.save_shared()
 
-    async def _commit_start(self, assigned: Any) -> None:
+    async def _assigned(self, assigned: Any) -> None:
         """Partitions came: what the group's other instances delivered of them is in the ledger."""
         self.ledger.load()  # a small file
-        await super()._commit_start(assigned)
+        await super()._assigned(assigned)
 
     async def _process(self, records: list[Any]) -> None:
         decoded: list[tuple[Any, dict[str, Any] | None, str]] = []
@@ -311,7 +311,7 @@ class AlertRunner(ConsumerLoop):
         for i, (record, alert, bad) in enumerate(decoded):
             self.stats.records += 1
             if alert is None:
-                await self._deadletter(record.value, record.key, bad, record)
+                await self.dead_letters.send(record.value, record.key, bad, record)
                 continue
             self.stats.events += 1
             if not self.ledger.has(alert["run_id"], alert["seq"]):
@@ -338,4 +338,4 @@ class AlertRunner(ConsumerLoop):
         if delivered:
             self.stats.written += 1
         else:
-            await self._deadletter(record.value, record.key, why, record)
+            await self.dead_letters.send(record.value, record.key, why, record)

@@ -47,7 +47,7 @@ class Consumer:
 
 def test_a_rebalance_during_a_flush_waits_for_it_instead_of_flushing_the_same_buffer_again():
     loop = SlowLoop()
-    loop._consumer = Consumer()
+    loop._consumer = loop.commits.consumer = Consumer()
     loop._uncommitted = {"tp": 10}
 
     async def main() -> None:
@@ -97,7 +97,7 @@ def test_a_large_poll_is_processed_and_committed_a_slice_at_a_time():
     from metricbus.sinks._loop import SLICE_BYTES
 
     loop = SlicingLoop()
-    loop._consumer = Consumer()
+    loop._consumer = loop.commits.consumer = Consumer()
     half = SLICE_BYTES // 2
     # two partitions' records as a poll returns them; a record over a slice's size ends its slice
     records = [Record(0, i, half) for i in range(5)] + [Record(1, 0, 3 * SLICE_BYTES), Record(1, 1, 10)]
@@ -113,7 +113,7 @@ def test_a_stop_between_slices_commits_what_was_processed_and_leaves_the_rest_to
     from metricbus.sinks._loop import SLICE_BYTES
 
     loop = SlicingLoop(stop_after=2)
-    loop._consumer = Consumer()
+    loop._consumer = loop.commits.consumer = Consumer()
     records = [Record(0, i, SLICE_BYTES) for i in range(6)]
     asyncio.run(loop._process_sliced(records))
     assert loop.slices == [[0], [1]]  # the stop is heard after the slice under way
@@ -144,7 +144,7 @@ def test_flush_failures_are_counted_for_prometheus_while_the_sink_is_stuck_not_o
     """The counters were brought up to date after a flush and commit only: a sink stuck retrying
     its flush showed no failure on /metrics for as long as it was stuck."""
     loop = StuckLoop()
-    loop._consumer = Consumer()
+    loop._consumer = loop.commits.consumer = Consumer()
     loop._uncommitted = {"tp": 3}
     asyncio.run(loop._flush_and_commit())
     assert loop.reported == [0.0, 1.0, 2.0]  # seen by a scrape between the retries
@@ -181,7 +181,7 @@ def test_no_record_is_committed_past_events_the_destination_has_not_confirmed():
 
     sink = LateSink()
     runner = SinkRunner(sink, Settings(bootstrap="127.0.0.1:1"))  # type: ignore[arg-type]
-    runner._consumer = Consumer()
+    runner._consumer = runner.commits.consumer = Consumer()
     tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
 
     def slice_of(partition_offsets, events):  # a slice's records processed: events handed
@@ -238,7 +238,7 @@ class WritingLoop(ConsumerLoop):
 
 def test_a_slow_write_runs_off_the_event_loop_so_the_consumer_goes_on_beating():
     loop = WritingLoop()
-    loop._consumer = Consumer()
+    loop._consumer = loop.commits.consumer = Consumer()
     beats = 0
 
     async def heartbeat() -> None:  # aiokafka's heartbeat is a task on this event loop
@@ -261,7 +261,7 @@ def test_a_slice_taken_before_a_revocation_is_not_written_nor_committed_after_it
     from aiokafka import TopicPartition
 
     loop = WritingLoop()
-    loop._consumer = Consumer()
+    loop._consumer = loop.commits.consumer = Consumer()
     tp = TopicPartition("t", 0)
     loop._uncommitted = {tp: 3}  # taken earlier, not committed yet: the revocation commits it
     loop.waiting.set()

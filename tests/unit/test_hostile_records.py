@@ -258,7 +258,7 @@ def test_alert_consumers_deliver_each_usable_alert_once_and_dead_letter_the_rest
     try:
         for handler in handlers:
             runner = AlertRunner(Settings(data_dir=tmp_path), handler)
-            runner._producer = letters = _Letters()
+            runner._producer = runner.dead_letters.producer = runner.commits.producer = letters = _Letters()
             records = [
                 types.SimpleNamespace(topic="alerts", partition=0, offset=i, value=v, key=None)
                 for i, v in enumerate(values)
@@ -280,7 +280,7 @@ def test_alert_consumers_deliver_each_usable_alert_once_and_dead_letter_the_rest
     # the W&B sink with --alerts: the same, on the runs it holds open (their RunStarted first)
     settings = Settings(data_dir=tmp_path)
     runner = SinkRunner(WandbSink(tmp_path / "wandb-sink"), settings, alerts=True)
-    runner._producer = letters = _Letters()
+    runner._producer = runner.dead_letters.producer = runner.commits.producer = letters = _Letters()
     runner.open()
     starts = [
         encode_events(CODEC, run, f"p-{run}", [(0, 0, RUN_STARTED, run_started("p", run))])

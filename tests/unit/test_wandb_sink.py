@@ -514,7 +514,7 @@ def test_sink_alerts_raise_each_alert_once_on_the_run_the_sink_holds_open(tmp_pa
     def run(batches):
         runner = SinkRunner(WandbSink(tmp_path / "wandb"), settings, alerts=True)
         assert topics.alerts in runner.topics
-        runner._producer = letters = _Letters()
+        runner._producer = runner.dead_letters.producer = runner.commits.producer = letters = _Letters()
         runner.open()
         held = []
         for batch in batches:
@@ -566,8 +566,8 @@ def test_an_alert_whose_run_never_comes_is_let_go_once_the_events_are_read_past_
     settings = Settings(data_dir=tmp_path)
     topics = settings.topics
     runner = SinkRunner(WandbSink(tmp_path / "wandb"), settings, alerts=True)
-    runner._producer = letters = _Letters()
-    runner._consumer = consumer = _Consumer()
+    runner._producer = runner.dead_letters.producer = runner.commits.producer = letters = _Letters()
+    runner._consumer = runner.commits.consumer = consumer = _Consumer()
     events, alerts = TopicPartition(topics.events, 0), TopicPartition(topics.alerts, 0)
     consumer.ends = {events: 2}  # the RunStarted of run-al3 is its last record, at offset 1
     consumer.positions = {events: 1, alerts: 2}
@@ -624,8 +624,8 @@ def test_a_sink_holding_too_much_for_unseen_runs_reads_only_the_events_until_hal
     settings = Settings(data_dir=tmp_path)
     topics = settings.topics
     runner = SinkRunner(WandbSink(tmp_path / "wandb"), settings, alerts=True)
-    runner._producer = _Letters()
-    runner._consumer = consumer = _Consumer()
+    runner._producer = runner.dead_letters.producer = runner.commits.producer = _Letters()
+    runner._consumer = runner.commits.consumer = consumer = _Consumer()
     events, alerts = TopicPartition(topics.events, 0), TopicPartition(topics.alerts, 0)
     consumer.ends = {events: 10}
     consumer.positions = {events: 0, alerts: 4}

@@ -10,7 +10,6 @@ Every other process is left as it is.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import time
@@ -41,9 +40,10 @@ def _say(what: str) -> None:
 
 def _slow_down(seconds: float) -> None:
     from metricbus.sinks._loop import ConsumerLoop
+    from metricbus.sinks._runtime import SinkRunner
+    from metricbus.sinks.alerts import AlertRunner
 
     owned_write = ConsumerLoop._owned_write
-    flush_and_commit = ConsumerLoop._flush_and_commit_locked
 
     async def slow_write(self, prepared_at, write):  # type: ignore[no-untyped-def]
         def slowly():  # type: ignore[no-untyped-def]
@@ -54,13 +54,15 @@ def _slow_down(seconds: float) -> None:
 
         return await owned_write(self, prepared_at, slowly)
 
-    async def slow_flush(self) -> None:  # type: ignore[no-untyped-def]
-        if self.pending():
-            await asyncio.to_thread(time.sleep, seconds)
-        await flush_and_commit(self)
-
     ConsumerLoop._owned_write = slow_write  # type: ignore[method-assign]
-    ConsumerLoop._flush_and_commit_locked = slow_flush  # type: ignore[method-assign]
+    for runner in (SinkRunner, AlertRunner):  # their flush runs in a thread, as a destination's
+        flush = runner.flush
+
+        def slow_flush(self, flush=flush):  # type: ignore[no-untyped-def]
+            time.sleep(seconds)
+            flush(self)
+
+        runner.flush = slow_flush  # type: ignore[method-assign]
 
 
 #: what this module writes to the process's output (its log under `up`)

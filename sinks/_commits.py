@@ -1,0 +1,95 @@
+"""What one consumer commits, one commit at a time, and its alive stamps.
+
+Every commit carries this moment as each offset's metadata (``schemas.alive_stamp``); every
+:data:`ALIVE_EVERY_S` the consumer also says it runs on the alive topic (keyed by its group)
+and commits what it holds committed again with a new stamp, also while a slow destination
+holds its writes up. ``metricbus status`` reads both to tell a group that consumes slowly from
+one that stopped (the embedded broker keeps no commit metadata: the topic is what it reads there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from metricbus.schemas import Settings, alive_stamp
+
+log = logging.getLogger("metricbus.sink")
+
+#: How often a consumer says it is alive, reading or not
+ALIVE_EVERY_S = 5.0
+
+
+class Commits:
+    """The commits of one consumer of ``group_id``; its clients are set once they start."""
+
+    def __init__(self, settings: Settings, group_id: str, name: str) -> None:
+        self.settings, self.group_id, self.name = settings, group_id, name
+        self.consumer: Any = None
+        self.producer: Any = None
+        #: per partition it holds: what this process last committed, or found committed when
+        #: the partition was assigned to it
+        self.held: dict[Any, int] = {}
+        self._lock = asyncio.Lock()  #: one commit at a time: stamps never go backwards
+
+    def changed(self, offsets: dict[Any, int]) -> dict[Any, int]:
+        """Those of ``offsets`` not committed already."""
+        return {tp: o for tp, o in offsets.items() if self.held.get(tp) != o}
+
+    async def commit(self, offsets: dict[Any, int]) -> None:
+        """Commit ``offsets``, each with this moment as its metadata."""
+        async with self._lock:
+            await self._commit_locked(offsets)
+
+    async def _commit_locked(self, offsets: dict[Any, int]) -> None:
+        from aiokafka.structs import OffsetAndMetadata
+
+        stamp = alive_stamp()
+        await self.consumer.commit({tp: OffsetAndMetadata(o, stamp) for tp, o in offsets.items()})
+        self.held.update(offsets)
+
+    async def assigned(self, assigned: Any) -> None:
+        """Partitions came: commit the log start of each this group has no commit on; note the others'.
+
+        Where the group reads from anyway (earliest). Until then the group was invisible to
+        `metricbus up`'s planned broker restart, which carries over what each group still needs
+        by its commits: a sink stopped before its first commit would lose what it had not read.
+        What the group committed on the others is this member's to stamp alive (held records
+        can keep it from committing anything itself for a while).
+        """
+        try:
+            found = {tp: await self.consumer.committed(tp) for tp in assigned}
+            self.held.update({tp: o for tp, o in found.items() if o is not None})
+            fresh = [tp for tp, o in found.items() if o is None]
+            if fresh:
+                starts = await self.consumer.beginning_offsets(fresh)
+                await self.commit({tp: starts[tp] for tp in fresh})
+        except Exception as exc:  # noqa: BLE001 - reading goes on; the next flush commits
+            log.warning("%s: cannot commit where its new partitions start (%s)", self.name, exc)
+
+    def revoked(self) -> None:
+        """Partitions were taken away: another member may commit them next."""
+        self.held.clear()
+
+    async def say_alive(self) -> None:
+        """Every ALIVE_EVERY_S until cancelled: a stamp on the alive topic and on what it holds.
+
+        Only partitions it holds now; a commit refused (as in a rebalance) is tried again at
+        the next beat.
+        """
+        topic, key = self.settings.topics.alive, self.group_id.encode()
+        while True:
+            try:
+                await self.producer.send(topic, alive_stamp().encode(), key=key)
+            except Exception as exc:  # noqa: BLE001 - a missed beat: status sees it older, no more
+                log.debug("%s: alive stamp not sent (%s)", self.name, exc)
+            await asyncio.sleep(ALIVE_EVERY_S)
+            try:
+                async with self._lock:  # what it holds committed now, not a commit ago
+                    held = set(self.consumer.assignment())
+                    mine = {tp: o for tp, o in self.held.items() if tp in held}
+                    if mine:
+                        await self._commit_locked(mine)
+            except Exception as exc:  # noqa: BLE001 - a missed beat: status sees it older, no more
+                log.debug("%s: alive stamp not committed (%s)", self.name, exc)
