@@ -12,8 +12,6 @@ from collections.abc import Iterable
 from itertools import islice, repeat
 from typing import Any
 
-import numpy as np
-
 from metricbus.schemas import (
     HEARTBEAT,
     METRICS,
@@ -22,7 +20,6 @@ from metricbus.schemas import (
     RUN_STARTED,
     Event,
     ScalarColumns,
-    histogram,
     printable,
 )
 
@@ -32,6 +29,7 @@ from ._labels import LabelSeries
 from ._points import Column, Point, point_of
 from ._ranks import RankMerger
 from ._roles import RoleBinding
+from ._samples import final_points, sample_histogram
 from ._statistics import STATISTICS, Series
 from ._stats import Welford, Window, fsum
 
@@ -132,7 +130,7 @@ class RunDeriver:
                     if body["scalars"]
                     else self._ranks.seen(body["rank"], ts_ms)
                 )
-                out.extend(self._rank_points(merged, body["epoch"], ts_ms))
+                out.extend(_rank_points(merged, body["epoch"], ts_ms))
             return out
         if kind == RUN_STARTED:
             if self.finished and producer not in self._finished_producers:
@@ -145,25 +143,20 @@ class RunDeriver:
                 self._ranks = RankMerger(world, self.cfg.rank_timeout_s)
             return []
         if kind == HEARTBEAT and self._ranks is not None and producer in self._producer_rank:
-            return self._rank_points(
-                self._ranks.seen(self._producer_rank[producer], ts_ms), self._epoch_no, ts_ms
-            )
+            return _rank_points(self._ranks.seen(self._producer_rank[producer], ts_ms), self._epoch_no, ts_ms)
         if kind == RUN_FINISHED and not self.finished:
             self._finished_producers.add(producer)
             if self._ranks is None:
                 return self._finish(ts_ms)
             merged = self._ranks.seen(self._producer_rank.get(producer, -1), ts_ms)
-            out = self._rank_points(merged, self._epoch_no, ts_ms)
-            if self._ranks_running():
-                return out  # another rank of the run is still sending: its RunFinished ends the run
+            out = _rank_points(merged, self._epoch_no, ts_ms)
+            # a rank not finished and not silent (never seen counts as not finished) is still
+            # sending: its RunFinished ends the run
+            finished = {r for r, p in self._rank_producer.items() if p in self._finished_producers}
+            if self._ranks.running(finished):
+                return out
             return out + self._finish(ts_ms)
         return []
-
-    def _ranks_running(self) -> bool:
-        """Whether a rank has not finished and is not silent (never seen counts as not finished)."""
-        assert self._ranks is not None
-        finished = {r for r, p in self._rank_producer.items() if p in self._finished_producers}
-        return self._ranks.running(finished)
 
     def _finish(self, ts_ms: int) -> list[Point]:
         self.finished = True
@@ -171,8 +164,11 @@ class RunDeriver:
         out.extend(Point(*p) for p in self.labels.flush())
         out.extend(self._close_epoch(ts_ms))
         if self._ranks is not None:
-            out.extend(self._rank_points(self._ranks.flush(), self._epoch_no, ts_ms))
-        out.extend(self._final(ts_ms))
+            out.extend(_rank_points(self._ranks.flush(), self._epoch_no, ts_ms))
+        final, table = final_points(self.cfg, self._sample_totals, self._last_step, self._epoch_no, ts_ms)
+        if table is not None:
+            self._tables.append(table)
+        out.extend(final)
         return out
 
     def expire(self, now_ms: int) -> list[Point]:
@@ -189,10 +185,6 @@ class RunDeriver:
         if now_ms - last <= ranks.timeout_ms:
             return []
         return self._finish(last)
-
-    @staticmethod
-    def _rank_points(merged: list[tuple[str, int, float]], epoch: int | None, ts_ms: int) -> list[Point]:
-        return [Point(n, "ranks", "rank_merge", s, epoch, v, ts_ms) for n, s, v in merged]
 
     def feed_many(self, events: list[Event] | Iterable[Event]) -> tuple[list[Point], list[Column]]:
         """Derived points of many events of this run, and the logged scalars as columns.
@@ -521,7 +513,10 @@ class RunDeriver:
             self._sample_totals[name].extend(values)
             if len(window):
                 point(aliases.get("recent_mean", f"{name}_recent_mean"), name, "rolling_mean", window.mean())
-            self._histogram(name, values, aliases.get("hist", f"{name}_hist"), step, ts)
+            hist = aliases.get("hist", f"{name}_hist")
+            made = sample_histogram(cfg, self._hist_recent, self._hist_step, name, values, hist, step, ts)
+            if made is not None:
+                self._histograms.append(made)
             if name.startswith("rewards/") and batch.count:
                 total_means.append(batch.mean)
             batch_size = max(batch_size, batch.count + batch.nonfinite)
@@ -533,28 +528,6 @@ class RunDeriver:
             point("rewards/total_mean", "rewards/*", "sum_of_means", fsum(total_means))
         if ep is not None:
             ep.samples += batch_size
-
-    def _histogram(self, source: str, values: list[float], name: str, step: int, ts: int) -> None:
-        cfg = self.cfg
-        recent = self._hist_recent.get(source)
-        if recent is None:
-            recent = self._hist_recent[source] = Window(cfg.hist_window)
-        recent.extend(values)
-        last = self._hist_step.get(source)
-        if len(recent) < cfg.hist_min_samples or (last is not None and step - last < cfg.hist_every):
-            return
-        self._hist_step[source] = step
-        counts, edges = histogram(np.fromiter(recent.values, float, len(recent)), cfg.hist_bins)
-        self._histograms.append(
-            {
-                "name": name,
-                "source": source,
-                "step": step,
-                "edges": edges,
-                "counts": counts,
-                "ts_ms": ts,
-            }
-        )
 
     def take_objects(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Derived histograms and tables made since the last call (AggregateBatch records)."""
@@ -587,43 +560,9 @@ class RunDeriver:
         roles = Roles(self._reward, self._reward_samples, self._reward_steps, self._loss, self._series.get)
         return epoch_points(ep, number, ts, self.cfg, roles, self._previous)
 
-    def _final(self, ts: int) -> list[Point]:
-        """Seed 002's ``final/{name}_*`` and the rubric table, over every sample of the run.
 
-        ``_total_samples`` counts every sample processed, NaN-scored ones included (seed 002);
-        ``_nonfinite_samples`` says how many of them had no finite score. The statistics are
-        over the finite scores.
-        """
-        prefix = self.cfg.summary_prefix
-        rows: list[list[Any]] = [
-            [name[len(prefix) :], total.mean, total.std, total.min, total.max, total.count + total.nonfinite]
-            for name, total in sorted(self._sample_totals.items())
-            if name.startswith(prefix) and total.count + total.nonfinite
-        ]
-        if rows:
-            self._tables.append(
-                {
-                    "name": self.cfg.summary_table,
-                    "step": self._last_step,
-                    "columns": ["criterion", "mean", "std", "min", "max", "samples"],
-                    "rows": rows,
-                    "ts_ms": ts,
-                }
-            )
-        out = []
-        for name, total in sorted(self._sample_totals.items()):
-            if not total.count + total.nonfinite:
-                continue
-            short = name[len("rewards/") :] if name.startswith("rewards/") else name
-            stats = [("total_samples", float(total.count + total.nonfinite))]
-            stats.append(("nonfinite_samples", float(total.nonfinite)))
-            if total.count:
-                stats += [("mean", total.mean), ("std", total.std), ("max", total.max), ("min", total.min)]
-            for stat, value in stats:
-                out.append(
-                    Point(f"final/{short}_{stat}", name, "final", self._last_step, self._epoch_no, value, ts)
-                )
-        return out
+def _rank_points(merged: list[tuple[str, int, float]], epoch: int | None, ts_ms: int) -> list[Point]:
+    return [Point(n, "ranks", "rank_merge", s, epoch, v, ts_ms) for n, s, v in merged]
 
 
 def _counting(last: float | None, values: list[float]) -> int:
