@@ -13,6 +13,7 @@ not yet durable.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -37,6 +38,7 @@ from metricbus.schemas import (
     decode_record,
     default_codec,
     encode_event,
+    path_segment,
     record_span,
 )
 
@@ -44,6 +46,7 @@ from ._catchup import CatchUp
 from ._held import HeldRecords
 from ._loop import ConsumerLoop
 from ._protocol import Sink, Unavailable
+from ._run_locks import RunLocks
 
 log = logging.getLogger("metricbus.sink")
 
@@ -64,9 +67,12 @@ class Feeder:
     Remembers what the sink already holds (its ``recover``) the first time it sees a run.
     """
 
-    def __init__(self, sink: Sink, codec: Codec | None = None) -> None:
+    def __init__(self, sink: Sink, codec: Codec | None = None, locks: RunLocks | None = None) -> None:
         self.sink = sink
         self.codec = codec or default_codec()
+        #: the locks of the runs it looks at, when instances of its group share the runs
+        #: (``_run_locks``); taken before what the sink holds of a run is read
+        self.locks = locks
         self.logged = Deduper()  #: by producer_id (a producer's seqs are its own)
         self.derived = Deduper()  #: by run_id (derived seqs count per run)
         self.alerts = Deduper()  #: by run_id (alert seqs count per run)
@@ -106,6 +112,8 @@ class Feeder:
         if run_id in known:
             known[run_id] = self._commits
             return
+        if self.locks is not None:
+            self.locks.take(run_id)  # Unavailable: another instance still writes it
         known[run_id] = self._commits
         for producer, intervals in self.sink.recover(run_id).items():
             if producer == DERIVED_PRODUCER:
@@ -128,6 +136,8 @@ class Feeder:
             return
         idle = self._commits - KNOWN_IDLE_COMMITS
         gone = {run for run, seen in self._known_runs.items() if seen < idle}
+        if self.locks is not None:
+            self.locks.release(gone)
         for run in gone:
             del self._known_runs[run]
             self.logged_runs.discard(run)
@@ -254,7 +264,9 @@ class SinkRunner(ConsumerLoop):
         self.sink = sink
         self.max_pending_events = max_pending_events
         self.codec = codec or default_codec()
-        self.feeder = Feeder(sink, self.codec)
+        #: the runs this instance writes, one instance at a time each (``_run_locks``)
+        self.locks = RunLocks(settings.data_dir / "locks" / path_segment(self.group_id))
+        self.feeder = Feeder(sink, self.codec, self.locks)
         self.digests = RecordDigests()  #: a record repeated with other bytes is forged: dead-lettered
         self.signer = settings.signer  #: with a signing key, an events record without its HMAC is forged
         self._badly_signed = 0
@@ -276,8 +288,9 @@ class SinkRunner(ConsumerLoop):
         self.sink.open()
 
     def close(self) -> None:
-        """Close the sink."""
+        """Close the sink, then let go of its runs."""
         self.sink.close()
+        self.locks.release_all()
 
     def pending(self) -> int:
         """Events the sink holds unflushed."""
@@ -465,6 +478,16 @@ class SinkRunner(ConsumerLoop):
     async def _catch_up_run(self, catchup: CatchUp, run_id: str, closed: bool) -> bool:
         """Feed one archived run to the sink and flush it; False when stopped midway."""
         found = 0
+        while True:  # its lock first: an instance left out of the group may still write it
+            try:
+                self.feeder.known(run_id)
+                break
+            except Unavailable as why:
+                log.warning("%s: %s; trying again in 1 s", self.name, why)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), 1.0)
+                if self._stopping.is_set():
+                    return False
         for events in catchup.chunks(run_id, self.sink.recover(run_id), self.codec):
             found += len(events)
             self.stats.events += len(events)
@@ -503,6 +526,7 @@ class SinkRunner(ConsumerLoop):
         self.held.clear()  # their partitions were not committed past them: delivered again
         self._marks.clear()  # what was not confirmed is delivered again (not committed past)
         self.sink.release()
+        self.locks.release_all()  # once the sink let go of them: another may take them
 
     def _after_slice(self, records: list[Any]) -> None:
         self.held.limit(self._uncommitted)  # not committed past a record still held
