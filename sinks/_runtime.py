@@ -265,7 +265,7 @@ class SinkRunner(ConsumerLoop):
         self.max_pending_events = max_pending_events
         self.codec = codec or default_codec()
         #: the runs this instance writes, one instance at a time each (``_run_locks``)
-        self.locks = RunLocks(settings.data_dir / "locks" / path_segment(self.group_id))
+        self.locks = RunLocks(settings.data_dir / "locks" / f"{path_segment(self.group_id)}.lock")
         self.feeder = Feeder(sink, self.codec, self.locks)
         self.digests = RecordDigests()  #: a record repeated with other bytes is forged: dead-lettered
         self.signer = settings.signer  #: with a signing key, an events record without its HMAC is forged

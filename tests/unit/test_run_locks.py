@@ -1,6 +1,9 @@
 """A run of a sink's group is written by one instance at a time (sinks/_run_locks.py): a new
 owner that finds the run's lock taken reads it again later, and then sees what was written."""
 
+import subprocess
+import sys
+
 import pytest
 
 from metricbus.schemas import METRICS, Event, default_codec
@@ -9,17 +12,37 @@ from metricbus.sinks._run_locks import RunLocks
 from metricbus.sinks._runtime import Feeder
 
 
+class Holder:
+    """Another instance: a process that holds the lock of ``run_ids`` until it is let go."""
+
+    def __init__(self, path, *run_ids: str) -> None:
+        code = (
+            "import sys; from metricbus.sinks._run_locks import RunLocks; "
+            f"locks = RunLocks({str(path)!r}); [locks.take(r) for r in {list(run_ids)!r}]; "
+            "print('held', flush=True); sys.stdin.read()"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout.readline().strip() == "held"
+
+    def let_go(self) -> None:
+        self.proc.stdin.close()  # it exits: the system releases its locks
+        assert self.proc.wait(30) == 0
+
+
 def test_a_run_lock_is_held_by_one_instance_until_it_lets_go(tmp_path):
-    first, second = RunLocks(tmp_path), RunLocks(tmp_path)
-    first.take("run-a")
-    first.take("run-a")  # held already: at once
+    path = tmp_path / "locks" / "group.lock"
+    other = Holder(path, "run-a")
+    mine = RunLocks(path)
     with pytest.raises(Unavailable, match="still written by another instance"):
-        second.take("run-a")
-    second.take("run-b")  # other runs are free
-    first.release_all()
-    second.take("run-a")
-    with pytest.raises(Unavailable):
-        first.take("run-b")
+        mine.take("run-a")
+    mine.take("run-b")  # other runs are free
+    mine.take("run-b")  # held already: at once
+    other.let_go()
+    mine.take("run-a")
+    mine.release_all()
+    Holder(path, "run-a", "run-b").let_go()  # mine let go of both
 
 
 class Held(Sink):
@@ -54,15 +77,15 @@ def event(seq: int) -> Event:
 
 
 def test_a_new_owner_waits_for_the_run_lock_then_drops_what_the_old_owner_wrote(tmp_path):
-    written: list[Event] = []
-    old, new = RunLocks(tmp_path), RunLocks(tmp_path)
-    old_feeder, new_feeder = Feeder(Held(written), locks=old), Feeder(Held(written), locks=new)
-    old_feeder.write(old_feeder.fresh([event(0), event(1)]))  # the old owner, left out of the group
+    path = tmp_path / "locks" / "group.lock"
+    written = [event(0), event(1)]  # what the old owner, left out of the group, wrote
+    old = Holder(path, "run-a")  # and its write is still under way
+    feeder = Feeder(Held(written), locks=RunLocks(path))
     with pytest.raises(Unavailable):
-        new_feeder.fresh([event(0), event(1), event(2)])  # its write is still under way
-    old_feeder.write(old_feeder.fresh([event(2)]))  # that write ends, then it lets go
-    old.release_all()
-    fresh = new_feeder.fresh([event(0), event(1), event(2), event(3)])
+        feeder.fresh([event(0), event(1), event(2)])
+    written.append(event(2))  # that write ends, then the old owner lets go
+    old.let_go()
+    fresh = feeder.fresh([event(0), event(1), event(2), event(3)])
     assert [e.seq for e in fresh] == [3]  # what the old owner wrote, recovered once the lock came
-    new_feeder.write(fresh)
+    feeder.write(fresh)
     assert sorted(e.seq for e in written) == [0, 1, 2, 3]  # each once
