@@ -38,6 +38,9 @@ class RunLocks:
         self._fd: int | None = None
         self._held: dict[str, int] = {}  #: run -> its byte in the file
 
+    def __contains__(self, run_id: str) -> bool:
+        return run_id in self._held
+
     def take(self, run_id: str) -> None:
         """Hold ``run_id``'s lock (at once if this process holds it); Unavailable if another does."""
         if run_id in self._held:

@@ -36,6 +36,7 @@ from metricbus.schemas import (
 )
 
 from ._loop import ConsumerLoop, Interrupted
+from ._run_locks import RunLocks
 from ._wandb_file import finish
 from ._wandb_run import init_run, raise_on_wandb, run_project, wandb_mode
 
@@ -270,16 +271,29 @@ class AlertRunner(ConsumerLoop):
         self.handler = handler
         self.codec = codec or default_codec()
         self.ledger = Ledger(settings.data_dir / "alerts" / f"{path_segment(group)}.json")
+        #: the runs whose alerts this instance delivers, one instance at a time each
+        #: (``_run_locks``): one left out of the group while its ledger is saved slowly must not
+        #: have a run's alerts delivered again by their new owner meanwhile
+        self.locks = RunLocks(settings.data_dir / "locks" / f"{path_segment(group)}.lock")
 
     def open(self) -> None:
         """Load what this group already delivered."""
         self.ledger.load()
 
     def close(self) -> None:
-        """Close the handler if it holds anything (W&B runs)."""
+        """Close the handler if it holds anything (W&B runs); let go of the runs."""
         close = getattr(self.handler, "close", None)
         if close is not None:
             close()
+        self.locks.release_all()
+
+    def _after_commit(self) -> None:
+        """What it delivered is in the saved ledger: another instance may take the runs now."""
+        self.locks.release_all()
+
+    def _released(self) -> None:
+        """Partitions were revoked, or the handler could take nothing: let go of the runs."""
+        self.locks.release_all()
 
     def pending(self) -> int:
         """1 while delivered alerts are not yet in the saved ledger."""
@@ -314,6 +328,9 @@ class AlertRunner(ConsumerLoop):
                 await self.dead_letters.send(record.value, record.key, bad, record)
                 continue
             self.stats.events += 1
+            if alert["run_id"] not in self.locks:  # held until the next commit
+                self.locks.take(alert["run_id"])  # Unavailable: another instance still holds it
+                self.ledger.load()  # what the others delivered of it until they let go
             if not self.ledger.has(alert["run_id"], alert["seq"]):
                 key = (alert["run_id"], alert["rule"], alert["metric"])
                 delivery = Delivery(self._stopping, superseded=closing.get(key, -1) > i)

@@ -89,3 +89,38 @@ def test_a_new_owner_waits_for_the_run_lock_then_drops_what_the_old_owner_wrote(
     assert [e.seq for e in fresh] == [3]  # what the old owner wrote, recovered once the lock came
     feeder.write(fresh)
     assert sorted(e.seq for e in written) == [0, 1, 2, 3]  # each once
+
+
+def test_an_alert_of_a_run_another_instance_holds_waits_then_is_not_delivered_again(tmp_path):
+    """The alert deliverer's instances share a ledger: one left out of its group while it saves
+    the ledger slowly holds the run's lock, so the new owner neither delivers the alert at once
+    nor again once the ledger says it was."""
+    import asyncio
+    import io
+    import types
+
+    from metricbus.schemas import Settings
+    from metricbus.sinks.alerts import AlertRunner, ConsoleAlerts
+
+    settings = Settings(data_dir=tmp_path)
+    codec = default_codec()
+    alert = {
+        "run_id": "run-a", "seq": 0, "rule": "nan_loss", "severity": "critical", "metric": "loss",
+        "state": "firing", "value": float("nan"), "step": 5, "ts_ms": 1, "message": "NaN",
+    }  # fmt: skip
+    record = types.SimpleNamespace(
+        topic="alerts", partition=0, offset=0, value=codec.encode("Alert", alert), key=None
+    )
+    group = settings.groups.alerts("console")
+    old = Holder(tmp_path / "locks" / f"{group}.lock", "run-a")
+    old_ledger = AlertRunner(settings, ConsoleAlerts(io.StringIO())).ledger
+    out = io.StringIO()
+    runner = AlertRunner(settings, ConsoleAlerts(out))
+    with pytest.raises(Unavailable):
+        asyncio.run(runner._process([record]))
+    assert out.getvalue() == ""
+    old_ledger.add("run-a", 0)  # the old owner delivered it; its ledger is saved, then it lets go
+    old_ledger.save_shared()
+    old.let_go()
+    asyncio.run(runner._process([record]))
+    assert out.getvalue() == "" and runner.stats.duplicates == 1
