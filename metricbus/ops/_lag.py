@@ -51,11 +51,11 @@ from metricbus.schemas import (
 
 log = logging.getLogger("metricbus.lag")
 
-#: Order of badness, for a group's status (its worst partition's).
 #: the newest records of the alive topic a sample reads: a stamp of each consumer every 5 s,
 #: so several minutes of a stack's consumers
 STAMPS_READ = 500
 
+#: Order of badness, for a group's status (its worst partition's).
 STATUSES = ("OK", "SLOW", "WARN", "STALL", "STOP", "ERR")
 
 
