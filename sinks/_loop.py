@@ -24,7 +24,7 @@ from metricbus.schemas import LoopMetrics, Settings, make_consumer, make_produce
 
 from ._commits import Commits
 from ._deadletters import DeadLetters
-from ._protocol import Unavailable
+from ._protocol import RunHeld, Unavailable
 
 T = TypeVar("T")
 
@@ -222,11 +222,14 @@ class ConsumerLoop:
         backoff (1 s doubling to 30 s while it lasts), its identities dropping what the sink
         had made durable meanwhile.
         """
-        self.stats.unavailable += 1
-        self.metrics.failing(True)
-        self.metrics.update(dataclasses.asdict(self.stats))
+        handover = isinstance(why, RunHeld)  # not the destination: another instance lets go soon
+        if not handover:
+            self.stats.unavailable += 1
+            self.metrics.failing(True)
+            self.metrics.update(dataclasses.asdict(self.stats))
         backoff = self._unavailable_backoff = min(max(1.0, self._unavailable_backoff * 2), 30.0)
-        log.error("%s: %s; reading it again in %.0fs, nothing committed past it", self.name, why, backoff)
+        say = log.warning if handover else log.error
+        say("%s: %s; reading it again in %.0fs, nothing committed past it", self.name, why, backoff)
         await self._flush_and_commit()
         self._released()
         assigned = list(self._consumer.assignment())

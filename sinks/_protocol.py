@@ -60,6 +60,14 @@ class Unavailable(Exception):  # noqa: N818 - the destination's state, not a bad
     """
 
 
+class RunHeld(Unavailable):
+    """Another instance of the group still holds a run this one was given (``_run_locks``).
+
+    A handover under way, not a destination failing: read again after the same backoff, but
+    neither counted as unavailable nor shown as failing.
+    """
+
+
 class Sink(abc.ABC):
     """open -> (write* flush)* -> close; the optional members have working no-op defaults."""
 

@@ -6,10 +6,10 @@ the next generation while that write goes on, and the partitions' new owner star
 runs meanwhile. So an instance takes a run's lock before it first looks at what the sink holds
 of the run, and keeps it until it lets go of its runs (a rebalance, its destination
 unavailable, a stop) or forgets the run (idle): a new owner that finds the lock taken reads the
-run's records again later (``Unavailable``: nothing committed), once the old owner's write is
-done, and then sees what that write left.
+run's records again later (``RunHeld``, an ``Unavailable``: nothing committed), once the old
+owner's write is done, and then sees what that write left.
 
-The locks are byte-range locks (``lockf``) in one file per group (``<data dir>/locks/<group>``),
+The locks are byte-range locks (``lockf``) in one file per group (``<data dir>/locks/<group>.lock``),
 a run's byte at a 62-bit hash of its id: held by the process, any number of them on one
 descriptor, and released by the system when the process dies. On one machine, or a shared
 volume whose locks hold across machines.
@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from ._protocol import Unavailable
+from ._protocol import RunHeld
 
 
 class RunLocks:
@@ -42,7 +42,7 @@ class RunLocks:
         return run_id in self._held
 
     def take(self, run_id: str) -> None:
-        """Hold ``run_id``'s lock (at once if this process holds it); Unavailable if another does."""
+        """Hold ``run_id``'s lock (at once if this process holds it); RunHeld if another does."""
         if run_id in self._held:
             return
         if self._fd is None:
@@ -52,7 +52,7 @@ class RunLocks:
         try:
             fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, at)
         except OSError:  # EACCES or EAGAIN: another process holds it
-            raise Unavailable(
+            raise RunHeld(
                 f"run {run_id} is still written by another instance of the group, which has not "
                 "let go of it yet"
             ) from None

@@ -278,3 +278,22 @@ def test_a_slice_taken_before_a_revocation_is_not_written_nor_committed_after_it
     assert loop._consumer.commits == [{tp: 3}]  # what was taken before, committed at the revocation
     assert loop._uncommitted == {}  # nothing of the moved partition left to commit later
     assert loop.released == 2  # at the revocation, and again for what was marked since
+
+
+def test_a_run_another_instance_still_holds_is_read_again_later_without_calling_the_destination_failing():
+    """A handover under way (RunHeld) waits like an unavailable destination, but `status` and
+    /metrics must not say the sink is failing, and its log says it at warning level."""
+    from metricbus.sinks._protocol import RunHeld, Unavailable
+
+    class Assigned(Consumer):
+        def assignment(self):
+            return []
+
+    loop = SlowLoop()
+    loop.buffer = []
+    loop._consumer = loop.commits.consumer = Assigned()
+    loop._stopping.set()  # the backoff's wait returns at once
+    asyncio.run(loop._wait_out(RunHeld("run r is still written by another instance")))
+    assert loop.stats.unavailable == 0 and not loop.metrics.failing(False)
+    asyncio.run(loop._wait_out(Unavailable("the disk is full")))
+    assert loop.stats.unavailable == 1 and loop.metrics.failing(False)  # it was failing
