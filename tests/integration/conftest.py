@@ -89,6 +89,22 @@ def spread_run_ids(partitions: int, per_partition: int, prefix: str = "scale") -
     return [r for p in range(partitions) for r in ids[p]]
 
 
+def log_in_rounds(runs, steps: int, values, after_step=None) -> None:
+    """``steps`` steps of every run (``values(i, step)`` for the i-th), published every 10 with
+    a second's pause; ``after_step(step)`` after each step; every run finished."""
+    for step in range(steps):
+        for i, run in enumerate(runs):
+            run.log(values(i, step), step=step)
+        if step % 10 == 9:
+            for run in runs:
+                assert run._publisher.flush(10)
+            time.sleep(1.0)
+        if after_step is not None:
+            after_step(step)
+    for run in runs:
+        assert run.finish(timeout=30)
+
+
 def cli(settings: Settings, *args: str) -> list[str]:
     return [
         sys.executable,

@@ -19,7 +19,7 @@ from metricbus.sinks import read_events
 from metricbus.stream_jobs import StreamProcessor, derive_all, load_rules
 from metricbus.stream_jobs._rules import DEFAULT_RULES
 
-from .conftest import SinkProcess, cli, read_topic, spread_run_ids
+from .conftest import SinkProcess, cli, log_in_rounds, read_topic, spread_run_ids
 
 pytestmark = pytest.mark.integration
 
@@ -239,19 +239,14 @@ class Instances:
 
 def log_and_kill(runs, kill, every_step=None) -> None:
     """STEPS steps of every run, flushed every 10 with a second's pause; ``kill()`` at step 40."""
-    for step in range(STEPS):
-        for i, run in enumerate(runs):
-            run.log(values(i, step), step=step)
-        if step % 10 == 9:
-            for run in runs:
-                assert run._publisher.flush(10)
-            time.sleep(1.0)
+
+    def after(step: int) -> None:
         if every_step is not None:
             every_step(step)
         if step == 40:
             kill()
-    for run in runs:
-        assert run.finish(timeout=20)
+
+    log_in_rounds(runs, STEPS, values, after)
 
 
 def test_two_tensorboard_sinks_one_killed_mid_run_show_every_step_once(wide, tmp_path):

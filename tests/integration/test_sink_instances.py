@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .conftest import free_port, spread_run_ids
+from .conftest import free_port, log_in_rounds, spread_run_ids
 from .test_stack import metricbus, stop_up, wait_line
 
 pytestmark = pytest.mark.integration
@@ -83,20 +83,16 @@ def test_two_instances_of_every_sink_one_slow_one_killed_keep_every_step_once(tm
         runs = [Run("scale", run_id=r, settings=settings, system_metrics=False) for r in ids]
         slowed = wait_elected(slow)
         statuses.start()
-        for step in range(STEPS):
-            for i, run in enumerate(runs):
-                run.log(values(i, step), step=step)
-            if step % 10 == 9:
-                for run in runs:
-                    assert run._publisher.flush(10)
-                time.sleep(1.0)
+        killed: dict[str, int] = {}
+
+        def at_step(step: int) -> None:
             if step == KILL_AT:
                 alerts_delivered(settings, tmp_path, timeout=90)  # the NaN alerts' commits are in
                 for kind in ("parquet", "tensorboard", "wandb"):
                     kept_its_partitions_through_a_slow_write(tmp_path / "logs", kind)
-                killed = kill_the_others(proc.pid, slowed)
-        for run in runs:
-            assert run.finish(timeout=30)
+                killed.update(kill_the_others(proc.pid, slowed))
+
+        log_in_rounds(runs, STEPS, values, at_step)
         assert set(killed) == set(KINDS)
 
         every_step_once_in_the_archive(settings, ids)
