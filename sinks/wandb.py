@@ -18,9 +18,12 @@ ALERT), raised with ``run.alert`` on the run this process holds open, each once 
 Run lifecycle: a W&B run is finished once the metricbus run has finished *and* the stream
 worker said its derived series are complete (the last epoch's ``Epoch/*`` and ``final/*``
 arrive after RunFinished, on another topic), or ``finish_grace_s`` after RunFinished when no
-worker says so. Every (re)opening uses the project, name, config and tags of the run's
-RunStarted, kept beside the output, so a late point or a restarted sink never opens a run in
-another project. Offline, each opening is one run directory (``wandb sync`` them in order).
+worker says so. Both are kept beside the output, so an instance that opens the run again for a
+point that came late (after a rebalance or a restart, when it is not handed that RunFinished
+again: it is held already) closes it too. Every (re)opening uses the project, name, config
+and tags of the run's RunStarted, kept beside the output, so a late point or a restarted sink
+never opens a run in another project. Offline, each opening is one run directory (``wandb
+sync`` them in order).
 
 Exactly once after a crash: every history row carries its event's identity (``_metricbus_id``,
 ``<producer_id>/<seq>``; W&B hides keys that start with ``_`` from the default charts), and a
@@ -92,6 +95,8 @@ log = logging.getLogger("metricbus.sink.wandb")
 #: where a Media event's bytes are put, named as W&B wants, for W&B to copy into the run's files
 STAGED_DIR = ".metricbus-media"
 SEQS_DIR = ".metricbus-seqs"
+#: how each run ended, as far as the sink knows (``_Ending``)
+ENDINGS_DIR = ".metricbus-endings"
 #: A run file that has not grown for this long while more than two blocks of rows wait to be
 #: seen in it: W&B has stopped writing it.
 STALLED_AFTER_S = 10.0
@@ -237,6 +242,7 @@ class WandbSink(Sink):
     def derived_complete(self, run_id: str) -> None:
         """The worker published the run's last derived event: finish it if it has finished."""
         self._complete.add(run_id)
+        self._keep_ending(run_id, complete=True)
         if run_id in self._finished:
             self._finish(run_id)
 
@@ -263,6 +269,8 @@ class WandbSink(Sink):
             for run_id in [r for r in self._ledgers if r not in self._runs]:
                 del self._ledgers[run_id]
         now = time.monotonic()
+        for run_id in [r for r in self._finished if r in self._runs and r in self._complete]:
+            self._finish(run_id)  # opened again for a late point: its file then holds it
         for run_id, (since, _) in list(self._finished.items()):
             if run_id in self._runs and now - since >= self.finish_grace_s:
                 log.info(
@@ -317,6 +325,7 @@ class WandbSink(Sink):
         if e.kind == RUN_STARTED:
             self._finished.pop(e.run_id, None)  # a resumed run (a new attempt): open until it ends
             self._complete.discard(e.run_id)
+            self._ending_path(e.run_id).unlink(missing_ok=True)
             config = config_object(body["config_json"])  # a resumed run's new attempt may change it
             self._run(e.run_id).config.update(config, allow_val_change=True)
         elif e.kind == METRICS:
@@ -355,7 +364,9 @@ class WandbSink(Sink):
             run = self._run(e.run_id)
             run.summary.update({wandb_key(k): v for k, v in body["summary"].items() if self._wanted(k)})
             run.summary["metricbus/status"] = body["status"]
-            self._finished[e.run_id] = (time.monotonic(), 0 if body["status"] == "finished" else 1)
+            code = 0 if body["status"] == "finished" else 1
+            self._finished[e.run_id] = (time.monotonic(), code)
+            self._keep_ending(e.run_id, exit_code=code)
             if e.run_id in self._complete:
                 self._finish(e.run_id)
         if not row:
@@ -463,6 +474,38 @@ class WandbSink(Sink):
         self._runs.clear()
         self._written.clear()
 
+    def _ending_path(self, run_id: str) -> Path:
+        return self.root / ENDINGS_DIR / f"{check_run_id(run_id)}.json"
+
+    def _keep_ending(self, run_id: str, **ending: Any) -> None:
+        """Keep how the run ended (``exit_code``, derived series ``complete``) beside it.
+
+        Durable before the RunFinished's identity is ledgered (at the next flush): a later
+        opening of the run knows then that it ended. Raises Unavailable while the disk refuses.
+        """
+        path = self._ending_path(run_id)
+        try:
+            kept = json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            kept = {}
+        if all(kept.get(k) == v for k, v in ending.items()):
+            return
+        try:
+            atomic_write(path, json.dumps({**kept, **ending}).encode())
+        except OSError as exc:  # a full disk: read the events again once it has room
+            raise Unavailable(f"cannot keep how run {run_id} ended in {path.parent} ({exc})") from exc
+
+    def _kept_ending(self, run_id: str) -> None:
+        """A run opened again: what was kept of how it ended (``_keep_ending``) holds again."""
+        try:
+            kept = json.loads(self._ending_path(run_id).read_text())
+        except (FileNotFoundError, ValueError):
+            return
+        if isinstance(kept.get("exit_code"), int) and run_id not in self._finished:
+            self._finished[run_id] = (time.monotonic(), kept["exit_code"])
+        if kept.get("complete") is True:
+            self._complete.add(run_id)
+
     def _ledger(self, run_id: str) -> Ledger:
         ledger = self._ledgers.get(run_id)
         if ledger is None:
@@ -518,6 +561,7 @@ class WandbSink(Sink):
         run.define_metric(EPOCH, step_metric=STEP)
         run.define_metric("*", step_metric=STEP)
         self._runs[run_id] = run
+        self._kept_ending(run_id)
         return run
 
 

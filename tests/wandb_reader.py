@@ -26,6 +26,7 @@ def read_run(root: Path, run_id: str, every_opening: bool = False) -> dict:
     sink restart), else there must be exactly one.
     """
     out: dict = {"config": {}, "history": [], "summary": {}, "kinds": set(), "projects": set(), "files": 0}
+    out["exit_codes"] = []  # each opening's, as W&B closed it
     files = run_files(root, run_id) if every_opening else [run_file(root, run_id)]
     out["files"] = len(files)
     for r in (record for path in files for record in records(path)):
@@ -44,6 +45,8 @@ def read_run(root: Path, run_id: str, every_opening: bool = False) -> dict:
             for item in r.history.item:
                 _put(row, item, json.loads(item.value_json))
             out["history"].append(row)
+        elif kind == "exit":
+            out["exit_codes"].append(r.exit.exit_code)
         elif kind == "summary":
             for item in r.summary.update:
                 _put(out["summary"], item, json.loads(item.value_json))

@@ -187,7 +187,10 @@ def every_step_once_in_the_archive(settings, ids, timeout: float = 120.0) -> Non
         except (FileNotFoundError, ValueError):
             return False
 
-    wait(lambda: all(map(complete, ids)), timeout, "every run in the archive")
+    def logs() -> str:
+        return log_tails(settings.data_dir / "logs", "sink-parquet*.log")
+
+    wait(lambda: all(map(complete, ids)), timeout, "every run in the archive", logs)
     for r in ids:
         seqs = [e.seq for e in read_events(settings.archive_dir, r)]
         assert seqs == list(range(STEPS + 2)), r  # RunStarted, every step, RunFinished: each once
@@ -206,7 +209,10 @@ def every_step_once_in_tensorboard(logdir: Path, ids, timeout: float = 120.0) ->
                     out[r] = [s.step for s in acc.Scalars("Train/AvgReward")]
         return out
 
-    wait(lambda: all(len(v) >= STEPS for v in steps().values()) and len(steps()) == RUNS, timeout, "TB")
+    def logs() -> str:
+        return log_tails(logdir.parent / "logs", "sink-tensorboard*.log")
+
+    wait(lambda: all(len(v) >= STEPS for v in steps().values()) and len(steps()) == RUNS, timeout, "TB", logs)
     seen = steps()
     for r in ids:
         assert sorted(seen[r]) == list(range(STEPS)), r  # every step once, in one directory
@@ -225,7 +231,17 @@ def every_step_once_in_wandb(logdir: Path, ids, timeout: float = 180.0) -> None:
             out[r] = [row["metricbus/step"] for row in history if "Train/AvgReward" in flat(row)]
         return out
 
-    wait(lambda: len(s := steps()) == RUNS and all(len(v) >= STEPS for v in s.values()), timeout, "W&B")
+    def missing() -> str:
+        seen = steps()
+        lacks = {r: sorted(set(range(STEPS)) - set(seen.get(r, []))) for r in ids}
+        return f"steps missing by run: {lacks}\n" + log_tails(logdir.parent / "logs", "sink-wandb*.log")
+
+    wait(
+        lambda: len(s := steps()) == RUNS and all(len(v) >= STEPS for v in s.values()),
+        timeout,
+        "W&B",
+        missing,
+    )
     seen = steps()
     for r in ids:
         assert sorted(seen[r]) == list(range(STEPS)), r  # every step once, over its openings
@@ -294,13 +310,22 @@ def committed(settings, group: str) -> bool:
     return sample.lag == 0
 
 
-def wait(condition, timeout: float, what: str) -> None:
+def wait(condition, timeout: float, what: str, detail=lambda: "") -> None:
+    """Until ``condition()``; else fail saying ``what`` and ``detail()`` (what the stack logged)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return
         time.sleep(1.0)
-    raise AssertionError(f"{what}: not within {timeout:.0f}s")
+    raise AssertionError(f"{what}: not within {timeout:.0f}s\n{detail()}")
+
+
+def log_tails(logs: Path, pattern: str, lines: int = 40) -> str:
+    """The last lines of each log matching ``pattern``: what a failure shows of the stack."""
+    return "".join(
+        f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) + "\n"
+        for log in sorted(logs.glob(pattern))
+    )
 
 
 class Statuses:

@@ -214,6 +214,56 @@ def test_a_rebalance_releases_the_runs_and_the_next_event_reopens_them_once(tmp_
     assert [r["loss"] for r in wb["history"] if "loss" in r] == [1.0, 0.5]
 
 
+def test_a_run_finished_before_a_handover_is_closed_by_its_next_owner_once_its_series_end(tmp_path, offline):
+    """A run's RunFinished was written, then its partitions moved before the worker's last
+    derived points came: the next owner, to whom that RunFinished is a duplicate, still closes
+    the run when its derived series end, so W&B writes those points (it holds the rows of an
+    open run unwritten: nothing would be committed past them, for ``idle_close_s``)."""
+    from metricbus.schemas import DERIVED_PRODUCER
+    from metricbus.sinks import Feeder
+    from metricbus.sinks._wandb_file import closed, run_files
+
+    sink = WandbSink(tmp_path, finish_grace_s=3600.0)
+    sink.open()
+    feeder = Feeder(sink)
+    logged = [
+        ev(0, RUN_STARTED, run_started("grpo", "gemma")),
+        metrics(1, 1, {"loss": 1.0}),
+        ev(2, RUN_FINISHED, {"status": "failed", "summary": {}}),
+    ]
+    feeder.write(feeder.fresh(logged))
+    sink.flush()
+    sink.release()  # a rebalance: the worker's last points are not in yet
+    feeder.forget()
+
+    assert feeder.fresh(logged) == []  # redelivered: this owner holds them all, RunFinished too
+    final = Event(
+        "run-wb1",
+        DERIVED_PRODUCER,
+        0,
+        1_700_000_000_100,
+        METRICS,
+        metrics(0, 1, {"final/loss": 1.0}).body,
+        FP,
+    )
+    feeder.write(feeder.fresh_derived("run-wb1", [final], True))
+    sink.derived_complete("run-wb1")  # the record that closes the run
+    sink.flush()
+    assert sink.pending() == 0  # W&B wrote the point: it can be committed past
+    assert all(closed(path) for path in run_files(tmp_path, "run-wb1"))
+    wb = read_run(tmp_path, "run-wb1", every_opening=True)
+    assert [r["final/loss"] for r in wb["history"] if "final/loss" in r] == [1.0]
+    assert wb["exit_codes"] == [1, 1]  # each opening closed as its RunFinished said: failed
+
+    later = Event(
+        "run-wb1", DERIVED_PRODUCER, 1, 1_700_000_000_200, METRICS, metrics(0, 1, {"x": 2.0}).body, FP
+    )
+    feeder.write(feeder.fresh_derived("run-wb1", [later], True))  # after both: closed by the flush
+    sink.flush()
+    assert sink.pending() == 0 and all(closed(path) for path in run_files(tmp_path, "run-wb1"))
+    sink.close()
+
+
 def test_a_finished_run_file_is_complete_when_finish_returns(tmp_path, offline):
     """W&B's own finish() returns before its service writes the file (read right after, it
     can be empty); the next opening reads that file as its ledger, so the sink waits for it."""
