@@ -1,10 +1,10 @@
 """What one consumer commits, one commit at a time, and its alive stamps.
 
 Every commit carries this moment as each offset's metadata (``schemas.alive_stamp``); every
-:data:`ALIVE_EVERY_S` the consumer also says it runs on the alive topic (keyed by its group)
-and commits what it holds committed again with a new stamp, also while a slow destination
-holds its writes up. ``metricbus status`` reads both to tell a group that consumes slowly from
-one that stopped (the embedded broker keeps no commit metadata: the topic is what it reads there).
+:data:`ALIVE_EVERY_S` the consumer also says it runs on the alive topic (keyed by its group),
+also while a slow destination holds its writes, and so its commits, up. ``metricbus status``
+reads both to tell a group that consumes slowly from one that stopped (the embedded broker
+keeps no commit metadata: the topic alone tells there, as it does on any broker).
 """
 
 from __future__ import annotations
@@ -55,8 +55,7 @@ class Commits:
         Where the group reads from anyway (earliest). Until then the group was invisible to
         `metricbus up`'s planned broker restart, which carries over what each group still needs
         by its commits: a sink stopped before its first commit would lose what it had not read.
-        What the group committed on the others is this member's to stamp alive (held records
-        can keep it from committing anything itself for a while).
+        What the group committed on the others is noted: not committed again unchanged.
         """
         try:
             found = {tp: await self.consumer.committed(tp) for tp in assigned}
@@ -73,11 +72,7 @@ class Commits:
         self.held.clear()
 
     async def say_alive(self) -> None:
-        """Every ALIVE_EVERY_S until cancelled: a stamp on the alive topic and on what it holds.
-
-        Only partitions it holds now; a commit refused (as in a rebalance) is tried again at
-        the next beat.
-        """
+        """Every ALIVE_EVERY_S until cancelled: a stamp on the alive topic."""
         topic, key = self.settings.topics.alive, self.group_id.encode()
         while True:
             try:
@@ -85,11 +80,3 @@ class Commits:
             except Exception as exc:  # noqa: BLE001 - a missed beat: status sees it older, no more
                 log.debug("%s: alive stamp not sent (%s)", self.name, exc)
             await asyncio.sleep(ALIVE_EVERY_S)
-            try:
-                async with self._lock:  # what it holds committed now, not a commit ago
-                    held = set(self.consumer.assignment())
-                    mine = {tp: o for tp, o in self.held.items() if tp in held}
-                    if mine:
-                        await self._commit_locked(mine)
-            except Exception as exc:  # noqa: BLE001 - a missed beat: status sees it older, no more
-                log.debug("%s: alive stamp not committed (%s)", self.name, exc)
