@@ -217,6 +217,7 @@ def test_a_consumer_that_says_it_runs_is_slow_not_stop_though_the_broker_keeps_n
     run = Run("ops", name="slow-run", settings=settings, system_metrics=False)
     run.log({"loss": 1.0}, step=0)
     assert run._publisher.flush(20)
+    logged = time.time()  # the record is no younger
     member = KafkaConsumer(  # in the group, heartbeating, and reading nothing more
         settings.topics.events, group_id=slow, enable_auto_commit=False, **client_options(settings)
     )
@@ -231,11 +232,15 @@ def test_a_consumer_that_says_it_runs_is_slow_not_stop_though_the_broker_keeps_n
         stopped = group(snap, slow)
         assert stopped["status"] == "STOP" and rc == 1, stopped  # nothing says it runs
 
+        time.sleep(max(0.0, logged + 10.0 - time.time()))
         producer = KafkaProducer(**client_options(settings), enable_idempotence=False)
         producer.send(settings.topics.alive, key=slow.encode(), value=alive_stamp().encode())
         producer.flush()
         producer.close()
-        rc, snap = status(settings, "--stop-after", "2", "--sample")
+        # past the records' wait (STOP, but for the stamp) and as long as `status` may take to
+        # start on a loaded machine: the stamp is younger than that
+        stop_after = time.time() - logged - 0.5
+        rc, snap = status(settings, "--stop-after", f"{stop_after:.1f}", "--sample")
         slowed = group(snap, slow)
         assert slowed["status"] == "SLOW" and "consuming (alive " in slowed["reason"], slowed
         assert slowed["lag"] >= 1 and rc == 0
