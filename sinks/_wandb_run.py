@@ -14,10 +14,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from metricbus.schemas import check_run_id, format_alert
+from metricbus.schemas import atomic_write, check_run_id, format_alert
 
 #: each run's RunStarted (project, name, config, tags) as the W&B sink saw it, per run id
 RUNS_DIR = ".metricbus-runs"
+#: how each run ended, as far as the W&B sink knows (``keep_ending``), per run id
+ENDINGS_DIR = ".metricbus-endings"
 STEP = "metricbus/step"
 EPOCH = "metricbus/epoch"
 #: the history key holding each row's event identity, ``<producer_id>/<seq>``
@@ -83,6 +85,35 @@ def run_project(root: Path, run_id: str) -> str | None:
     except FileNotFoundError:
         return None
     return wandb_project(meta["project"])
+
+
+def kept_ending(root: Path, run_id: str) -> dict[str, Any]:
+    """How ``run_id`` ended, as kept by ``keep_ending``: ``exit_code``, ``complete``; {} if not."""
+    try:
+        kept = json.loads(_ending_path(root, run_id).read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return kept if isinstance(kept, dict) else {}
+
+
+def keep_ending(root: Path, run_id: str, **ending: Any) -> None:
+    """Keep how ``run_id`` ended, durably (OSError while the disk refuses).
+
+    ``exit_code``: its RunFinished's; ``complete``: its derived series are all in; ``None``
+    forgets one (a new attempt begins).
+
+    The next owner of the run after a rebalance or a restart is not handed that RunFinished
+    again (it is held already); opening the run again for a late point, it reads this instead.
+    """
+    kept = kept_ending(root, run_id)
+    if all(kept.get(k) == v for k, v in ending.items()):
+        return
+    kept = {k: v for k, v in {**kept, **ending}.items() if v is not None}
+    atomic_write(_ending_path(root, run_id), json.dumps(kept).encode())
+
+
+def _ending_path(root: Path, run_id: str) -> Path:
+    return Path(root) / ENDINGS_DIR / f"{check_run_id(run_id)}.json"
 
 
 def wandb_mode(mode: str | None) -> str:

@@ -84,6 +84,8 @@ from ._wandb_run import (
     RUNS_DIR,
     STEP,
     init_run,
+    keep_ending,
+    kept_ending,
     raise_on_wandb,
     wandb_key,
     wandb_mode,
@@ -95,8 +97,6 @@ log = logging.getLogger("metricbus.sink.wandb")
 #: where a Media event's bytes are put, named as W&B wants, for W&B to copy into the run's files
 STAGED_DIR = ".metricbus-media"
 SEQS_DIR = ".metricbus-seqs"
-#: how each run ended, as far as the sink knows (``_Ending``)
-ENDINGS_DIR = ".metricbus-endings"
 #: A run file that has not grown for this long while more than two blocks of rows wait to be
 #: seen in it: W&B has stopped writing it.
 STALLED_AFTER_S = 10.0
@@ -242,7 +242,7 @@ class WandbSink(Sink):
     def derived_complete(self, run_id: str) -> None:
         """The worker published the run's last derived event: finish it if it has finished."""
         self._complete.add(run_id)
-        self._keep_ending(run_id, complete=True)
+        _keep_ending(self.root, run_id, complete=True)
         if run_id in self._finished:
             self._finish(run_id)
 
@@ -325,7 +325,7 @@ class WandbSink(Sink):
         if e.kind == RUN_STARTED:
             self._finished.pop(e.run_id, None)  # a resumed run (a new attempt): open until it ends
             self._complete.discard(e.run_id)
-            self._ending_path(e.run_id).unlink(missing_ok=True)
+            _keep_ending(self.root, e.run_id, exit_code=None, complete=None)
             config = config_object(body["config_json"])  # a resumed run's new attempt may change it
             self._run(e.run_id).config.update(config, allow_val_change=True)
         elif e.kind == METRICS:
@@ -366,7 +366,7 @@ class WandbSink(Sink):
             run.summary["metricbus/status"] = body["status"]
             code = 0 if body["status"] == "finished" else 1
             self._finished[e.run_id] = (time.monotonic(), code)
-            self._keep_ending(e.run_id, exit_code=code)
+            _keep_ending(self.root, e.run_id, exit_code=code)
             if e.run_id in self._complete:
                 self._finish(e.run_id)
         if not row:
@@ -474,38 +474,6 @@ class WandbSink(Sink):
         self._runs.clear()
         self._written.clear()
 
-    def _ending_path(self, run_id: str) -> Path:
-        return self.root / ENDINGS_DIR / f"{check_run_id(run_id)}.json"
-
-    def _keep_ending(self, run_id: str, **ending: Any) -> None:
-        """Keep how the run ended (``exit_code``, derived series ``complete``) beside it.
-
-        Durable before the RunFinished's identity is ledgered (at the next flush): a later
-        opening of the run knows then that it ended. Raises Unavailable while the disk refuses.
-        """
-        path = self._ending_path(run_id)
-        try:
-            kept = json.loads(path.read_text())
-        except (FileNotFoundError, ValueError):
-            kept = {}
-        if all(kept.get(k) == v for k, v in ending.items()):
-            return
-        try:
-            atomic_write(path, json.dumps({**kept, **ending}).encode())
-        except OSError as exc:  # a full disk: read the events again once it has room
-            raise Unavailable(f"cannot keep how run {run_id} ended in {path.parent} ({exc})") from exc
-
-    def _kept_ending(self, run_id: str) -> None:
-        """A run opened again: what was kept of how it ended (``_keep_ending``) holds again."""
-        try:
-            kept = json.loads(self._ending_path(run_id).read_text())
-        except (FileNotFoundError, ValueError):
-            return
-        if isinstance(kept.get("exit_code"), int) and run_id not in self._finished:
-            self._finished[run_id] = (time.monotonic(), kept["exit_code"])
-        if kept.get("complete") is True:
-            self._complete.add(run_id)
-
     def _ledger(self, run_id: str) -> Ledger:
         ledger = self._ledgers.get(run_id)
         if ledger is None:
@@ -561,8 +529,24 @@ class WandbSink(Sink):
         run.define_metric(EPOCH, step_metric=STEP)
         run.define_metric("*", step_metric=STEP)
         self._runs[run_id] = run
-        self._kept_ending(run_id)
+        kept = kept_ending(self.root, run_id)  # how it ended, when that was written before
+        if isinstance(kept.get("exit_code"), int) and run_id not in self._finished:
+            self._finished[run_id] = (time.monotonic(), kept["exit_code"])
+        if kept.get("complete") is True:
+            self._complete.add(run_id)
         return run
+
+
+def _keep_ending(root: Path, run_id: str, **ending: Any) -> None:
+    """``keep_ending``; Unavailable while the disk refuses (nothing is committed meanwhile).
+
+    Called as the event is written: durable before the RunFinished's identity is ledgered
+    (at the next flush), so an owner that finds it held also finds how the run ended.
+    """
+    try:
+        keep_ending(root, run_id, **ending)
+    except OSError as exc:  # a full disk: read the events again once it has room
+        raise Unavailable(f"cannot keep how run {run_id} ended ({exc})") from exc
 
 
 def _wandb_media(body: dict[str, Any], path: Path) -> Any:
