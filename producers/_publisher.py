@@ -1,13 +1,12 @@
 """The background half of the producer hook: batch, encode, spool, send.
 
 The training thread only appends event tuples to a deque (:meth:`Publisher.submit`). Two
-threads owned by the Publisher do the rest: the *spooler* encodes what is queued into
+threads owned by the Publisher do the rest: the *spooler* (here) encodes what is queued into
 EventBatch records every ``linger_s`` (within a 10 ms tick after a quiet spell) and appends
 them to the spool (so a crash loses at most one linger interval, whatever the network does);
-the *sender* sends from the spool (when 256 KB are waiting, at once for a flush, else as a
-token bucket allows: up to four requests at once after a quiet spell, then one per 30 ms, a
-spool pass) and moves its cursor on acknowledgement, and may block on a dead broker without
-holding anything up. Ordering: every spool append happens under one lock, in seq order.
+the *sender* (``_sender``) sends from the spool and moves its cursor on acknowledgement, and
+may block on a dead broker without holding anything up. Ordering: every spool append happens
+under one lock, in seq order.
 
 When the queue is full (the training loop outruns encoding, millions of events a second),
 ``log()`` waits up to ``max_block_s`` for room (0 by default), then sheds the event: it gets
@@ -19,11 +18,10 @@ never shed.
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from itertools import repeat, starmap
 from typing import Any
 
@@ -38,8 +36,9 @@ from metricbus.schemas import (
 )
 
 from ._resend import ResendWindow
+from ._sender import Sender, TakeTurns
 from ._spool import Spool
-from ._transport import BrokerRestarting, Transport, TransportError
+from ._transport import Transport
 
 log = logging.getLogger("metricbus.producer")
 
@@ -58,20 +57,9 @@ Event = tuple[int, int, str, Any]
 #: so a log() call now promotes nothing (measured: 3 full collections per 100k calls -> 0).
 PER_EVENT = 2
 
-#: How long the spooler waits, at most, for the sender to take the lock it waits for (a turn).
-SENDER_TURN_S = 0.05
-#: While sending, the broker is asked at most this often whether it still holds what it
-#: acknowledged (a memory-only broker that restarted does not; ``ResendWindow``); always
-#: before a flush returns.
-VERIFY_INTERVAL_S = 1.0
 #: The spooler looks at the queue this often: what comes after a quiet spell is spooled (and
 #: sent) within a tick, a steady stream once per ``linger_s``.
 QUIET_TICK_S = 0.01
-#: The sender with nothing unsent or unchecked sleeps this long unless woken (by the spooler,
-#: which wakes it when it spooled something, or by a flush): not a wake-up every spool pass.
-IDLE_WAKE_S = 1.0
-#: While the broker is restarting (planned), sending pauses this long between checks.
-RESTART_CHECK_S = 0.25
 #: A flush (``finish()``) gives up waiting once nothing has listened at the broker's address for
 #: this long: what is unsent is in the spool by then, and ``metricbus sync`` sends it later.
 REFUSED_GIVE_UP_S = 0.5
@@ -134,9 +122,6 @@ class Publisher:
         #: what the broker acknowledged, sent again if it turns out to have lost its topic (a
         #: memory-only broker restarted): its acknowledgement was not durability
         self.window = ResendWindow(retain_s, retain_bytes)
-        self._restarting_said = False
-        self.describe_target = describe_target
-        self._key = run_id.encode()
         #: Events waiting for the thread, PER_EVENT items each. Run.log extends it directly
         #: while it holds fewer than ``max_items`` (max_queue events).
         self.queue: collections.deque[Any] = collections.deque()
@@ -149,15 +134,22 @@ class Publisher:
         #: their seqs consecutive (Run._bodies; it may leave out a queued event it refuses)
         self.prepare = prepare
         self._next_seq = 0  #: the seq of the next event taken off the queue (also how many were)
-        self._lock = threading.Lock()
-        #: the sender's turn at the lock: Python's Lock is not fair, and under overload the
-        #: spooler, taking it back for batch after batch, would keep the sender out for seconds
-        self._sender_waits = threading.Event()
-        self._sender_in = threading.Event()
-        #: set once the sender connected, or found it cannot yet (``Run`` waits for it briefly)
-        self.connected = threading.Event()
+        self.turns = TakeTurns()  #: the spool's lock, which the spooler lets the sender have in turn
+        self._lock = self.turns.lock
+        self.sender = Sender(
+            key=run_id.encode(),
+            spool=spool,
+            transport=transport,
+            window=self.window,
+            turns=self.turns,
+            queue=self.queue,
+            linger_s=linger_s,
+            send_linger_s=send_linger_s,
+            send_burst=send_burst,
+            send_batch_bytes=send_batch_bytes,
+            describe_target=describe_target,
+        )
         self._wake = threading.Event()  # the spooler's
-        self._send_wake = threading.Event()
         self._stopping = False
         self._closed = False
         # Daemon threads, because Python joins non-daemon threads *before* atexit handlers
@@ -165,34 +157,9 @@ class Publisher:
         # them instead, and if even that never runs (os._exit, SIGKILL), the spool has the data.
         self._thread = threading.Thread(target=self._spool_loop, name=f"mb-spool-{run_id}", daemon=True)
         self._sender = threading.Thread(target=self._send_loop, name=f"mb-send-{run_id}", daemon=True)
-        self._next_attempt = 0.0
-        self._failures = 0
-        #: the run already said that no broker answers (at init): the first failure is not said again
-        self.said_unreachable = False
-        self._verified_at = 0.0
-        #: the sender sends when this much is spooled, at once for a flush, and otherwise about
-        #: once per send_linger_s: at a trickle of events (an SB3 episode every few ms) each
-        #: request costs ~0.7 ms of CPU, cold (measured in place: the transport's request, the
-        #: cursor's write). 30 ms, the spool pass: log() -> sent p99 ~31 ms at 100 to 10,000
-        #: events/s (bench/stream_throughput.py) at the CPU a 100 ms linger cost with
-        #: KafkaProducer (bench/integration_overhead.py)
-        self.send_linger_s = send_linger_s
-        self.send_batch_bytes = send_batch_bytes
-        #: ... but not as a floor: a token bucket of ``send_burst`` sends, refilled one per
-        #: ``send_linger_s``, lets what a quiet pipe is given go at once (a NaN loss, an episode)
-        #: while the long-run rate of requests stays at most one per ``send_linger_s``, as with a
-        #: linger: at 10 events/s a linger held each event up to its length, the bucket sends each
-        #: at the next spool pass
-        self.send_burst = send_burst
-        self._tokens = float(send_burst)
-        self._refilled = time.monotonic()
-        self._flushing = 0  # flush() calls waiting: verify without waiting for the interval
-        self._flushing_lock = threading.Lock()  # flush() may be called from several threads
-        self._checking = threading.Lock()  # held by a check of the broker and what it decides
         self._last_sync = 0.0
-        #: Counters, readable at any time.
+        #: Counters, readable at any time (the sender's, ``records_sent``, on it).
         self.events_spooled = 0
-        self.records_sent = 0
         self.overflows = 0  #: times log() found the queue full
         self.dropped_events = 0  #: events shed because the queue stayed full (no seq given)
         self.lost_events = 0
@@ -261,7 +228,8 @@ class Publisher:
         it clears ``unverified`` before it marks the window to resend (a flush that looked in
         between returned with the window never resent; test_planned_restart, 1 run in 4).
         """
-        if not self._checking.acquire(timeout=0.05):
+        checking = self.sender.checking
+        if not checking.acquire(timeout=0.05):
             return len(self._queue) // PER_EVENT + 1  # a check is under way: not done yet
         try:
             with self._lock:
@@ -269,7 +237,7 @@ class Publisher:
                 queued = len(self._queue) // PER_EVENT + self._held_events
                 return queued + self.spool.unsent_bytes + int(unchecked)
         finally:
-            self._checking.release()
+            checking.release()
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything submitted so far is acknowledged; False on timeout.
@@ -278,19 +246,18 @@ class Publisher:
         (a refused connection, not a slow broker): what is unsent is in the spool by then.
         """
         deadline = time.monotonic() + timeout
-        self._next_attempt = 0.0
+        sender = self.sender
+        sender.next_attempt = 0.0
         refused_since: float | None = None
-        with self._flushing_lock:
-            self._flushing += 1
-        try:
+        with sender.flushing():
             while (now := time.monotonic()) < deadline:
                 self._wake.set()
-                self._send_wake.set()
+                sender.wake()
                 if self.backlog == 0:
                     return True
                 if not (self._thread.is_alive() and self._sender.is_alive()):
                     return False
-                if getattr(self.transport, "refused", False) and self._failures:
+                if getattr(self.transport, "refused", False) and sender.failures:
                     refused_since = refused_since if refused_since is not None else now
                     if now - refused_since >= REFUSED_GIVE_UP_S:
                         return False
@@ -298,9 +265,6 @@ class Publisher:
                     refused_since = None
                 time.sleep(0.005)
             return False
-        finally:
-            with self._flushing_lock:
-                self._flushing -= 1
 
     def stop(self, timeout: float) -> bool:
         """Flush up to ``timeout``, then stop the threads; True when nothing was left unsent.
@@ -312,9 +276,9 @@ class Publisher:
         deadline = time.monotonic() + timeout
         if self._thread.is_alive() and not self.flush(timeout):
             deadline = min(deadline, time.monotonic())  # gave up: join the threads only briefly
-        self._stopping = True
+        self._stopping = self.sender.stopping = True
         self._wake.set()
-        self._send_wake.set()
+        self.sender.wake()
         for thread in (self._thread, self._sender):
             if thread.is_alive():
                 thread.join(max(0.0, deadline - time.monotonic()) + 0.05)
@@ -344,7 +308,7 @@ class Publisher:
         if not self._closed:
             self._closed = True
             self._spool_queue_locked()
-            self._respool_unverified_locked()
+            self.sender.respool_unverified_locked()
             self.spool.close()
             self.transport.close()
 
@@ -364,10 +328,9 @@ class Publisher:
                 while more and not self._stopping:  # a batch per hold of the lock: under overload
                     with self._lock:  # the queue never empties, and the sender needs the lock too
                         more = self._spool_queue_locked(batches=1)
-                    if self.spool.unsent_bytes or self._flushing:
-                        self._send_wake.set()  # else it has nothing new: let it sleep its interval
-                    if self._sender_waits.is_set():  # its turn: wait until it has the lock
-                        self._sender_in.wait(SENDER_TURN_S)
+                    if self.spool.unsent_bytes or self.sender.flushers:
+                        self.sender.wake()  # else it has nothing new: let it sleep its interval
+                    self.turns.let_in()  # the sender's turn, if it waits for the lock
                     self._sync_if_behind()
         except Exception:  # noqa: BLE001 - the thread must never die silently
             log.exception("metricbus spooler thread failed; queued events go to the spool at finish()")
@@ -386,13 +349,9 @@ class Publisher:
         return bool(self._queue) and time.monotonic() - self._passed_at >= self.linger_s - 0.001
 
     def _send_loop(self) -> None:
-        """Spool to Kafka: send, and move the cursor on acknowledgement."""
+        """Spool to Kafka (the sender's thread); the last of the two threads to end closes."""
         try:
-            self._connect()
-            while not self._stopping:
-                self._send_wake.wait(self.linger_s if self._sending() else IDLE_WAKE_S)
-                self._send_wake.clear()
-                self._send_spooled()
+            self.sender.run()
         except Exception:  # noqa: BLE001 - the thread must never die silently
             log.exception("metricbus sender thread failed; unsent events stay in the spool")
         finally:
@@ -502,181 +461,6 @@ class Publisher:
             why / 1e6,
             self.max_record_bytes / 1e6,
         )
-
-    def _send_spooled(self) -> None:
-        while time.monotonic() >= self._next_attempt:
-            if self.window.due and not self._send_retained():
-                return
-            if not self._send_due():
-                return
-            with self._sender_lock():
-                pending = self.spool.read_unsent(max_records=64)
-            if not pending:
-                # a flush's check comes once all is sent: not while the spooler still holds some
-                self._verify(force=self._flushing > 0 and not self._queue)
-                return
-            records = [record for record, _ in pending]
-            if not self._send(records):
-                return
-            with self._sender_lock():
-                self.spool.commit(pending[-1][1])
-            self._tokens = max(0.0, self._tokens - 1)
-            self.records_sent += len(pending)
-            self.window.add(records)
-            self._verify(force=False)
-
-    def _connect(self) -> None:
-        """Connect before there is anything to send; then say so (``connected``).
-
-        A connect is several requests, each waiting for the GIL: begun once a training loop
-        logs as fast as it can (an overload), the first one takes seconds.
-        """
-        try:
-            connect = getattr(self.transport, "connect", None)
-            if connect is not None:
-                connect()
-        except TransportError:
-            pass  # sends try again, with their backoff; the run says where its events wait
-        finally:
-            self.connected.set()
-
-    @contextlib.contextmanager
-    def _sender_lock(self) -> Iterator[None]:
-        """The lock, for the sender: the spooler lets it in between two batches (see __init__)."""
-        self._sender_in.clear()
-        self._sender_waits.set()
-        with self._lock:
-            self._sender_waits.clear()
-            self._sender_in.set()
-            yield
-
-    def _sending(self) -> bool:
-        """Whether the sender has work of its own; if not, the spooler or a flush wakes it."""
-        return bool(self.spool.unsent_bytes or self.window.due or self._failures or self.transport.unverified)
-
-    def _send_due(self) -> bool:
-        """Whether to send now: a flush waits, enough is spooled, or the bucket holds a send."""
-        if self._flushing or self._stopping:
-            return True
-        now = time.monotonic()
-        self._tokens = min(self.send_burst, self._tokens + (now - self._refilled) / self.send_linger_s)
-        self._refilled = now
-        return self._tokens >= 1 or self.spool.unsent_bytes >= self.send_batch_bytes
-
-    def _verify(self, force: bool) -> None:
-        """Ask whether the broker still holds what it acknowledged; if not, resend the window.
-
-        At most once per VERIFY_INTERVAL_S unless ``force`` (a flush is waiting).
-        """
-        transport = self.transport
-        now = time.monotonic()
-        if not transport.unverified or (not force and now - self._verified_at < VERIFY_INTERVAL_S):
-            return
-        self._verified_at = now
-        with self._checking:
-            self._check(transport, now)
-
-    def _check(self, transport: Transport, now: float) -> None:
-        try:
-            transport.verify()
-        except BrokerRestarting as exc:
-            self._hold(exc, now)
-            return
-        except TransportError:
-            self._failures += 1  # as a failed send: back off, check again then
-            self._next_attempt = now + min(0.25 * 2 ** (self._failures - 1), 5.0)
-            return
-        self._restarting_said = False
-        if transport.take_lost():
-            self.window.lost(self.transport.carried_over)
-        else:
-            self.window.confirmed()
-
-    def _hold(self, why: BrokerRestarting, now: float) -> None:
-        """`metricbus up` restarts its broker: send nothing until the new one is ready."""
-        if not self._restarting_said:
-            self._restarting_said = True
-            log.warning(
-                "%s: the last %d acknowledged records are held and nothing is sent until the broker is back",
-                why,
-                self.window.unconfirmed,
-            )
-        self._next_attempt = now + RESTART_CHECK_S
-
-    def _send(self, records: list[bytes]) -> bool:
-        """One send; on failure, back off (and note a lost topic); True when acknowledged."""
-        try:
-            self.transport.send(self._key, records)
-        except BrokerRestarting as exc:  # found at a reconnect: nothing was sent
-            self._hold(exc, time.monotonic())
-            return False
-        except TransportError as exc:
-            if self.transport.take_lost():  # what the broker acknowledged may be gone: resend it first
-                self.window.lost(self.transport.carried_over)
-                if self.window.due:
-                    return False
-            self._failures += 1
-            self._next_attempt = time.monotonic() + min(0.25 * 2 ** (self._failures - 1), 5.0)
-            offline = getattr(self.transport, "offline", False)  # offline: said at init
-            if self._failures == 1 and not offline and not self.said_unreachable:
-                log.warning(
-                    "%s is unreachable (%s); events are kept in %s and sent when it is back",
-                    self.describe_target(),
-                    exc,
-                    self.spool.path,
-                )
-            return False
-        if self.transport.take_lost():  # found after these records: they were resent by the spool
-            self.window.lost(self.transport.carried_over)
-        if self._failures:
-            log.warning("%s is reachable again; sending the spooled events", self.describe_target())
-            self._failures = 0
-        return True
-
-    def _respool_unverified_locked(self) -> None:
-        """At stop: what the broker acknowledged but no check confirmed goes back in the spool.
-
-        The broker was restarting or unreachable when the run stopped; ``metricbus sync`` (or
-        the next run with this spool) sends it again, and consumers drop what arrived twice.
-        """
-        records = self.window.unconfirmed_records() if self.transport.unverified else []
-        if not records:
-            return
-        try:
-            self.spool.append(records)
-            self.spool.sync()
-        except OSError as exc:
-            log.error("cannot put %d unchecked records back in %s (%s)", len(records), self.spool.path, exc)
-            return
-        log.warning(
-            "%s acknowledged %d records that could not be checked before the run stopped (the broker "
-            "was restarting or unreachable); they are back in %s: `metricbus sync` sends them again",
-            self.describe_target(),
-            len(records),
-            self.spool.path,
-        )
-
-    def _send_retained(self) -> bool:
-        """Send the retained window again, oldest first; True when all of it was acknowledged."""
-        window = self.window.to_resend()
-        for start in range(0, len(window), 64):
-            if not self._send(window[start : start + 64]):
-                return False
-        if self.window.resent(len(window)):
-            log.warning(
-                "%s had lost its topic (a memory-only broker restarted?): sent the last %d acknowledged "
-                "records again; consumers drop the duplicates",
-                self.describe_target(),
-                len(window),
-            )
-        else:
-            log.info(
-                "%s was restarted by `metricbus up`, which carried over what it had acknowledged up "
-                "to the last check: sent the %d records acknowledged since again",
-                self.describe_target(),
-                len(window),
-            )
-        return True
 
     def _sync_if_behind(self) -> None:
         now = time.monotonic()

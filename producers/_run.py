@@ -150,7 +150,7 @@ class Run:
             self._say_where(stack)
         self._publisher.start()  # after the line above: it may say the broker is unreachable itself
         if not self.settings.offline:  # connected before the loop runs (an overload starved it)
-            self._publisher.connected.wait(CONNECT_WAIT_S)
+            self._publisher.sender.connected.wait(CONNECT_WAIT_S)
         #: the run's config: what it started with (RunStarted's), and keys set since with
         #: ``run.config.update(...)`` / ``run.config[key] = ...`` (each a ConfigUpdate event)
         self.config = RunConfig(config_dict(config), self.update_config)
@@ -576,7 +576,7 @@ class Run:
             "overflows": p.overflows,
             "dropped_events": p.dropped_events,
             "skipped_calls": self.skipped_calls,
-            "records_sent": p.records_sent,
+            "records_sent": p.sender.records_sent,
             "lost_events": p.lost_events,
             "unsent_bytes": p.spool.unsent_bytes,
             "media_logged": self._media.logged if self._media else 0,
@@ -650,7 +650,7 @@ class Run:
         if say_where(
             run, self.run_id, self.settings, self.spool_path.parent, stack, self._publisher.transport
         ):
-            self._publisher.said_unreachable = True  # said: the publisher does not say it again
+            self._publisher.sender.said_unreachable = True  # said: the publisher does not say it again
 
     def _started_body(self, config: Any, tags: Iterable[str]) -> dict[str, Any]:
         return run_started(

@@ -425,7 +425,7 @@ def test_a_training_job_sending_through_a_planned_restart_sends_again_only_its_u
     trainer.start()
     try:
         time.sleep(3.0)
-        sent_before = run._publisher.records_sent
+        sent_before = run._publisher.sender.records_sent
         stack.planned.restart(rss_mb=2000.0, now=time.monotonic())
         time.sleep(2.0)
     finally:

@@ -157,14 +157,14 @@ def test_under_overload_the_run_publishes_from_the_start_not_after_it(settings):
     loop holds) took the first seconds, and nothing went out meanwhile. The run connects before
     init returns, and sends while the loop still runs."""
     run = Run("overload", settings=settings, system_metrics=False)
-    assert run._publisher.connected.is_set() and run._publisher.transport._client is not None
+    assert run._publisher.sender.connected.is_set() and run._publisher.transport._client is not None
     t0 = time.monotonic()
     first = None
     step = 0
     while time.monotonic() - t0 < 4.0:
         run.log({"a": 1.0, "b": 2.0}, step=step)
         step += 1
-        if first is None and step % 1000 == 0 and run._publisher.records_sent:
+        if first is None and step % 1000 == 0 and run._publisher.sender.records_sent:
             first = time.monotonic() - t0
     assert first is not None, "nothing was sent during 4 s of logging"
     assert run.finish(timeout=120)

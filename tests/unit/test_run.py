@@ -97,7 +97,7 @@ def test_broker_down_spools_then_delivers_everything_once_when_back(settings, ca
         wait_for(lambda: run._publisher.events_spooled == 301)  # RunStarted and the 300
         # the sender's tries come on its own thread, after the spooler's: said at the first,
         # and not again at the next
-        wait_for(lambda: run._publisher._failures >= 2)
+        wait_for(lambda: run._publisher.sender.failures >= 2)
     assert run.spool_path.stat().st_size > 0
     assert sum("unreachable" in r.getMessage() for r in caplog.records) == 1  # said once
     fake.down = False
@@ -413,7 +413,7 @@ def test_a_trickle_of_events_is_sent_in_few_requests_and_checked_at_most_once_a_
     # the time finish() took counts too: on a loaded machine it can outlast a verify interval
     elapsed = time.monotonic() - started
     # not one request per event (60); one per send linger, the burst, and finish()'s flush
-    assert fake.calls <= elapsed / run._publisher.send_linger_s + 4 + 1
+    assert fake.calls <= elapsed / run._publisher.sender.send_linger_s + 4 + 1
     assert 1 <= fake.verifies <= elapsed / 1.0 + 2 and not fake.unverified  # verified before finish returned
     assert len(metrics(fake.events())) == 60
 
