@@ -156,7 +156,7 @@ class Publisher:
         # run: a script that forgot finish() would hang at exit. Run's atexit hook flushes
         # them instead, and if even that never runs (os._exit, SIGKILL), the spool has the data.
         self._thread = threading.Thread(target=self._spool_loop, name=f"mb-spool-{run_id}", daemon=True)
-        self._sender = threading.Thread(target=self._send_loop, name=f"mb-send-{run_id}", daemon=True)
+        self._send_thread = threading.Thread(target=self._send_loop, name=f"mb-send-{run_id}", daemon=True)
         self._last_sync = 0.0
         #: Counters, readable at any time (the sender's, ``records_sent``, on it).
         self.events_spooled = 0
@@ -178,7 +178,7 @@ class Publisher:
     def start(self) -> None:
         """Start the threads."""
         self._thread.start()
-        self._sender.start()
+        self._send_thread.start()
 
     def submit(self, ts_ms: int, kind: str, body: Any) -> None:
         """Queue one event, whatever the queue holds (control events). Never blocks; never raises."""
@@ -255,7 +255,7 @@ class Publisher:
                 sender.wake()
                 if self.backlog == 0:
                     return True
-                if not (self._thread.is_alive() and self._sender.is_alive()):
+                if not (self._thread.is_alive() and self._send_thread.is_alive()):
                     return False
                 if getattr(self.transport, "refused", False) and sender.failures:
                     refused_since = refused_since if refused_since is not None else now
@@ -279,7 +279,7 @@ class Publisher:
         self._stopping = self.sender.stopping = True
         self._wake.set()
         self.sender.wake()
-        for thread in (self._thread, self._sender):
+        for thread in (self._thread, self._send_thread):
             if thread.is_alive():
                 thread.join(max(0.0, deadline - time.monotonic()) + 0.05)
         with self._lock:
@@ -289,7 +289,7 @@ class Publisher:
             except OSError as exc:  # a full or failing disk: said; finish() returns False below
                 log.error("cannot fsync the spool %s (%s)", self.spool.path, exc)
                 return False
-            if not self._sender.is_alive():
+            if not self._send_thread.is_alive():
                 self._close_locked()
             if self._held_events:
                 log.error(

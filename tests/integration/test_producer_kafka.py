@@ -107,7 +107,7 @@ def test_finish_with_no_broker_returns_within_timeout_and_sync_publishes_later(s
     assert time.monotonic() - t0 < 2.0 + 3.5  # the timeout plus at most one bounded connect attempt
     assert "metricbus sync" in caplog.text
     # The sender ends after its current (bounded) connect attempt and releases the spool.
-    for thread in (run._publisher._thread, run._publisher._sender):
+    for thread in (run._publisher._thread, run._publisher._send_thread):
         thread.join(10)
         assert not thread.is_alive()
     with EmbeddedBroker(port, log_path=tmp_path / "b.log"):
