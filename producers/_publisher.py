@@ -131,7 +131,7 @@ class Publisher:
         #: event, the v4 layout; bench/stream_throughput.py compares the two)
         self.columnar = True
         #: turns the queue's items into encodable events on this thread, given the first's seq,
-        #: their seqs consecutive (Run._bodies; it may leave out a queued event it refuses)
+        #: their seqs consecutive (``_prepare.Prepare``; it may leave out a queued event it refuses)
         self.prepare = prepare
         self._next_seq = 0  #: the seq of the next event taken off the queue (also how many were)
         self.turns = TakeTurns()  #: the spool's lock, which the spooler lets the sender have in turn
@@ -180,9 +180,9 @@ class Publisher:
         self._thread.start()
         self._send_thread.start()
 
-    def submit(self, ts_ms: int, kind: str, body: Any) -> None:
-        """Queue one event, whatever the queue holds (control events). Never blocks; never raises."""
-        self._queue.extend(((ts_ms, kind, None, None, None), body))
+    def submit(self, kind: str, body: Any) -> None:
+        """Queue one event now, whatever the queue holds (control events). Never blocks; never raises."""
+        self._queue.extend(((time.time_ns() // 1_000_000, kind, None, None, None), body))
         if len(self._queue) >= self.max_items:
             self._wake.set()
 

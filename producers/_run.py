@@ -16,8 +16,6 @@ import uuid
 import warnings
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import repeat
-from operator import floordiv, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +27,11 @@ from metricbus.schemas import (
     METRICS,
     RUN_FINISHED,
     RUN_STARTED,
-    SCALARS,
     TABLE,
     ConfigError,
     MediaStore,
-    MetricbusError,
     MetricValueError,
-    ScalarRows,
     Settings,
-    StackInfo,
     check_run_id,
     config_update,
     default_codec,
@@ -46,9 +40,11 @@ from metricbus.schemas import (
     run_started,
 )
 
+from ._guard import CallGuard
 from ._identity import RunConfig, cell, config_dict, git_commit, new_run_id, shared_run_id
 from ._media import MediaWriter, copy_for_later, size_of
-from ._publisher import PER_EVENT, Publisher
+from ._prepare import PLAIN, Prepare, avro_long
+from ._publisher import Publisher
 from ._spool import SUFFIX, Spool
 from ._system import SystemSampler
 from ._transport import KafkaTransport, OfflineTransport, Transport
@@ -57,11 +53,6 @@ from ._where import describe_target, say_where
 
 log = logging.getLogger("metricbus.producer")
 SDK_VERSION = "0.1.0"
-_LONG = 2**63  #: steps and epochs are Avro longs: -_LONG <= n < _LONG
-_MIN_LONG = -_LONG  #: (one big int made once, not one per comparison)
-#: The kind of log()'s queued events of plain numbers not yet checked (see Run._bodies).
-PLAIN = "metricbus.Metrics#plain"
-_PLAIN_ONLY = {PLAIN}
 _time_ns = time.time_ns  # log()'s clock, one lookup fewer a call
 #: Largest list (not array) log_histogram walks; arrays and tensors are binned whole by numpy.
 MAX_HISTOGRAM_VALUES = 10_000_000
@@ -118,9 +109,8 @@ class Run:
         self.strict = strict
         self._gate = ValueGate(strict=strict)
         self._step = 0
-        self._finished = False
-        self.skipped_calls = 0
-        self._errors_said: set[tuple[str, str]] = set()
+        #: what a call may not do: raise into the loop (skipped instead), act after finish()
+        self._guard = CallGuard(self.run_id, strict)
         self.status: str | None = None
         if transport is None:
             transport = OfflineTransport() if self.settings.offline else KafkaTransport(self.settings)
@@ -132,7 +122,7 @@ class Run:
             transport=transport,
             codec=default_codec(),
             sdk_version=SDK_VERSION,
-            prepare=self._bodies,
+            prepare=Prepare(self._gate, self.rank, self._guard),
             describe_target=functools.partial(describe_target, self.settings),
             max_queue=max_queue,
             linger_s=linger_s,
@@ -146,18 +136,31 @@ class Run:
         self._max_items = self._publisher.max_items
         self._watchers: list[Any] = []
         self._media: MediaWriter | None = None  # made at the first media item
-        if self.rank == 0:
-            self._say_where(stack)
+        if self.rank == 0:  # one line on stderr: the run and where its events go (W&B's "View run at")
+            run = f"run {self.name!r} ({self.run_id})" if self.name != self.run_id else f"run {self.run_id}"
+            if say_where(run, self.run_id, settings, self.spool_path.parent, stack, transport):
+                self._publisher.sender.said_unreachable = True  # said: the publisher does not say it again
         self._publisher.start()  # after the line above: it may say the broker is unreachable itself
         if not self.settings.offline:  # connected before the loop runs (an overload starved it)
             self._publisher.sender.connected.wait(CONNECT_WAIT_S)
         #: the run's config: what it started with (RunStarted's), and keys set since with
         #: ``run.config.update(...)`` / ``run.config[key] = ...`` (each a ConfigUpdate event)
         self.config = RunConfig(config_dict(config), self.update_config)
-        self._emit(RUN_STARTED, self._started_body(dict(self.config), tags))
+        started = run_started(
+            project,
+            self.name,
+            dict(self.config),
+            tags=tags,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            git=git_commit(Path.cwd()),
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+        self._publisher.submit(RUN_STARTED, started)
         self._sampler: SystemSampler | None = None
         if system_metrics:
-            self._sampler = SystemSampler(system_interval_s, self._log_system, self._heartbeat)
+            self._sampler = SystemSampler(system_interval_s, self._sampled)
             self._sampler.start()
         ref = weakref.ref(self)
         self._atexit = lambda: (r := ref()) is not None and r.finish(timeout=5.0)
@@ -206,7 +209,7 @@ class Run:
         except MetricValueError:
             raise
         except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
-            self._internal_error("log", exc)
+            self._guard.skipped("log", exc)
 
     def _log_checked(
         self, data: Mapping[str, Any], step: Any, epoch: Any, labels: Mapping[str, Any] | None
@@ -216,15 +219,15 @@ class Run:
         Every value is checked (and converted) here, on the caller's thread: a tensor or an array
         may change after the call. Strict mode raises MetricValueError here.
         """
-        if self._finished:
-            self._closed("log")
+        if self._guard.finished:
+            self._guard.ignored("log")
             return
         scalars, samples = self._split(data)
         if not (scalars or samples):
             return
-        step = self._step if step is None else _long(step, "step")
+        step = self._step if step is None else avro_long(step, "step")
         if epoch is not None:
-            epoch = _long(epoch, "epoch")
+            epoch = avro_long(epoch, "epoch")
         self._step = step + 1
         if len(self._queue) >= self._max_items and not self._publisher.room():
             return  # shed (counted, said once): the loop outruns encoding
@@ -237,54 +240,6 @@ class Run:
             "labels": self._gate.labels(labels) if labels else {},
         }
         self._queue.extend(((_time_ns() // 1_000_000, METRICS, None, None, None), body))
-
-    def _bodies(self, items: list[Any], first_seq: int) -> list[Any] | ScalarRows:
-        """The queue's items as events, log()'s plain ones as checked SCALARS rows (publisher's thread).
-
-        ``items``: a head and a body per event (see ``PER_EVENT``), their seqs counting from
-        ``first_seq``. The common batch, all plain without labels and with names seen before, is
-        checked in C loops (:meth:`ValueGate.plain_columns`) and returned as its columns
-        (ScalarRows: no tuple per event for the garbage collector); otherwise event by event. A
-        plain event whose step or epoch is no Avro long is left out (a skipped call, said once
-        and counted, as log() skips what it refuses) and takes no seq.
-        """
-        heads, bodies = items[0::PER_EVENT], items[1::PER_EVENT]
-        if not heads:
-            return []
-        gate = self._gate
-        # columns by itemgetter, not zip(*heads): that makes an iterator per event, which the
-        # collector promoted (most of what a paced run promoted, measured)
-        if (
-            set(map(itemgetter(1), heads)) == _PLAIN_ONLY
-            and not any(map(itemgetter(4), heads))
-            and (columns := gate.plain_columns(bodies)) is not None
-        ):
-            stamps, steps, epochs = (list(map(itemgetter(i), heads)) for i in (0, 2, 3))
-            if _longs(steps) and _longs(epochs):
-                seqs = range(first_seq, first_seq + len(heads))
-                ts_ms = list(map(floordiv, stamps, repeat(1_000_000)))
-                return ScalarRows(seqs, ts_ms, steps, epochs, self.rank, bodies, *columns)
-        out = []
-        seq = first_seq
-        for (ts, kind, step, epoch, labels), body in zip(heads, bodies, strict=True):
-            if kind is PLAIN:
-                try:  # log() left the range check to this thread
-                    _long(step, "step")
-                    if epoch is not None:
-                        _long(epoch, "epoch")
-                except ValueError as exc:
-                    self._internal_error("log", exc)
-                    continue  # skipped, as log() skips a call it refuses: no seq
-                try:
-                    scalars = gate.split_owned(body)  # ints as floats; a name that is not a str dropped
-                except Exception as exc:  # noqa: BLE001 - the event keeps its seq, with no values
-                    self._internal_error("log (on the publisher's thread)", exc)
-                    scalars = {}
-                out.append((seq, ts // 1_000_000, SCALARS, (step, epoch, self.rank, scalars, labels)))
-            else:
-                out.append((seq, ts, kind, body))
-            seq += 1
-        return out
 
     def log_episode(
         self,
@@ -322,7 +277,7 @@ class Run:
         except MetricValueError:
             raise
         except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
-            self._internal_error("log_episode", exc)
+            self._guard.skipped("log_episode", exc)
 
     def log_histogram(
         self,
@@ -340,7 +295,7 @@ class Run:
         bin; any NaN made numpy refuse the whole call).
         """
         try:
-            if self._closed("log_histogram"):
+            if self._guard.ignored("log_histogram"):
                 return
             if values is not None:
                 if hasattr(values, "detach"):  # torch: no autograd, on the host
@@ -358,16 +313,16 @@ class Run:
                 "counts": [int(c) for c in counts],
                 "rank": self.rank,
             }
-            self._emit(HISTOGRAM, body)
+            self._publisher.submit(HISTOGRAM, body)
         except Exception as exc:  # noqa: BLE001
-            self._internal_error("log_histogram", exc)
+            self._guard.skipped("log_histogram", exc)
 
     def log_table(
         self, name: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], step: int | None = None
     ) -> None:
         """Log a table (e.g. seed 002's rubric_criteria_summary): cells are None, bool, int, float or str."""
         try:
-            if self._closed("log_table"):
+            if self._guard.ignored("log_table"):
                 return
             cols = [str(c) for c in columns]
             table_rows = [[cell(v) for v in row] for row in rows]
@@ -375,9 +330,9 @@ class Run:
             if bad:
                 raise ConfigError(f"table {name!r}: rows {bad[:5]} do not have {len(cols)} cells")
             step_ = max(self._step - 1, 0) if step is None else int(step)
-            self._emit(TABLE, {"step": step_, "name": name, "columns": cols, "rows": table_rows})
+            self._publisher.submit(TABLE, {"step": step_, "name": name, "columns": cols, "rows": table_rows})
         except Exception as exc:  # noqa: BLE001
-            self._internal_error("log_table", exc)
+            self._guard.skipped("log_table", exc)
 
     def log_image(
         self, name: str, image: Any, *, step: int | None = None, caption: str | None = None
@@ -422,16 +377,17 @@ class Run:
         self, kind: str, name: str, data: Any, step: int | None, caption: str | None, rate: float = 0.0
     ) -> None:
         try:
-            if self._closed(f"log_{kind}"):
+            if self._guard.ignored(f"log_{kind}"):
                 return
             if not isinstance(name, str) or not name or len(name) > 256:
                 raise ConfigError(f"log_{kind}: a name is a string of 1-256 characters (got {name!r:.80})")
             media = self._media
             if media is None:
                 store = MediaStore.of(self.settings)
-                media = self._media = MediaWriter(store, self._emit_media, self._media_failed)
+                emit = functools.partial(self._publisher.submit, MEDIA)
+                media = self._media = MediaWriter(store, emit, self._guard.item_failed)
             fields = {
-                "step": max(self._step - 1, 0) if step is None else _long(step, "step"),
+                "step": max(self._step - 1, 0) if step is None else avro_long(step, "step"),
                 "name": name,
                 "rank": self.rank,
                 "kind": kind,
@@ -442,23 +398,7 @@ class Run:
             copy, nbytes = copy_for_later(kind, data)
             media.submit(fields, copy, nbytes, rate)
         except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
-            self._internal_error(f"log_{kind}", exc)
-
-    def _emit_media(self, body: dict[str, Any]) -> None:
-        self._emit(MEDIA, body)
-
-    def _media_failed(self, what: str, exc: BaseException) -> None:
-        """An item the media thread could not encode (a wrong shape, an unreadable file): said once."""
-        self.skipped_calls += 1
-        key = (what, type(exc).__name__)
-        if key not in self._errors_said:
-            self._errors_said.add(key)
-            log.error(
-                "metricbus %s() skipped an item: %s (said once; later ones are counted in "
-                "run.stats()['skipped_calls'])",
-                what,
-                exc,
-            )
+            self._guard.skipped(f"log_{kind}", exc)
 
     def watch(
         self,
@@ -482,7 +422,7 @@ class Run:
             self._watchers.append(watcher)
             return watcher
         except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
-            self._internal_error("watch", exc)
+            self._guard.skipped("watch", exc)
             return None
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -495,7 +435,7 @@ class Run:
                 self._media.drain(timeout)
             return bool(self._publisher.flush(timeout))
         except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
-            self._internal_error("flush", exc)
+            self._guard.skipped("flush", exc)
             return False
 
     # -- ending -------------------------------------------------------------------------
@@ -511,7 +451,7 @@ class Run:
         Returns True when every event was acknowledged by Kafka. Otherwise the rest is in
         the spool (fsynced) and ``metricbus sync`` publishes it later. Idempotent.
         """
-        if self._finished:
+        if self._guard.finished:
             return self.status is not None and self._publisher.backlog == 0
         if self._sampler is not None:
             self._sampler.stop()
@@ -525,8 +465,8 @@ class Run:
             log.warning("finish(status=%r): a status is a string; the run is ended as 'finished'", status)
             status = "finished"
         scalars, _ = self._gate.split(summary or {})
-        self._emit(RUN_FINISHED, {"status": status, "summary": scalars})
-        self._quick, self._finished = False, True
+        self._publisher.submit(RUN_FINISHED, {"status": status, "summary": scalars})
+        self._quick, self._guard.finished = False, True
         self.status = status
         atexit.unregister(self._atexit)
         clean = self._publisher.stop(0.0 if self.settings.offline else left)  # offline: nothing to wait for
@@ -559,7 +499,8 @@ class Run:
         self.finish(status="failed" if exc_type is not None else "finished")
 
     def __del__(self) -> None:
-        if not getattr(self, "_finished", True):
+        guard = getattr(self, "_guard", None)  # None: __init__ raised before it was made
+        if guard is not None and not guard.finished:
             warnings.warn(
                 f"metricbus run {self.run_id} was never finished; call run.finish() or use "
                 "`with metricbus.init(...)`",
@@ -575,7 +516,7 @@ class Run:
             "dropped_values": self._gate.dropped,
             "overflows": p.overflows,
             "dropped_events": p.dropped_events,
-            "skipped_calls": self.skipped_calls,
+            "skipped_calls": self._guard.count,
             "records_sent": p.sender.records_sent,
             "lost_events": p.lost_events,
             "unsent_bytes": p.spool.unsent_bytes,
@@ -593,88 +534,21 @@ class Run:
         that are not JSON are sent as their ``str``. Never raises into the loop.
         """
         try:
-            if self._closed("config.update"):
+            if self._guard.ignored("config.update"):
                 return
             changes = {str(k): v for k, v in dict(changes).items()}
             if not changes:
                 return
             body = config_update(changes, self._step - 1 if self._step else None)
             dict.update(self.config, merge_config(dict(self.config), changes))
-            self._emit(CONFIG_UPDATE, body)
+            self._publisher.submit(CONFIG_UPDATE, body)
         except Exception as exc:  # noqa: BLE001 - the training loop must never see our faults
-            self._internal_error("config.update", exc)
+            self._guard.skipped("config.update", exc)
 
-    def _emit(self, kind: str, body: dict[str, Any]) -> None:
-        self._publisher.submit(time.time_ns() // 1_000_000, kind, body)
-
-    def _log_system(self, sample: dict[str, float]) -> None:
-        if not self._finished:
-            body = {
-                "step": max(self._step - 1, 0),
-                "epoch": None,
-                "rank": self.rank,
-                "scalars": sample,
-                "samples": {},
-            }
-            self._emit(METRICS, body)
-
-    def _heartbeat(self) -> None:
-        if not self._finished:
-            self._emit(HEARTBEAT, {"last_step": self._step - 1 if self._step else None})
-
-    def _closed(self, what: str) -> bool:
-        if self._finished:
-            log.warning("run %s is finished; %s() is ignored", self.run_id, what)
-        return self._finished
-
-    def _internal_error(self, what: str, exc: BaseException) -> None:
-        """Say once per call and error type, with the traceback; count the rest."""
-        if self.strict and isinstance(exc, MetricbusError):
-            raise exc
-        self.skipped_calls += 1
-        key = (what, type(exc).__name__)
-        if key in self._errors_said:
-            return
-        self._errors_said.add(key)
-        log.error(
-            "metricbus %s() failed and the call was skipped: %s (said once; later ones are counted "
-            "in run.stats()['skipped_calls'])",
-            what,
-            exc,
-            exc_info=True,
-        )
-
-    def _say_where(self, stack: StackInfo | None) -> None:
-        """One line on stderr: the run, and where its events go (W&B's "View run at")."""
-        run = f"run {self.name!r} ({self.run_id})" if self.name != self.run_id else f"run {self.run_id}"
-        if say_where(
-            run, self.run_id, self.settings, self.spool_path.parent, stack, self._publisher.transport
-        ):
-            self._publisher.sender.said_unreachable = True  # said: the publisher does not say it again
-
-    def _started_body(self, config: Any, tags: Iterable[str]) -> dict[str, Any]:
-        return run_started(
-            self.project,
-            self.name,
-            config_dict(config),
-            tags=tags,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            git=git_commit(Path.cwd()),
-            rank=self.rank,
-            world_size=self.world_size,
-        )
-
-
-def _longs(numbers: list[int | None]) -> bool:
-    """Whether every int of ``numbers`` (Nones aside) fits in an Avro long (C loops)."""
-    present = numbers if None not in numbers else [n for n in numbers if n is not None]
-    return not present or (_MIN_LONG <= min(present) and max(present) < _LONG)  # type: ignore[type-var, operator]
-
-
-def _long(value: Any, what: str) -> int:
-    """``value`` as an Avro long (steps and epochs); ValueError when it does not fit."""
-    number = int(value)
-    if not _MIN_LONG <= number < _LONG:
-        raise ValueError(f"{what} {number} does not fit in 64 bits")
-    return number
+    def _sampled(self, sample: dict[str, float]) -> None:
+        """The system sampler's tick: its System/* metrics, and a heartbeat with the last step."""
+        if not self._guard.finished:
+            step = max(self._step - 1, 0)
+            body = {"step": step, "epoch": None, "rank": self.rank, "scalars": sample, "samples": {}}
+            self._publisher.submit(METRICS, body)
+            self._publisher.submit(HEARTBEAT, {"last_step": self._step - 1 if self._step else None})

@@ -60,18 +60,16 @@ def _gpu() -> dict[str, float]:
 
 
 class SystemSampler:
-    """Calls ``emit(sample)`` every ``interval_s`` and ``beat()`` with it; stop() joins in bounded time."""
+    """Calls ``emit(sample)`` every ``interval_s``; stop() joins in bounded time."""
 
     def __init__(
         self,
         interval_s: float,
         emit: Callable[[dict[str, float]], None],
-        beat: Callable[[], None],
         sample: Callable[[], dict[str, float]] = sample_system,
     ) -> None:
         self.interval_s = interval_s
         self._emit = emit
-        self._beat = beat
         self._sample = sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="metricbus-system-sampler", daemon=True)
@@ -95,6 +93,5 @@ class SystemSampler:
         while not self._stop.wait(self.interval_s):
             try:
                 self._emit(self._sample())
-                self._beat()
             except Exception:  # noqa: BLE001 - sampling must never hurt the run
                 log.debug("system sample failed", exc_info=True)

@@ -77,7 +77,7 @@ class Watcher:
         try:
             self._log()
         except Exception as exc:  # noqa: BLE001 - never into the training loop
-            self.run._internal_error("watch", exc)
+            self.run._guard.skipped("watch", exc)
 
     def _step(self) -> int:
         if self.step_fn is not None:
