@@ -6,7 +6,9 @@
 - ops and diagnostics never import the supervisor (``metricbus.stack``);
 - nothing imports a component by its bare folder name (``import schemas``): one installed name;
 - no room imports a private module of the face's top level (``metricbus._history``): each
-  mechanism lives in the room that owns it, and the face only re-exports.
+  mechanism lives in the room that owns it, and the face only re-exports;
+- no product class has more than MAX_METHODS methods, no module more than MAX_LINES lines:
+  past them one holds more than one idea, and is cut along its concerns.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ ROOMS = ("cli", "stack", "ops", "diagnostics", "replay", "demo")
 #: the sinks proper; the factory and the underscored helpers (runtime, archive reader, W&B
 #: set-up) are shared plumbing of the sinks room
 SINKS = ("parquet", "tensorboard", "wandb", "alerts")
+MAX_METHODS = 20
+MAX_LINES = 700
 
 
 def module_name(path: Path) -> str:
@@ -144,3 +148,18 @@ def test_no_room_reaches_into_the_face_private_modules():
                 assert not (len(top) > 1 and top[0] == "metricbus" and top[1] in private), (
                     f"{path}: imports {name}"
                 )
+
+
+def test_no_product_class_has_over_20_methods_and_no_module_over_700_lines():
+    face = [p for p in sources("metricbus") if p.relative_to(ROOT / "metricbus").parts[0] not in COMPONENTS]
+    swollen = []
+    for path in [*sources(*COMPONENTS), *face]:
+        text = path.read_text()
+        if (lines := len(text.splitlines())) > MAX_LINES:
+            swollen.append(f"{path.relative_to(ROOT)}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                methods = [f for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+                if len(methods) > MAX_METHODS:
+                    swollen.append(f"{path.relative_to(ROOT)}: {node.name} has {len(methods)} methods")
+    assert len(face) > 40 and not swollen, swollen  # (the face's files are found, not skipped)
