@@ -67,6 +67,25 @@ class Commits:
         except Exception as exc:  # noqa: BLE001 - reading goes on; the next flush commits
             log.warning("%s: cannot commit where its new partitions start (%s)", self.name, exc)
 
+    async def rewind(self) -> None:
+        """Read every partition it holds again from what the group committed on it.
+
+        From offset 0 too, and from the log start where nothing is committed: aiokafka's
+        ``seek_to_committed`` leaves a partition whose commit is 0 where it is, so records read
+        there and not taken (a destination unavailable) were skipped for good.
+        """
+        from aiokafka.errors import IllegalStateError
+
+        for tp in self.consumer.assignment():
+            try:
+                committed = await self.consumer.committed(tp)
+                if committed is None:
+                    await self.consumer.seek_to_beginning(tp)
+                else:
+                    self.consumer.seek(tp, committed)
+            except IllegalStateError:  # revoked meanwhile: its new owner reads it from the commit
+                continue
+
     def revoked(self) -> None:
         """Partitions were taken away: another member may commit them next."""
         self.held.clear()

@@ -232,9 +232,7 @@ class ConsumerLoop:
         say("%s: %s; reading it again in %.0fs, nothing committed past it", self.name, why, backoff)
         await self._flush_and_commit()
         self._released()
-        assigned = list(self._consumer.assignment())
-        if assigned:
-            await self._consumer.seek_to_committed(*assigned)
+        await self.commits.rewind()
         try:
             await asyncio.wait_for(self._stopping.wait(), backoff)
         except asyncio.TimeoutError:
