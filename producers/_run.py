@@ -219,8 +219,7 @@ class Run:
         Every value is checked (and converted) here, on the caller's thread: a tensor or an array
         may change after the call. Strict mode raises MetricValueError here.
         """
-        if self._guard.finished:
-            self._guard.ignored("log")
+        if self._guard.ignored("log"):
             return
         scalars, samples = self._split(data)
         if not (scalars or samples):
