@@ -14,6 +14,7 @@ import pytest
 
 from metricbus.producers import Run
 from metricbus.sinks import read_table
+from metricbus.sinks.wandb import SEQS_DIR
 
 from ..conftest import fill
 from .conftest import cli, read_topic
@@ -149,8 +150,14 @@ def test_the_wandb_sink_commits_only_what_wandbs_file_holds_through_a_full_disk(
         assert run.flush(timeout=30)
         root = small_disk / "wandb"
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(wandb_steps(root, run.run_id)) < 200:
+        ledger = root / SEQS_DIR / f"{run.run_id}.json"  # the sink's own: RunStarted, saved at a flush
+        while time.monotonic() < deadline and (
+            len(wandb_steps(root, run.run_id)) < 200 or not ledger.exists()
+        ):
             time.sleep(0.5)  # W&B writes its file a 32 KiB block at a time: most rows are there
+        # the disk fills under W&B, not under the sink's first save of its ledger (which would
+        # fail the sink's flush, retried before it takes the rows W&B is to lose: waiting too,
+        # but not what this test looks at)
         filler = fill(small_disk)
         for step in range(300, 3000):
             run.log({"Train/Loss": 1 / (step + 1)}, step=step)
