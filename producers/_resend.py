@@ -1,12 +1,12 @@
 """The resend window: what the broker acknowledged, kept to send again if it lost it.
 
 A memory-only broker's acknowledgement is not durability: the embedded broker, restarted (it
-died, or ``metricbus up`` restarted it to bound its memory), comes back empty. The publisher
+died, or ``metricbus up`` restarted it to bound its memory), comes back empty. The sender
 keeps each acknowledged record here for ``retain_s`` (at most ``retain_bytes``), and the newest
 that no check has confirmed yet for as long as it takes. The producer's side of the planned
 restart (``metricbus/stack/_planned_restart.py`` lists every step):
 
-- **hold**: while the broker is marked restarting, the publisher sends nothing (the window
+- **hold**: while the broker is marked restarting, the sender sends nothing (the window
   keeps growing with what the old broker acknowledged before the mark);
 - **verify**: a check (``Transport.verify``) confirms the broker still holds what it
   acknowledged (:meth:`ResendWindow.confirmed`) or finds its topic re-created

@@ -17,7 +17,7 @@ consumer has not read. The protocol, step by step, and which collaborator does e
    too far behind to carry for is left behind: its runs go on its catch-up list
    (``sinks._catchup``) and it rebuilds them from the archive.
 5. **Mark the broker restarting** (``schemas.mark_broker_restarting``): from here each
-   producer holds what the broker acknowledges (``producers._publisher``) instead of letting
+   producer holds what the broker acknowledges (``producers._sender``) instead of letting
    it go; a last read takes what they saw confirmed before the marker.
 6. **Restart the broker**, create the topics, mark it restarting again (producers hold their
    sends to the new broker until the carry is in) and **publish the carry** to the same
@@ -388,7 +388,7 @@ class PlannedRestart:
     def _mark_carried_over(self) -> None:
         """Tell the producers their records up to their last check are on the new broker.
 
-        They then send again only what was acknowledged since (``producers._publisher``); without
+        They then send again only what was acknowledged since (``producers._sender``); without
         the marker, their whole last minute (safe, and every consumer reads it twice).
         """
         try:

@@ -124,7 +124,7 @@ class Unread:
     are not). ``read`` reads from where the last pass ended until a pass finds nothing new;
     once the broker carries the ``restarting`` marker (``mark_broker_restarting``), one more
     pass takes everything a producer saw confirmed, and what the old broker acknowledges
-    after that its producers hold and send again to the new one (``producers._publisher``).
+    after that its producers hold and send again to the new one (``producers._sender``).
     Without the marker, records acknowledged and confirmed after the last pass would be lost
     (a producer that finished in that moment). A partition no group
     committed on is read whole.
