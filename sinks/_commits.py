@@ -31,7 +31,7 @@ class Commits:
         #: per partition it holds: what this process last committed, or found committed when
         #: the partition was assigned to it
         self.held: dict[Any, int] = {}
-        self._lock = asyncio.Lock()  #: one commit at a time: stamps never go backwards
+        self._lock = asyncio.Lock()  #: one commit at a time
 
     def changed(self, offsets: dict[Any, int]) -> dict[Any, int]:
         """Those of ``offsets`` not committed already."""
@@ -39,15 +39,12 @@ class Commits:
 
     async def commit(self, offsets: dict[Any, int]) -> None:
         """Commit ``offsets``, each with this moment as its metadata."""
-        async with self._lock:
-            await self._commit_locked(offsets)
-
-    async def _commit_locked(self, offsets: dict[Any, int]) -> None:
         from aiokafka.structs import OffsetAndMetadata
 
-        stamp = alive_stamp()
-        await self.consumer.commit({tp: OffsetAndMetadata(o, stamp) for tp, o in offsets.items()})
-        self.held.update(offsets)
+        async with self._lock:  # a flush's and a new assignment's: stamps never go backwards
+            stamp = alive_stamp()
+            await self.consumer.commit({tp: OffsetAndMetadata(o, stamp) for tp, o in offsets.items()})
+            self.held.update(offsets)
 
     async def assigned(self, assigned: Any) -> None:
         """Partitions came: commit the log start of each this group has no commit on; note the others'.
