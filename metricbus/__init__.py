@@ -11,10 +11,10 @@
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from metricbus.producers import Run
 from metricbus.schemas import (
     BrokerError,
     ConfigError,
@@ -26,6 +26,9 @@ from metricbus.schemas import (
     SchemaError,
     Settings,
 )
+
+if typing.TYPE_CHECKING:
+    from metricbus.producers import Run
 
 __version__ = "0.1.0"
 
@@ -46,6 +49,8 @@ def init(
     world_size). Never contacts Kafka synchronously: with no broker reachable the run spools
     locally and says so once.
     """
+    from metricbus.producers import Run
+
     global _current
     _current = Run(project, name=name, config=config, tags=tags, run_id=run_id, **options)
     return _current
@@ -86,6 +91,15 @@ def runs(project: str | None = None, **kw: Any) -> Any:
     from metricbus._history import runs as read
 
     return read(project=project, **kw)
+
+
+def __getattr__(name: str) -> Any:
+    """``metricbus.Run`` on first use: the command line (``status``) never imports the producer."""
+    if name == "Run":
+        from metricbus.producers import Run
+
+        return Run
+    raise AttributeError(f"module 'metricbus' has no attribute {name!r}")
 
 
 __all__ = [

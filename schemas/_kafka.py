@@ -8,7 +8,6 @@ answers ListOffsets LATEST with the last batch's base offset + 1, which would st
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 import ssl
@@ -394,6 +393,8 @@ def read_topic(
     From the beginning, or per partition from the offset in ``starts``. ``keep``: only the
     records it returns True for are returned (it sees every one; the rest are not held).
     """
+    import asyncio  # imported here: ``status`` and a training script never pay for it
+
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     async def main() -> list[Any]:

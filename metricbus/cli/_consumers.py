@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import logging
 import signal
@@ -40,6 +39,8 @@ def cmd_sink(args: argparse.Namespace) -> int:
     runner = SinkRunner(
         sink, settings, topics=topics, flush_interval_s=args.flush_interval, alerts=args.alerts
     )
+
+    import asyncio  # here: importing the command line (``status``) never pays for it
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -108,6 +109,8 @@ def cmd_alerts(args: argparse.Namespace) -> int:
         raise MetricbusError(str(exc)) from None
     group = settings.groups.alerts(args.group or handler.name)
     _wait_for_broker(settings, args)
+
+    import asyncio  # here: importing the command line (``status``) never pays for it
 
     async def main() -> None:
         runner = AlertRunner(settings, handler, group_id=group)

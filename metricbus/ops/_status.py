@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +255,30 @@ def unreachable(settings: Settings, error: str) -> dict[str, Any]:
 STATUS_TAIL = 50
 
 
+class _Reading:
+    """``read()`` run on a daemon thread from now; :meth:`result` waits for what it returned."""
+
+    def __init__(self, read: Callable[[], RunBoard]) -> None:
+        self._read = read
+        self._board: RunBoard | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="metricbus-status-runs", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._board = self._read()
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            self._error = exc
+
+    def result(self) -> RunBoard:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._board is not None
+        return self._board
+
+
 def collect(
     settings: Settings, window_s: float = 0.0, stop_after_s: float = 30.0, since_s: float | None = None
 ) -> dict[str, Any]:
@@ -264,6 +290,9 @@ def collect(
     """
     from kafka.errors import KafkaError
 
+    # the runs table is read on a thread of its own while the groups are sampled: both wait on
+    # the broker more than they compute
+    reading = _Reading(RunBoard(settings, since_s=since_s, light=True, tail=STATUS_TAIL).read_once)
     watch = StatusWatch(settings, window=2, stop_after_s=stop_after_s)
     try:
         groups = watch.sample()
@@ -272,7 +301,7 @@ def collect(
             raise BrokerError(f"cannot reach Kafka at {settings.bootstrap_servers}: {down}")
         started = time.monotonic()
         try:
-            board = RunBoard(settings, since_s=since_s, light=True, tail=STATUS_TAIL).read_once()
+            board = reading.result()
         except KafkaError as exc:
             raise BrokerError(f"cannot read the topics on {settings.bootstrap_servers}: {exc}") from exc
         if window_s > 0:

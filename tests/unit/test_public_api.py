@@ -67,3 +67,11 @@ def test_every_public_name_of_each_package_is_in_its_all_and_nothing_else_is():
         # a name may be imported on first use (a module ``__getattr__``, as ``ops`` does)
         missing = {name for name in declared if not hasattr(module, name)}
         assert missing == set(), f"{module.__name__}: in __all__ but not there"
+
+
+def test_the_status_command_imports_neither_asyncio_nor_pandas():
+    """`status` answers cold: what only the long-running consumers use is imported where they
+    start (asyncio alone is 50-90 ms of a status on a busy machine)."""
+    code = "import sys, metricbus.cli, metricbus.ops._status; print(sorted({'asyncio', 'pandas'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
