@@ -24,10 +24,10 @@ from ._stack import up_consumers
 __all__ = ["Repeats", "build_parser", "main", "up_consumers"]
 
 
-#: commands that leave nothing to finish when they return (no writer, no thread, their clients
-#: closed): their console process exits without tearing the interpreter down, which takes
-#: ~0.1 s for kafka-python's protocol classes alone, a tenth of a `status`
-ENDS_AT_ONCE = frozenset({"status"})
+#: commands that only read and print (no writer, no thread left, their clients closed): their
+#: console process exits without tearing the interpreter down, which takes ~0.1 s for
+#: kafka-python's protocol classes and about as long for pyarrow's, a tenth of such a command
+ENDS_AT_ONCE = frozenset({"status", "runs", "health", "compare"})
 
 
 def main(argv: list[str] | None = None) -> int:
