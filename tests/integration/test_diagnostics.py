@@ -61,7 +61,7 @@ def test_two_configs_three_seeds_of_the_demo_ppo_give_scipys_verdict(settings, s
                 system_metrics=False,
                 config={"learning_rate": lr, "seed": seed, "env": "CartPole-v1"},
             )
-            train(run, PPOConfig(updates=15, learning_rate=lr, seed=seed))
+            train(run, PPOConfig(updates=10, learning_rate=lr, seed=seed))
             assert run.finish(timeout=30)
             runs[(lr, seed)] = (run.run_id, run.stats()["events"])
     for run_id, events in runs.values():
@@ -96,7 +96,7 @@ def test_two_configs_three_seeds_of_the_demo_ppo_give_scipys_verdict(settings, s
         capture_output=True,
         text=True,
     )
-    assert json.loads(steps.stdout)["budget"] == 15 * 4 * 128
+    assert json.loads(steps.stdout)["budget"] == 10 * 4 * 128
 
 
 def test_health_of_a_labelled_run_breaks_it_down_per_label(settings, sink):
