@@ -94,7 +94,10 @@ def runs(project: str | None = None, **kw: Any) -> Any:
 
 
 def __getattr__(name: str) -> Any:
-    """``metricbus.Run`` on first use: the command line (``status``) never imports the producer."""
+    """``metricbus.Run``, imported on first use.
+
+    Importing metricbus for its errors and settings, as the command line does, loads no producer.
+    """
     if name == "Run":
         from metricbus.producers import Run
 
