@@ -8,7 +8,8 @@
 - no room imports a private module of the face's top level (``metricbus._history``): each
   mechanism lives in the room that owns it, and the face only re-exports;
 - no product class has more than MAX_METHODS methods, no module more than MAX_LINES lines:
-  past them one holds more than one idea, and is cut along its concerns.
+  past them one holds more than one idea, and is cut along its concerns;
+- no circle of imports between files, counting those inside functions: the arrows go one way.
 """
 
 from __future__ import annotations
@@ -163,3 +164,49 @@ def test_no_product_class_has_over_20_methods_and_no_module_over_700_lines():
                 if len(methods) > MAX_METHODS:
                     swollen.append(f"{path.relative_to(ROOT)}: {node.name} has {len(methods)} methods")
     assert len(face) > 40 and not swollen, swollen  # (the face's files are found, not skipped)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each product module -> the product modules it imports anywhere in it (a name imported
+    from a package counts as its module when it is one, else as the package)."""
+    files = {module_name(p): p for p in sources("metricbus", *COMPONENTS)}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names if alias.name in files)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    mod = ".".join([*base, node.module] if node.module else base)
+                else:
+                    mod = node.module or ""
+                for alias in node.names:
+                    if f"{mod}.{alias.name}" in files:
+                        found.add(f"{mod}.{alias.name}")
+                    elif mod in files:
+                        found.add(mod)
+        graph[name] = found - {name}
+    return graph
+
+
+def test_no_circle_of_imports_between_files():
+    graph = import_graph()
+    assert len(graph) > 100 and sum(map(len, graph.values())) > 300  # the graph was read
+    circles = []
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:  # depth first, the path so far on the stack
+        for target in sorted(graph[module]):
+            if target in path:
+                circles.append([*path[path.index(target) :], target])
+            elif target not in done:
+                visit(target, [*path, target])
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    assert circles == []
