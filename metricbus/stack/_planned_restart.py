@@ -224,11 +224,6 @@ class PlannedRestart:
 
         limit = self.settings.broker_max_mb
         self.children.stop_all(each_s=30.0)
-        self.report(
-            f"metricbus up: the embedded broker holds {rss_mb:.0f} MB (METRICBUS_BROKER_MAX_MB="
-            f"{limit:.0f}): restarting it to free that memory (planned; what some consumer has not "
-            "read yet is carried over, consumers drop what they already hold)"
-        )
         checkpoints = checkpoint_dir(self.settings, group_id(self.settings))
         carry: carrying.Unread | None = None
         why = ""
@@ -257,6 +252,11 @@ class PlannedRestart:
             self.children.start_all()
             return
         assert carry is not None  # else `why` says why not
+        self.report(  # said once it is decided: a restart put off above says so instead
+            f"metricbus up: the embedded broker holds {rss_mb:.0f} MB (METRICBUS_BROKER_MAX_MB="
+            f"{limit:.0f}): restarting it to free that memory (planned; what some consumer has not "
+            "read yet is carried over, consumers drop what they already hold)"
+        )
         try:  # from here producers hold what the old broker acknowledges, for the new one
             mark_broker_restarting(self.settings)
             carry.read(passes=1)  # what producers saw confirmed before the marker
