@@ -355,7 +355,10 @@ def print_comparison(
 
 def points_of(part: dict[str, Any]) -> str:
     """``28.5 of 30 (1.5 deducted)``: a health part as a score, read the way it is meant."""
-    kept, weight, lost = part["weight"] - part["deducted"], part["weight"], part["deducted"]
+    from metricbus.diagnostics._health import shown_points
+
+    weight = part["weight"]
+    kept, lost = shown_points(weight, part["deducted"])
     return f"{kept:>4.1f} of {weight}  " + ("(nothing deducted)" if lost == 0 else f"({lost:.1f} deducted)")
 
 

@@ -65,6 +65,12 @@ class Part:
         self.evidence.append(why)
 
 
+def shown_points(weight: float, deducted: float) -> tuple[float, float]:
+    """A part's (kept, deducted) as shown, to a tenth: rounded once, so the two add up to its weight."""
+    lost = round(deducted, 1)
+    return weight - lost, lost
+
+
 @dataclasses.dataclass
 class Health:
     """A run's score and its parts."""

@@ -24,7 +24,7 @@ from importlib import resources
 from typing import Any
 
 from metricbus.diagnostics._compare import compare_series
-from metricbus.diagnostics._health import Seen, judge
+from metricbus.diagnostics._health import Seen, judge, shown_points
 from metricbus.diagnostics._series import Points, Series, split
 from metricbus.schemas import (
     CONFIG_UPDATE,
@@ -350,9 +350,8 @@ def build(
         _table(
             ["part", "points", "deducted", "evidence"],
             [
-                [p.name, f"{p.weight - p.deducted:.1f} of {p.weight}", f"{p.deducted:.1f}"]
-                + ["; ".join(p.evidence) or "-"]
-                for p in health.parts
+                [p.name, f"{kept:.1f} of {p.weight}", f"{lost:.1f}", "; ".join(p.evidence) or "-"]
+                for p, (kept, lost) in ((p, shown_points(p.weight, p.deducted)) for p in health.parts)
             ],
             "health",
         ),

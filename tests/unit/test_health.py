@@ -224,3 +224,14 @@ def test_episodes_that_lengthen_as_the_agent_learns_are_no_collection_frequency_
     for e in episodes:
         e.body["scalars"] = {"episode/length": 10.0 + e.body["step"], "episode/reward": 1.0}
     assert "collection-frequency" not in evidence(assess("r", events, 0), "timing")
+
+
+def test_a_parts_points_as_shown_add_up_to_its_weight():
+    """One NaN in 200 deducts 5.05 of validity's 20: shown as 15.0 kept and 5.0 deducted, never
+    14.9 and 5.0 (each rounded on its own)."""
+    from metricbus.cli._archive import points_of
+    from metricbus.diagnostics._health import shown_points
+
+    assert shown_points(20, 5 + 10 * 1 / 200) == (15.0, 5.0)
+    assert points_of({"weight": 20, "deducted": 5 + 10 * 1 / 200}) == "15.0 of 20  (5.0 deducted)"
+    assert points_of({"weight": 30, "deducted": 0}) == "30.0 of 30  (nothing deducted)"
