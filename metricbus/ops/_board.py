@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from metricbus.ops._run_starts import find_starts
 from metricbus.schemas import (
     CONFIG_UPDATE,
     DERIVED_PRODUCER,
@@ -50,6 +51,9 @@ from metricbus.schemas import (
 from metricbus.schemas import MAX_RECORD_BYTES as _MAX_RECORD
 
 log = logging.getLogger("metricbus.board")
+
+#: seconds a one-shot read spends finding the RunStarted of runs older than its tail
+START_SEARCH_S = 2.0
 
 #: A live run with no event (metrics or heartbeat) for this long is stalled.
 STALL_AFTER_S = 60.0
@@ -310,6 +314,8 @@ class RunBoard:
         self.light = light
         #: read only the last ``tail`` records of each partition (``status`` on a long topic)
         self.tail = tail
+        #: with ``tail``: each run id's events partition and the offset of its first record read
+        self._first_seen: dict[bytes, tuple[Any, int]] = {}
         self.codec = default_codec()
         self.signer = settings.signer  #: with a signing key, an events record without its HMAC is skipped
         self.runs: collections.OrderedDict[str, RunView] = collections.OrderedDict()
@@ -526,8 +532,17 @@ class RunBoard:
     def read_once(self, timeout_s: float = 10.0) -> RunBoard:
         """Read the topics up to their ends now (for a one-shot ``status``), then return."""
         consumer = self._consumer(fetch_max_wait_ms=ONE_SHOT_FETCH_WAIT_MS)
+        deadline = time.monotonic() + timeout_s
         try:
-            self._consume(consumer, until_caught_up=True, deadline=time.monotonic() + timeout_s)
+            self._consume(consumer, until_caught_up=True, deadline=deadline)
+            if self.tail is not None:  # a long run's RunStarted is older than the tail read
+                unstarted = {
+                    key: seen
+                    for key, seen in self._first_seen.items()
+                    if (view := self.runs.get(key.decode("utf-8", "replace"))) and view.started_ms is None
+                }
+                until = min(deadline, time.monotonic() + START_SEARCH_S)
+                self.fold(find_starts(consumer, unstarted, self.signer, self.codec, until))
         finally:
             consumer.close()
         return self
@@ -587,12 +602,15 @@ class RunBoard:
 
     def _consume(self, consumer: Any, until_caught_up: bool, deadline: float | None) -> None:
         tps = list(consumer.assignment())
+        events = self.settings.topics.events
         while not self._stop.is_set():
             if deadline is not None and time.monotonic() > deadline:
                 return
             # one-shot: an empty poll waits out its timeout, and the ends come with the first answer
             for tp, records in consumer.poll(timeout_ms=ONE_SHOT_POLL_MS if until_caught_up else 200).items():
                 for record in records:
+                    if self.tail is not None and tp.topic == events and record.key is not None:
+                        self._first_seen.setdefault(record.key, (tp, record.offset))
                     if record.serialized_value_size > _MAX_RECORD:
                         self.skipped += 1
                         continue

@@ -354,7 +354,7 @@ def format_status(snap: dict[str, Any]) -> str:
         for r in runs:
             step = "-" if r["last_step"] is None else str(r["last_step"])
             lines.append(
-                # '-': its RunStarted is before the last records read (STATUS_TAIL a partition)
+                # '-': its RunStarted was not found (see metricbus.ops._run_starts)
                 f"  {_cut(r['run_id'], 28):<28} {_cut(r['project'] or '-', 16):<16} "
                 f"{_cut(r['name'] or '-', 18):<18} "
                 f"{r['state']:<9} {len(r['ranks']):>5} {step:>8} {r['events_per_s']:>7.1f} "

@@ -11,10 +11,11 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
+from metricbus.ops._status import STATUS_TAIL
 from metricbus.producers import Run
 from metricbus.schemas import client_options
 
-from .conftest import cli, read_topic
+from .conftest import cli, read_topic, spread_run_ids
 
 pytestmark = pytest.mark.integration
 
@@ -247,3 +248,66 @@ def test_a_consumer_that_says_it_runs_is_slow_not_stop_though_the_broker_keeps_n
     finally:
         member.close()
     assert run.finish(timeout=20)
+
+
+def _records(run: Run, steps: range) -> None:
+    """One record of the events topic per step (each flush publishes what was logged since)."""
+    for step in steps:
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
+        assert run._publisher.flush(20)
+
+
+def test_status_names_a_long_runs_project_though_its_start_is_far_before_the_records_it_reads(settings):
+    """`status` reads the last records of each partition; a long run's RunStarted (its project,
+    name and world size) is hundreds of records back, among another run's."""
+    long_id, other_id = spread_run_ids(settings.partitions, 2)[:2]  # one partition
+    long_run = Run("ops-long", name="long-run", run_id=long_id, settings=settings, system_metrics=False)
+    other = Run("ops-other", name="chatty", run_id=other_id, settings=settings, system_metrics=False)
+    for round_ in range(120):  # 480 records: the long run's every fourth
+        _records(long_run, range(round_, round_ + 1))
+        _records(other, range(3 * round_, 3 * round_ + 3))
+    rc, snap = status(settings, "--window", "0")
+    assert rc == 0
+    rows = {r["run_id"]: r for r in snap["runs"]}
+    assert STATUS_TAIL * settings.partitions < 480  # the long run's start is not in what is read
+    assert (rows[long_id]["project"], rows[long_id]["name"], rows[long_id]["last_step"]) == (
+        "ops-long",
+        "long-run",
+        119,
+    )
+    assert (rows[other_id]["project"], rows[other_id]["name"]) == ("ops-other", "chatty")
+    assert long_run.finish(timeout=20) and other.finish(timeout=20)
+
+
+def test_a_runs_start_is_found_before_or_after_stretches_of_records_not_its_own(settings):
+    """One run alone for 70 records, then a second beside it for 118: each one's RunStarted is
+    found from near the partition's end, with probes of 20 records (a probe that finds none of
+    the run's says it started after)."""
+    from metricbus.ops._run_starts import find_starts
+    from metricbus.schemas import default_codec, topic_reader
+
+    early_id, late_id = spread_run_ids(settings.partitions, 2)[:2]  # one partition
+    early = Run("ops", name="early", run_id=early_id, settings=settings, system_metrics=False)
+    _records(early, range(0, 70))
+    late = Run("ops", name="late", run_id=late_id, settings=settings, system_metrics=False)
+    for step in range(0, 59):
+        _records(late, range(step, step + 1))
+        _records(early, range(70 + step, 71 + step))
+    consumer = topic_reader(settings, "test-starts")
+    try:
+        tp = TopicPartition(settings.topics.events, 0)
+        end = consumer.end_offsets([tp])[tp]
+        assert end >= 70 + 2 * 59
+        found = find_starts(
+            consumer,
+            {early_id.encode(): (tp, end - 10), late_id.encode(): (tp, end - 10)},
+            settings.signer,
+            default_codec(),
+            time.monotonic() + 60,
+            probe_records=20,
+        )
+    finally:
+        consumer.close()
+    assert {e.run_id: e.body["name"] for e in found} == {early_id: "early", late_id: "late"}
+    assert len(found) == 2
+    assert early.finish(timeout=20) and late.finish(timeout=20)
