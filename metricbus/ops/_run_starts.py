@@ -4,7 +4,8 @@
 RunStarted, which carries its project, name and world size, is further back. A run's records
 are in one partition (the key is its run id) in the order its producers sent them, and each
 producer sends its RunStarted before anything else, so the run's first record holds one. It is
-found by bisecting the offsets before the first record read: a probe reads up to
+found by bisecting the offsets before the first record read, the partition's start probed
+first (where a run alone in its partition began): a probe reads up to
 ``PROBE_RECORDS`` records from an offset, looking at keys only, to the run's first record
 there. A record of the run with a RunStarted ends the search; one without says the start is
 further back; a probe with no record of the run says it is further on. A run that sent nothing
@@ -24,7 +25,7 @@ from metricbus.schemas import (
     RUN_STARTED,
     MetricbusError,
     SchemaError,
-    decode_events,
+    decode_record,
 )
 
 #: records a probe reads before it says the run sent nothing there
@@ -69,19 +70,21 @@ def _bisect(
 ) -> list[Any]:
     """The RunStarted events of the run keyed ``key`` in ``offsets`` [lo, hi) of ``tp``; [] if not found."""
     lo, hi = offsets
+    probe = lo  # first at the partition's start: where a run alone in it (a local stack) began
     while lo < hi and time.monotonic() < until:
-        probe = (lo + hi) // 2
         # a whole window even past ``hi``: that nothing of the run is in it says it started
         # after only if it is as long as a running run's quietest stretch
         end = probe + probe_records
         record = _first_of(consumer, tp, key, probe, end, until)
         if record is None:
             lo = end  # nothing of the run there: it started after
+            probe = (lo + hi) // 2
             continue
         starts = [e for e in starts_in(record.value) if e.run_id.encode() == key]
         if starts:
             return starts
         hi = probe  # the run was going at the probe: it started before
+        probe = (lo + hi) // 2
     return []
 
 
@@ -106,6 +109,7 @@ def _starts_in(value: bytes | None, signer: Any, codec: Any) -> list[Any]:
         return []
     try:
         signer.check(value)
-        return [e for e in decode_events(codec, value) if e.kind == RUN_STARTED]
+        events, _ = decode_record(codec, value)  # a RunStarted is never in the columns
+        return [e for e in events if e.kind == RUN_STARTED]
     except (SchemaError, MetricbusError, ValueError, KeyError, TypeError):
         return []
