@@ -410,16 +410,34 @@ class RunBoard:
                 self._alert(alert)
             self._bump()
 
+    def fold_starts(self, starts: Any) -> None:
+        """Fold RunStarted events from before what was read: their runs' identities alone.
+
+        What ``status``'s search for a long run's start finds: the run's project, name, world
+        size and config. Not counted as events seen, so its events/s stays over what was read.
+        """
+        with self.changed:
+            for e in starts:
+                self._event(e.run_id, e.producer_id, e.ts_ms, e.kind, e.body, derived=False, counted=False)
+            self._bump()
+
     def _bump(self) -> None:
         self.records += 1
         self.version += 1
         self.changed.notify_all()
 
     def _event(
-        self, run_id: str, producer_id: str, ts_ms: int, kind: str, body: dict[str, Any], derived: bool
+        self,
+        run_id: str,
+        producer_id: str,
+        ts_ms: int,
+        kind: str,
+        body: dict[str, Any],
+        derived: bool,
+        counted: bool = True,
     ) -> None:
         view = self._run(run_id)
-        if not derived:
+        if not derived and counted:
             view.events += 1
             view.last_event_ms = max(view.last_event_ms, ts_ms)
             view.count([ts_ms])
@@ -542,7 +560,7 @@ class RunBoard:
                     if (view := self.runs.get(key.decode("utf-8", "replace"))) and view.started_ms is None
                 }
                 until = min(deadline, time.monotonic() + START_SEARCH_S)
-                self.fold(find_starts(consumer, unstarted, self.signer, self.codec, until))
+                self.fold_starts(find_starts(consumer, unstarted, self.signer, self.codec, until))
         finally:
             consumer.close()
         return self

@@ -57,3 +57,22 @@ def test_a_stream_naming_endless_ranks_keeps_a_bounded_list(tmp_path):
     board.take(board.settings.topics.events, record(*events))
     run = board.run("r1")
     assert len(run["ranks"]) == MAX_RANKS and run["last_step"] == MAX_RANKS + 99  # steps still followed
+
+
+def test_a_start_found_before_what_was_read_names_the_run_and_leaves_its_events_per_second(tmp_path):
+    """`status` looks back for a long run's RunStarted: its project and name come from it, and its
+    events/s stays over the records read (counted from the start, it read 3.1 for 19 a second)."""
+    import time
+
+    from metricbus.schemas import decode_events
+
+    board = RunBoard(Settings(data_dir=tmp_path), light=True, tail=50)
+    now_ms = int(time.time() * 1000)  # the runs table counts only the last minute's events
+    tail = [(100 + i, now_ms - 10_000 + i * 10, METRICS, metrics(100 + i)) for i in range(1000)]
+    board.take(board.settings.topics.events, encode_events(CODEC, "r1", "p1", tail))
+    assert board.runs["r1"].events_per_s(now_ms) == 100.0 and board.runs["r1"].project == ""
+    start = encode_events(CODEC, "r1", "p1", [(0, now_ms - 50_000, RUN_STARTED, run_started("proj", "long"))])
+    board.fold_starts(decode_events(CODEC, start))
+    view = board.runs["r1"]
+    assert (view.project, view.name, view.started_ms) == ("proj", "long", now_ms - 50_000)
+    assert view.events_per_s(now_ms) == 100.0 and view.events == 1000
