@@ -419,6 +419,9 @@ class RunBoard:
         with self.changed:
             for e in starts:
                 self._event(e.run_id, e.producer_id, e.ts_ms, e.kind, e.body, derived=False, counted=False)
+                view = self.runs[e.run_id]
+                if view.finished is not None and len(view.finished_by) < view.world_size:
+                    view.finished = view.finished_ms = None  # some ranks finished, not all it had
             self._bump()
 
     def _bump(self) -> None:

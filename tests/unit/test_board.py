@@ -76,3 +76,19 @@ def test_a_start_found_before_what_was_read_names_the_run_and_leaves_its_events_
     view = board.runs["r1"]
     assert (view.project, view.name, view.started_ms) == ("proj", "long", now_ms - 50_000)
     assert view.events_per_s(now_ms) == 100.0 and view.events == 1000
+
+
+def test_a_start_found_later_says_how_many_ranks_must_finish(tmp_path):
+    """Read without its RunStarted, a run of two ranks looked finished when rank 0 was."""
+    from metricbus.schemas import RUN_FINISHED, decode_events
+
+    board = RunBoard(Settings(data_dir=tmp_path), light=True, tail=50)
+    board.take(
+        board.settings.topics.events,
+        record((7, METRICS, metrics(3)), (8, RUN_FINISHED, {"status": "finished", "summary": {}})),
+    )
+    assert board.runs["r1"].finished == "finished"
+    start = run_started("proj", "two-ranks", world_size=2)
+    board.fold_starts(decode_events(CODEC, record((0, RUN_STARTED, start))))
+    view = board.runs["r1"]
+    assert (view.world_size, view.finished, view.project) == (2, None, "proj")
