@@ -37,13 +37,14 @@ endif
 
 # Four workers on two cores: the integration tests mostly wait (group joins, flush intervals);
 # each worker starts its own embedded broker and every test has its own topics (six were slower:
-# the longest tests set the wall time: the 15 longest are listed at the end). mypy checks
-# meanwhile; its errors, if any, come last.
+# the longest tests set the wall time: the 15 longest are listed at the end). Work stealing: a
+# worker that runs out takes tests queued behind another's long one. mypy checks meanwhile; its
+# errors, if any, come last.
 test: $(STAMP) chromium
 	$(VENV)/bin/ruff check .
 	@$(BYTECODE)
 	@$(VENV)/bin/mypy > .mypy.out 2>&1 & mypy=$$!; \
-	$(VENV)/bin/pytest -q -ra -n 4 --durations=15; tests=$$?; \
+	$(VENV)/bin/pytest -q -ra -n 4 --dist worksteal --durations=15; tests=$$?; \
 	wait $$mypy; typed=$$?; \
 	if [ $$typed -ne 0 ]; then cat .mypy.out; echo "mypy failed (above)"; fi; \
 	rm -f .mypy.out; [ $$tests -eq 0 ] && [ $$typed -eq 0 ]
