@@ -419,9 +419,6 @@ class RunBoard:
         with self.changed:
             for e in starts:
                 self._event(e.run_id, e.producer_id, e.ts_ms, e.kind, e.body, derived=False, counted=False)
-                view = self.runs[e.run_id]
-                if view.finished is not None and len(view.finished_by) < view.world_size:
-                    view.finished = view.finished_ms = None  # some ranks finished, not all it had
             self._bump()
 
     def _bump(self) -> None:
@@ -471,6 +468,8 @@ class RunBoard:
             view.name = str(body.get("name", ""))[:200]
             view.host = str(body.get("host", ""))[:200]
             view.world_size = int(body.get("world_size") or 1)
+            if view.finished and len(view.finished_by) < view.world_size:
+                view.finished = view.finished_ms = None  # read after some ranks' RunFinished, not all
             view.started_ms = ts_ms if view.started_ms is None else min(view.started_ms, ts_ms)
             if len(view.ranks) < MAX_RANKS:
                 view.ranks.add(int(body.get("rank") or 0))
