@@ -49,13 +49,16 @@ def find_starts(
     probe reads.
     """
     found: list[Any] = []
+    if not wanted:
+        return found
+    starts_in = functools.partial(_starts_in, signer=signer, codec=codec)
+    partitions = sorted({tp for tp, _ in wanted.values()})
+    begins = consumer.beginning_offsets(partitions)  # one request for them all
     for key, (tp, offset) in wanted.items():
         if time.monotonic() > until:
             break
         consumer.assign([tp])
-        start = consumer.beginning_offsets([tp])[tp]
-        starts_in = functools.partial(_starts_in, signer=signer, codec=codec)
-        found += _bisect(consumer, tp, key, (start, offset), probe_records, starts_in, until)
+        found += _bisect(consumer, tp, key, (begins[tp], offset), probe_records, starts_in, until)
     return found
 
 
