@@ -10,6 +10,7 @@ import tempfile
 os.environ["METRICBUS_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="metricbus-stacks-")
 
 
+import json  # noqa: E402
 import subprocess  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -33,6 +34,41 @@ def _tmpfs_refused() -> str:
 
 
 def pytest_collection_modifyitems(config, items):
+    _longest_first_on_every_worker(items)
+    _small_disk_where_a_tmpfs_mounts(items)
+
+
+def _longest_first_on_every_worker(items: list) -> None:
+    """Order the tests so that each xdist worker's first share starts with its long tests.
+
+    pytest-xdist's work stealing hands each of its N workers a contiguous share of the
+    collection (sizes ``len // N``, then of what remains) and lets a worker that runs out take
+    the back half of the fullest queue. The suite's wall time is then set by a long test that
+    starts late. Here the long tests (``durations.json``: seconds each took in a full run of
+    ``make test``, those of 3 s or more) are shared among the workers, longest first, each to
+    the share with the least expected time, and every share runs its long tests first: the
+    back of each queue, which others take, holds the short ones. Without xdist, no change.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2 or len(items) < workers:
+        return
+    expected = json.loads((Path(__file__).parent / "durations.json").read_text())
+    sizes, left = [], len(items)
+    for i in range(workers):  # xdist's own split of the collection
+        sizes.append(left // (workers - i))
+        left -= sizes[-1]
+    shares: list[list] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    by_time = sorted(range(len(items)), key=lambda i: -expected.get(items[i].nodeid, 0.5))
+    for i in by_time:
+        seconds = expected.get(items[i].nodeid, 0.5)
+        share = min((w for w in range(workers) if len(shares[w]) < sizes[w]), key=lambda w: loads[w])
+        shares[share].append(items[i])
+        loads[share] += seconds
+    items[:] = [item for share in shares for item in share]
+
+
+def _small_disk_where_a_tmpfs_mounts(items: list) -> None:
     """Tests on a real small disk (the ``small_disk`` fixture) run where a tmpfs can be mounted,
     as in the CI container; elsewhere they are skipped with the reason, decided once."""
     users = [item for item in items if "small_disk" in getattr(item, "fixturenames", ())]
