@@ -41,9 +41,10 @@ def test_the_wheel_installs_in_a_fresh_venv_and_every_integration_imports(tmp_pa
     assert {"torch", "tensorboard", "wandb", "web", "lightning", "sb3", "hf"} <= extras
 
     # A fresh venv whose third-party packages come from this venv's site-packages (no network
-    # here), metricbus only from the wheel: the repo is not on its path.
+    # here), metricbus only from the wheel: the repo is not on its path. This venv's pip installs
+    # into it (``pip --python``): the same install, without copying pip in first (~8 s).
     env_dir = tmp_path / "fresh"
-    venv.create(env_dir, with_pip=True)
+    venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
     purelib = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -52,7 +53,10 @@ def test_the_wheel_installs_in_a_fresh_venv_and_every_integration_imports(tmp_pa
         text=True,
     ).stdout.strip()
     (Path(purelib) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index", wheel],
+        check=True,
+    )
 
     # The user's own modules of the generic names, where the user runs from: ours never see them.
     user = tmp_path / "user"
