@@ -40,7 +40,8 @@ endif
 
 # Four workers on two cores: the integration tests mostly wait (group joins, flush intervals);
 # each worker starts its own embedded broker and every test has its own topics (six were slower:
-# the longest tests set the wall time: the 15 longest are listed at the end). Work stealing: a
+# the longest tests set the wall time: the 15 longest are listed at the end; each worker starts
+# with its share of them, tests/conftest.py). Work stealing: a
 # worker that runs out takes tests queued behind another's long one. mypy checks meanwhile; its
 # errors, if any, come last.
 test: $(STAMP) chromium

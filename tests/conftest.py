@@ -44,10 +44,11 @@ def _longest_first_on_every_worker(items: list) -> None:
     pytest-xdist's work stealing hands each of its N workers a contiguous share of the
     collection (sizes ``len // N``, then of what remains) and lets a worker that runs out take
     the back half of the fullest queue. The suite's wall time is then set by a long test that
-    starts late. Here the long tests (``durations.json``: seconds each took in a full run of
-    ``make test``, those of 3 s or more) are shared among the workers, longest first, each to
-    the share with the least expected time, and every share runs its long tests first: the
-    back of each queue, which others take, holds the short ones. Without xdist, no change.
+    starts late. Here the long tests (``durations.json``: the seconds each took in a full run,
+    those of 3 s or more, written by ``python -m tests.durations`` from a JUnit report) are
+    shared among the workers, longest first, each to the share with the least expected time,
+    and every share runs its long tests first: the back of each queue, which others take, holds
+    the short ones. Without xdist, no change.
     """
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers < 2 or len(items) < workers:
