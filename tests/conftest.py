@@ -58,14 +58,13 @@ def _longest_first_on_every_worker(items: list) -> None:
     for i in range(workers):  # xdist's own split of the collection
         sizes.append(left // (workers - i))
         left -= sizes[-1]
+    seconds = [expected.get(item.nodeid, 0.5) for item in items]
     shares: list[list] = [[] for _ in range(workers)]
     loads = [0.0] * workers
-    by_time = sorted(range(len(items)), key=lambda i: -expected.get(items[i].nodeid, 0.5))
-    for i in by_time:
-        seconds = expected.get(items[i].nodeid, 0.5)
+    for i in sorted(range(len(items)), key=lambda i: -seconds[i]):  # stable: short ones keep their order
         share = min((w for w in range(workers) if len(shares[w]) < sizes[w]), key=lambda w: loads[w])
         shares[share].append(items[i])
-        loads[share] += seconds
+        loads[share] += seconds[i]
     items[:] = [item for share in shares for item in share]
 
 
