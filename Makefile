@@ -39,11 +39,10 @@ ifeq ($(CHROMIUM),)
 endif
 
 # Four workers on two cores: the integration tests mostly wait (group joins, flush intervals);
-# each worker starts its own embedded broker and every test has its own topics (six were slower:
-# the longest tests set the wall time: the 15 longest are listed at the end; each worker starts
-# with its share of them, tests/conftest.py). Work stealing: a
-# worker that runs out takes tests queued behind another's long one. mypy checks meanwhile; its
-# errors, if any, come last.
+# each worker starts its own embedded broker and every test has its own topics (five or six
+# workers were no faster). Each worker starts with its share of the long tests (tests/conftest.py);
+# with work stealing, one that runs out takes short tests queued behind another's. The 15
+# longest are listed at the end. mypy checks meanwhile; its errors, if any, come last.
 test: $(STAMP) chromium
 	$(VENV)/bin/ruff check .
 	@$(BYTECODE)
