@@ -314,7 +314,7 @@ def test_up_restarts_a_broker_over_its_memory_bound_and_nothing_is_lost_or_deriv
     from metricbus.stream_jobs import derive_all
 
     port = free_port()
-    env = {**os.environ, "METRICBUS_LOCAL_PORT": str(port), "METRICBUS_BROKER_MAX_MB": "45"}
+    env = {**os.environ, "METRICBUS_LOCAL_PORT": str(port), "METRICBUS_BROKER_MAX_MB": "30"}
     proc = subprocess.Popen(
         metricbus("up", "--no-dashboard", data_dir=tmp_path),
         stdout=subprocess.PIPE,
@@ -330,22 +330,22 @@ def test_up_restarts_a_broker_over_its_memory_bound_and_nothing_is_lost_or_deriv
         # batches cannot shrink them much), the archive stays small
         import numpy as np
 
-        big = np.random.default_rng(14).random((2_100, 4_000)).tolist()
+        big = np.random.default_rng(14).random((700, 4_000)).tolist()
 
         def log(n: int, step: int) -> int:
             for _ in range(n):
-                run.log({"Train/Loss": 1.0 / (step + 1), "big": big[step]}, step=step, epoch=step // 300)
+                run.log({"Train/Loss": 1.0 / (step + 1), "big": big[step]}, step=step, epoch=step // 100)
                 step += 1
             assert run._publisher.flush(60)
             return step
 
         step = 0
-        for _ in range(3):  # ~60 MB produced: over the bound at least once
-            step = log(600, step)
+        for _ in range(3):  # ~20 MB produced on a broker that starts at ~20 MB: over the bound
+            step = log(200, step)
         # a restart put off (the consumers still need too much of what it holds) is retried a
         # minute later: said only once it goes ahead
         lines = wait_line(proc, "restarting it to free that memory", timeout=240)
-        step = log(300, step)  # logged after the restart
+        step = log(100, step)  # logged after the restart
         assert run.finish(timeout=60)
         deadline = time.monotonic() + 180
         logged: list = []
