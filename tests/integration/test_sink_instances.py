@@ -329,30 +329,36 @@ def log_tails(logs: Path, pattern: str, lines: int = 40) -> str:
 
 
 class Statuses:
-    """`metricbus status --json` again and again on a thread, as an operator would watch it."""
+    """`metricbus status --json --watch 1` on a thread, as an operator would watch it: a snapshot a line."""
 
     def __init__(self, settings) -> None:
         self.settings = settings
         self.seen: list[dict] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._proc: subprocess.Popen | None = None
+        self._thread = threading.Thread(target=self._read, daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(30)
-
-    def _watch(self) -> None:
         argv = [
             sys.executable, "-m", "metricbus", "--bootstrap", self.settings.bootstrap_servers,
             "--data-dir", str(self.settings.data_dir), "status", "--json", "--sample",
-            "--stop-after", str(STOP_AFTER_S),
+            "--stop-after", str(STOP_AFTER_S), "--watch", "1",
         ]  # fmt: skip
-        while not self._stop.is_set():
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-            if out.stdout.strip():
-                self.seen.append(json.loads(out.stdout))
-            self._stop.wait(1.0)
+        self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        self._proc.terminate()  # --watch stops on SIGTERM
+        try:
+            self._proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._thread.join(30)
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            if line.strip():
+                self.seen.append(json.loads(line))
