@@ -92,7 +92,7 @@ def train(run: Run, cfg: PPOConfig) -> dict[str, float]:
             obs_buf[t], done_buf[t] = obs, done
             with torch.no_grad():
                 logits = actor(obs)
-                dist = torch.distributions.Categorical(logits=logits)
+                dist = torch.distributions.Categorical(logits=logits, validate_args=False)
                 action = dist.sample()
                 logp_buf[t], val_buf[t] = dist.log_prob(action), critic(obs).flatten()
             act_buf[t] = action
@@ -138,7 +138,7 @@ def train(run: Run, cfg: PPOConfig) -> dict[str, float]:
         stats: dict[str, list[float]] = {k: [] for k in ("loss", "pg", "v", "ent", "kl", "clip", "gn")}
         for _ in range(cfg.update_epochs):
             for idx in torch.randperm(batch).split(minibatch):
-                dist = torch.distributions.Categorical(logits=actor(b_obs[idx]))
+                dist = torch.distributions.Categorical(logits=actor(b_obs[idx]), validate_args=False)
                 logp = dist.log_prob(b_act[idx])
                 ratio = (logp - b_logp[idx]).exp()
                 mb_adv = (b_adv[idx] - b_adv[idx].mean()) / (b_adv[idx].std() + 1e-8)
