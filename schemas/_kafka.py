@@ -318,34 +318,28 @@ def wait_for_broker(settings: Settings, wait_s: float | None, who: str) -> None:
     Says once that it waits (and once that it goes on), as a container started before Kafka
     should. ``wait_s``: give up after this long with BrokerError (None: wait for ever).
     """
-    from kafka.errors import KafkaConnectionError
-
     deadline = None if wait_s is None else time.monotonic() + wait_s
     delay, said = 0.5, False
-    while True:
-        try:
-            reach(settings)
-        except KafkaConnectionError as exc:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise BrokerError(
-                    f"no broker answered at {settings.bootstrap_servers} within {wait_s:g}s ({exc}); start "
-                    "one (`metricbus up`), or point --bootstrap / METRICBUS_BOOTSTRAP at one"
-                ) from None
-            if not said:
-                said = True
-                log.warning(
-                    "%s: no broker answers at %s yet; waiting for it (retrying with backoff%s)",
-                    who,
-                    settings.bootstrap_servers,
-                    "" if wait_s is None else f", for at most {wait_s:g}s",
-                )
-            time.sleep(delay if left is None else max(0.0, min(delay, left)))
-            delay = min(delay * 2, 5.0)
-            continue
-        if said:
-            log.warning("%s: the broker at %s answers; starting", who, settings.bootstrap_servers)
-        return
+    # no Kafka client here: the sinks and the alert consumers (aiokafka) never import kafka-python
+    while refused := unreachable(settings):
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise BrokerError(
+                f"no broker answered at {'; '.join(refused)} within {wait_s:g}s; start one "
+                "(`metricbus up`), or point --bootstrap / METRICBUS_BOOTSTRAP at one"
+            )
+        if not said:
+            said = True
+            log.warning(
+                "%s: no broker answers at %s yet; waiting for it (retrying with backoff%s)",
+                who,
+                settings.bootstrap_servers,
+                "" if wait_s is None else f", for at most {wait_s:g}s",
+            )
+        time.sleep(delay if left is None else max(0.0, min(delay, left)))
+        delay = min(delay * 2, 5.0)
+    if said:
+        log.warning("%s: the broker at %s answers; starting", who, settings.bootstrap_servers)
 
 
 #: how long a one-shot read (``status``) polls at a time: kafka-python's poll that brings no
