@@ -48,7 +48,8 @@ def _longest_first_on_every_worker(items: list) -> None:
     those of 3 s or more, written by ``python -m tests.durations`` from a JUnit report) are
     shared among the workers, longest first, each to the share with the least expected time,
     and every share runs its long tests first: the back of each queue, which others take, holds
-    the short ones. Without xdist, no change.
+    the short ones. The tests marked ``frameworks`` all go to the first share. Without xdist,
+    no change.
     """
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers < 2 or len(items) < workers:
@@ -58,14 +59,22 @@ def _longest_first_on_every_worker(items: list) -> None:
     for i in range(workers):  # xdist's own split of the collection
         sizes.append(left // (workers - i))
         left -= sizes[-1]
-    seconds = [expected.get(item.nodeid, 0.5) for item in items]
+    seconds = {id(item): expected.get(item.nodeid, 0.5) for item in items}
     shares: list[list] = [[] for _ in range(workers)]
     loads = [0.0] * workers
-    for i in sorted(range(len(items)), key=lambda i: -seconds[i]):  # stable: short ones keep their order
+    # the tests of the training frameworks share one worker, which imports each framework once
+    # (Lightning, transformers and TRL cost 5-11 s of CPU to import, SB3 3 s)
+    together = [item for item in items if item.get_closest_marker("frameworks")][: sizes[0]]
+    shares[0] = together
+    loads[0] = sum(seconds[id(item)] for item in together)
+    chosen = {id(item) for item in together}
+    for item in sorted(items, key=lambda item: -seconds[id(item)]):  # stable: short ones keep their order
+        if id(item) in chosen:
+            continue
         share = min((w for w in range(workers) if len(shares[w]) < sizes[w]), key=lambda w: loads[w])
-        shares[share].append(items[i])
-        loads[share] += seconds[i]
-    items[:] = [item for share in shares for item in share]
+        shares[share].append(item)
+        loads[share] += seconds[id(item)]
+    items[:] = [item for share in shares for item in sorted(share, key=lambda item: -seconds[id(item)])]
 
 
 def _small_disk_where_a_tmpfs_mounts(items: list) -> None:

@@ -474,6 +474,7 @@ def _sb3_tags(directory: Path) -> dict[str, dict[int, float]]:
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: `make test` installs it")
+@pytest.mark.frameworks
 def test_an_sb3_run_page_shows_reward_and_loss_first_smoothed_and_never_scrolls_sideways(
     settings, worker, dashboard, sink, tmp_path
 ):

@@ -42,6 +42,7 @@ def archived(settings, run_id: str, ready, timeout: float = 60.0) -> dict:
     return out
 
 
+@pytest.mark.frameworks
 def test_lightning_logger_gets_every_metric_the_csv_logger_gets(settings, sink, worker, tmp_path):
     pytest.importorskip("lightning", reason="Lightning is an optional extra; `make test` installs it")
     import lightning.pytorch as pl
@@ -119,6 +120,7 @@ def test_lightning_logger_gets_every_metric_the_csv_logger_gets(settings, sink, 
     assert set(loss) == {0, 1, 2}  # no epoch Lightning never ran
 
 
+@pytest.mark.frameworks
 def test_sb3_callback_gets_every_key_sb3_writes_and_every_episode(settings, sink, worker, tmp_path):
     pytest.importorskip("stable_baselines3", reason="SB3 is an optional extra; `make test` installs it")
     from stable_baselines3 import PPO
@@ -183,6 +185,7 @@ def test_sb3_callback_gets_every_key_sb3_writes_and_every_episode(settings, sink
     assert alerts_of_closed_run(settings, run.run_id) == []  # the default rules: a healthy run
 
 
+@pytest.mark.frameworks
 def test_hf_trainer_callback_gets_every_log_hf_records(settings, sink, worker, tmp_path):
     pytest.importorskip("transformers", reason="transformers is an optional extra; `make test` installs it")
     import torch
@@ -242,6 +245,7 @@ def test_hf_trainer_callback_gets_every_log_hf_records(settings, sink, worker, t
     assert alerts_of_closed_run(settings, run.run_id) == []  # the default rules: a healthy run
 
 
+@pytest.mark.frameworks
 def test_hf_report_to_metricbus_is_registered(settings, sink, tmp_path, monkeypatch):
     pytest.importorskip("transformers", reason="transformers is an optional extra; `make test` installs it")
     import torch
@@ -291,6 +295,7 @@ def _char_tokenizer():
     )
 
 
+@pytest.mark.frameworks
 def test_trl_grpo_gets_seed_002_names_and_every_samples_score(settings, sink, worker, tmp_path):
     pytest.importorskip("trl", reason="TRL is an optional extra (metricbus[trl]); `make test` installs it")
     import torch

@@ -349,6 +349,7 @@ def _walk_env() -> type:
 _Walk = _walk_env()
 
 
+@pytest.mark.frameworks
 def test_an_sb3_run_with_a_video_recorder_shows_its_episode_videos_in_tensorboard_and_the_dashboard(
     settings, sink, dashboard, tmp_path
 ):

@@ -209,6 +209,7 @@ def decode_all(run: Run) -> list:
     return [e for r, _ in Spool(run.spool_path).read_unsent(10_000, start=0) for e in decode_events(codec, r)]
 
 
+@pytest.mark.frameworks
 def test_the_lightning_logger_takes_wandb_loggers_media_calls(tmp_path):
     pytest.importorskip("lightning", reason="Lightning is an optional extra; `make test` installs it")
     from metricbus.lightning import MetricbusLogger
