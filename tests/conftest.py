@@ -45,7 +45,7 @@ def _longest_first_on_every_worker(items: list) -> None:
     collection (sizes ``len // N``, then of what remains) and lets a worker that runs out take
     the back half of the fullest queue. The suite's wall time is then set by a long test that
     starts late. Here the long tests (``durations.json``: the seconds each took in a full run,
-    those of 3 s or more, written by ``python -m tests.durations`` from a JUnit report) are
+    those of 3 s or more, written by ``python -m tests.durations`` from JUnit reports) are
     shared among the workers, longest first, each to the share with the least expected time,
     and every share runs its long tests first: the back of each queue, which others take, holds
     the short ones. The tests marked ``frameworks`` all go to the first share. Without xdist,
