@@ -406,33 +406,49 @@ def test_a_training_job_sends_again_only_what_no_check_had_confirmed_before_the_
     assert steps[:30] == list(range(30)) and set(steps[30:]) == set(range(30, 40))  # 0-29 once
 
 
-def test_a_training_job_sending_through_a_planned_restart_sends_again_only_its_unchecked_tail(stack):
+def test_a_training_job_sending_through_a_planned_restart_sends_again_only_its_unchecked_tail(stack, caplog):
     """The same with a job logging all along: it holds at the marker, and of the window only
     what was acknowledged after its last passing check goes again, after the carry."""
+    import re
     import threading
 
     run = Run("busy", settings=stack.settings, system_metrics=False)
-    stop = threading.Event()
+    stop, paused = threading.Event(), threading.Event()
     logged = [0]
 
     def train() -> None:
         while not stop.is_set():
-            run.log({"Train/Loss": 1.0}, step=logged[0])
-            logged[0] += 1
+            if not paused.is_set():
+                run.log({"Train/Loss": 1.0}, step=logged[0])
+                logged[0] += 1
             time.sleep(0.005)
 
     trainer = threading.Thread(target=train)
     trainer.start()
+    window = run._publisher.window
     try:
-        time.sleep(3.0)
-        sent_before = run._publisher.sender.records_sent
+        time.sleep(2.0)
+        # a check confirms all that was sent so far (the job paused meanwhile): that part must
+        # never go again, however slowly this machine sends and checks
+        paused.set()
+        assert run.flush(30)
+        deadline = time.monotonic() + 30
+        while window.unconfirmed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert window.unconfirmed == 0, "no check confirmed what the broker acknowledged"
+        checked = run._publisher.sender.records_sent
+        paused.clear()
+        time.sleep(1.0)
         stack.planned.restart(rss_mb=2000.0, now=time.monotonic())
         time.sleep(2.0)
     finally:
         stop.set()
         trainer.join()
     assert run.finish(timeout=30)
-    assert 0 < run._publisher.window.records_resent < sent_before / 2  # not the whole minute
+    # what the sender held at the marker: the records acknowledged since its last passing check
+    (held,) = [int(m) for m in re.findall(r"the last (\d+) acknowledged records are held", caplog.text)]
+    # only those went again (the whole window would be at least the checked ones more)
+    assert checked > 0 and 0 < window.records_resent == held
     steps = steps_on_broker(stack.settings, run.run_id)
     assert sorted(set(steps)) == list(range(logged[0]))
 
