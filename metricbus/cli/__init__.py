@@ -33,6 +33,10 @@ ENDS_AT_ONCE = frozenset({"status", "runs", "health", "compare"})
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``metricbus`` console script."""
     args = build_parser().parse_args(argv)
+    if argv is None and os.environ.get("METRICBUS_SUPERVISOR_PID"):  # a child of `metricbus up`
+        from metricbus.stack._proc import exit_when_orphaned
+
+        exit_when_orphaned()
     code = _run(args, own_process=argv is None)
     if argv is None and args.command in ENDS_AT_ONCE:
         _end_at_once(code)

@@ -16,11 +16,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 _PR_SET_PDEATHSIG = 1
+#: the supervisor's pid, in the environment of each child :func:`spawn` starts
+SUPERVISOR_ENV = "METRICBUS_SUPERVISOR_PID"
+#: how long a child whose supervisor died may take to stop, as :func:`stop` allows it
+ORPHAN_GRACE_S = 5.0
 
 
 def _die_with(parent: int) -> Callable[[], None]:
@@ -38,6 +42,28 @@ def _die_with(parent: int) -> Callable[[], None]:
             os.kill(os.getpid(), signal.SIGTERM)
 
     return arm
+
+
+def exit_when_orphaned(env: Mapping[str, str] = os.environ) -> None:
+    """In a child of ``metricbus up``: exit at most ORPHAN_GRACE_S after its supervisor died.
+
+    PDEATHSIG asks the child to stop (SIGTERM), and a supervisor that stops children itself
+    kills one that takes longer than :func:`stop` allows; a supervisor killed -9 can do neither.
+    A child that cannot act on the signal then (the stream worker while Faust starts: seen
+    alive 10 s after) would outlive its stack. Only the direct child of the pid in
+    SUPERVISOR_ENV watches (a process it starts in turn inherits the variable).
+    """
+    parent = env.get(SUPERVISOR_ENV, "")
+    if not parent.isdigit() or os.getppid() != int(parent):
+        return
+
+    def watch() -> None:
+        while os.getppid() == int(parent):
+            time.sleep(1.0)
+        time.sleep(ORPHAN_GRACE_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="metricbus-orphan-watch", daemon=True).start()
 
 
 class LogPump:
@@ -144,6 +170,7 @@ def spawn(
     Ctrl-C at the terminal (SIGINT to the whole foreground process group) reaches only us: we
     stop children in the order they need.
     """
+    env = {**(os.environ if env is None else env), SUPERVISOR_ENV: str(os.getpid())}
     if log_path is not None and report is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         proc = Pumped(
