@@ -109,16 +109,18 @@ def test_throughput_catalog_names_get_avg_and_p99_beside_them():
     assert StreamConfig().higher_is_better("time/fps")  # "time" in the name, yet more is better
 
 
-def _default_rules_on(step_rewards, reward, as_samples=False, loss=None, epoch_len=10):
-    """Alerts the default pack raises on a run whose reward series is ``reward``."""
+def _default_rules_on(step_rewards, reward, as_samples=False, loss=None, epoch_len=10, every=1):
+    """Alerts the default pack raises on a run whose reward series is ``reward``, logged every
+    ``every`` steps (as SB3 and the HF Trainer log: every n-th step, not each one)."""
     proc = StreamProcessor(rules=load_rules(DEFAULT_RULES))
     events = []
     for i, v in enumerate(step_rewards):
+        step = i * every
         scalars = {} if as_samples else {reward: v}
         if loss is not None:
             scalars[loss] = math.nan if i == 7 else 1.0
         samples = {reward: [v - 0.01, v + 0.01]} if as_samples else {}
-        body = {"step": i, "epoch": i // epoch_len, "rank": 0, "scalars": scalars, "samples": samples}
+        body = {"step": step, "epoch": step // epoch_len, "rank": 0, "scalars": scalars, "samples": samples}
         events.append(Event("r", "p", i, 1000 + i, METRICS, body, b""))
     events.append(
         Event("r", "p", len(events), 2000, RUN_FINISHED, {"status": "finished", "summary": {}}, b"")
@@ -137,12 +139,13 @@ def _default_rules_on(step_rewards, reward, as_samples=False, loss=None, epoch_l
 )
 def test_the_default_reward_rules_follow_the_runs_reward_whatever_its_name(reward, as_samples):
     rng = np.random.default_rng(5)
-    # rewards in [0, 1], low, spread and not improving over two spans of 10,000 steps
-    unit = (0.2 + 0.4 * rng.random(30_000)).tolist()
-    fired = _default_rules_on(unit, reward, as_samples, epoch_len=1000)
+    # rewards in [0, 1], low, spread and not improving over two spans of 10,000 steps (30
+    # epochs of 1,000 steps, logged every 10th step: the target rule's patience is in steps)
+    unit = (0.2 + 0.4 * rng.random(3_000)).tolist()
+    fired = _default_rules_on(unit, reward, as_samples, epoch_len=1000, every=10)
     assert {"epoch_reward_below_target", "epoch_reward_unstable"} <= fired
-    erratic = (100 + 120 * rng.random(30_000)).tolist()  # CartPole's scale: no absolute target applies
-    assert not _default_rules_on(erratic, reward, as_samples, epoch_len=1000)
+    erratic = (100 + 120 * rng.random(3_000)).tolist()  # CartPole's scale: no absolute target applies
+    assert not _default_rules_on(erratic, reward, as_samples, epoch_len=1000, every=10)
     collapse = [0.8 + 0.01 * (i % 3) for i in range(1300)] + [0.05] * 30  # rewards in [0, 1], then 0.05
     assert "reward_collapse" in _default_rules_on(collapse, reward, as_samples)
 
