@@ -67,9 +67,11 @@ from ._events import (
 )
 from ._files import DIRECTORY_ERRNOS, Ledger, atomic_write, fsync_dir, read_yaml
 from ._kafka import (
+    IDLE_AFTER_S,
     MAX_RECORD_BYTES,
     ONE_SHOT_FETCH_WAIT_MS,
     ONE_SHOT_POLL_MS,
+    FetchWait,
     alive_at,
     alive_stamp,
     client_options,
@@ -184,6 +186,7 @@ __all__ = [
     "client_options",
     "consumer_group_options",
     "fetch_options",
+    "FetchWait",
     "DIRECTORY_ERRNOS",
     "FALLBACK_PROJECT",
     "UNKNOWN_PROJECT",
@@ -215,6 +218,7 @@ __all__ = [
     "topic_reader",
     "ONE_SHOT_POLL_MS",
     "ONE_SHOT_FETCH_WAIT_MS",
+    "IDLE_AFTER_S",
     "wait_for_broker",
     "mark_broker_restarting",
     "mark_carried_over",

@@ -105,6 +105,66 @@ def fetch_options(settings: Settings) -> dict[str, Any]:
     return {"fetch_max_wait_ms": settings.fetch_max_wait_ms}
 
 
+#: Seconds without a record after which a consumer's fetches wait ``idle_fetch_max_wait_ms``.
+IDLE_AFTER_S = 2.0
+
+
+class FetchWait:
+    """A consumer's fetch wait: the short one while records come, the idle one after a quiet spell.
+
+    The embedded broker holds a fetch for its whole wait whenever a partition in it has nothing
+    new, so the wait stays short (``Settings.fetch_max_wait_ms``) while records flow; an idle
+    consumer on it asks ten or twenty times a second, and each ask costs CPU in the consumer and
+    the broker. After ``idle_after_s`` without a record it asks with
+    ``Settings.idle_fetch_max_wait_ms``; its next record brings the short wait back. Call
+    :meth:`saw` after every poll. ``set_wait`` changes the client's wait (:meth:`of_aiokafka`,
+    :meth:`of_kafka_python`: each client reads it when it builds its next fetch).
+    """
+
+    def __init__(
+        self,
+        set_wait: Callable[[int], None],
+        busy_ms: int,
+        idle_ms: int,
+        idle_after_s: float = IDLE_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.busy_ms, self.idle_ms, self.idle_after_s = busy_ms, idle_ms, idle_after_s
+        self._set, self._clock = set_wait, clock
+        self._last = clock()
+        self.idle = False
+
+    @classmethod
+    def of_aiokafka(cls, consumer: Any, busy_ms: int, settings: Settings) -> FetchWait:
+        """For a started aiokafka consumer (its Fetcher reads ``_fetch_max_wait_ms`` per fetch)."""
+
+        def set_wait(ms: int) -> None:
+            consumer._fetcher._fetch_max_wait_ms = ms
+
+        return cls(set_wait, busy_ms, settings.idle_fetch_max_wait_ms)
+
+    @classmethod
+    def of_kafka_python(cls, consumer: Any, busy_ms: int, settings: Settings) -> FetchWait:
+        """For a kafka-python consumer (its Fetcher reads ``config['fetch_max_wait_ms']`` per fetch)."""
+
+        def set_wait(ms: int) -> None:
+            consumer._fetcher.config["fetch_max_wait_ms"] = ms
+
+        return cls(set_wait, busy_ms, settings.idle_fetch_max_wait_ms)
+
+    def saw(self, records: int) -> None:
+        """After a poll that returned ``records`` records."""
+        now = self._clock()
+        if records:
+            self._last = now
+            if self.idle:
+                self.idle = False
+                self._set(self.busy_ms)
+        elif not self.idle and self.idle_ms > self.busy_ms and now - self._last >= self.idle_after_s:
+            self.idle = True
+            self._set(self.idle_ms)
+
+
 def ensure_topics(settings: Settings, timeout_s: float = 10.0, admin: Any = None) -> list[str]:
     """Create any missing metricbus topic (idempotent); return the names it created.
 

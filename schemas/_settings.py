@@ -143,6 +143,12 @@ class Settings:
     #: what comes next (measured, log() -> derived point p99: 82 ms at 100, 45 ms at 50). Each
     #: halving doubles the idle worker's polls (~10 ms of CPU a second each for it and the broker).
     worker_fetch_max_wait_ms: int = 50
+    #: A sink, alert consumer or dashboard that has read nothing for ``IDLE_AFTER_S`` (2 s)
+    #: waits this long per fetch instead, until its next record: an idle stack on the short
+    #: waits asks the broker dozens of times a second. On the embedded broker the first record
+    #: after a quiet spell can come up to this much later; Kafka answers at once. The stream
+    #: worker keeps its short wait (a run's first derived points and alerts come as fast as any).
+    idle_fetch_max_wait_ms: int = 500
     #: Seconds between checkpoints of the stream worker's state (0: never); a restarted worker
     #: replays the events topic only from its last checkpoint.
     checkpoint_interval_s: float = 60.0

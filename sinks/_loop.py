@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from metricbus.schemas import LoopMetrics, Settings, make_consumer, make_producer
+from metricbus.schemas import FetchWait, LoopMetrics, Settings, make_consumer, make_producer
 
 from ._commits import Commits
 from ._deadletters import DeadLetters
@@ -159,10 +159,13 @@ class ConsumerLoop:
             self._consumer.subscribe(self.topics, listener=_Listener())
             log.info("%s consuming %s as group %s", self.name, ", ".join(self.topics), self.group_id)
             beating = asyncio.ensure_future(self.commits.say_alive())
+            wait = FetchWait.of_aiokafka(self._consumer, self.settings.fetch_max_wait_ms, self.settings)
             try:
                 while not self._stopping.is_set():
                     batches = await self._consumer.getmany(timeout_ms=200, max_records=5000)
-                    await self._process_sliced([r for records in batches.values() for r in records])
+                    records = [r for records in batches.values() for r in records]
+                    wait.saw(len(records))
+                    await self._process_sliced(records)
             finally:
                 beating.cancel()
             await self._flush_and_commit()

@@ -33,6 +33,7 @@ from metricbus.schemas import (
     REWARD_ALIASES,
     RUN_FINISHED,
     RUN_STARTED,
+    FetchWait,
     MetricbusError,
     SchemaError,
     Settings,
@@ -623,11 +624,18 @@ class RunBoard:
     def _consume(self, consumer: Any, until_caught_up: bool, deadline: float | None) -> None:
         tps = list(consumer.assignment())
         events = self.settings.topics.events
+        # following: a quiet board asks with the idle wait (a one-shot read keeps its own)
+        wait = None
+        if not until_caught_up:
+            wait = FetchWait.of_kafka_python(consumer, self.settings.fetch_max_wait_ms, self.settings)
         while not self._stop.is_set():
             if deadline is not None and time.monotonic() > deadline:
                 return
             # one-shot: an empty poll waits out its timeout, and the ends come with the first answer
-            for tp, records in consumer.poll(timeout_ms=ONE_SHOT_POLL_MS if until_caught_up else 200).items():
+            polled = consumer.poll(timeout_ms=ONE_SHOT_POLL_MS if until_caught_up else 200)
+            if wait is not None:
+                wait.saw(sum(map(len, polled.values())))
+            for tp, records in polled.items():
                 for record in records:
                     if self.tail is not None and tp.topic == events and record.key is not None:
                         self._first_seen.setdefault(record.key, (tp, record.offset))

@@ -46,3 +46,35 @@ def test_the_faust_worker_producer_compresses_as_the_training_jobs_do():
 
     assert asyncio.run(codec(Settings(bootstrap="127.0.0.1:9"))) == "zstd"
     assert asyncio.run(codec(Settings(bootstrap="127.0.0.1:9", compression="none"))) is None
+
+
+def test_a_consumer_asks_with_the_idle_wait_after_a_quiet_spell_and_the_short_one_at_its_next_record():
+    from metricbus.schemas import FetchWait
+
+    now, set_to = [0.0], []
+    wait = FetchWait(set_to.append, busy_ms=100, idle_ms=500, idle_after_s=2.0, clock=lambda: now[0])
+    for t in (0.5, 1.0, 1.9):  # quiet, but not for long enough
+        now[0] = t
+        wait.saw(0)
+    assert set_to == [] and not wait.idle
+    now[0] = 2.0
+    wait.saw(0)
+    now[0] = 3.0
+    wait.saw(0)
+    assert set_to == [500] and wait.idle  # said once
+    now[0] = 3.1
+    wait.saw(7)
+    wait.saw(3)
+    assert set_to == [500, 100] and not wait.idle
+    now[0] = 4.9
+    wait.saw(0)  # quiet again, counted from the last record
+    assert set_to == [500, 100]
+    now[0] = 5.2
+    wait.saw(0)
+    assert set_to == [500, 100, 500]
+    # an idle wait no longer than the short one is never used
+    never = FetchWait(set_to.append, busy_ms=500, idle_ms=500, clock=lambda: now[0])
+    now[0] = 100.0
+    never.saw(0)
+    assert set_to == [500, 100, 500] and not never.idle
+
