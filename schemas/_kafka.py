@@ -135,22 +135,22 @@ class FetchWait:
         self.idle = False
 
     @classmethod
-    def of_aiokafka(cls, consumer: Any, busy_ms: int, settings: Settings) -> FetchWait:
+    def of_aiokafka(cls, consumer: Any, settings: Settings) -> FetchWait:
         """For a started aiokafka consumer (its Fetcher reads ``_fetch_max_wait_ms`` per fetch)."""
 
         def set_wait(ms: int) -> None:
             consumer._fetcher._fetch_max_wait_ms = ms
 
-        return cls(set_wait, busy_ms, settings.idle_fetch_max_wait_ms)
+        return cls(set_wait, settings.fetch_max_wait_ms, settings.idle_fetch_max_wait_ms)
 
     @classmethod
-    def of_kafka_python(cls, consumer: Any, busy_ms: int, settings: Settings) -> FetchWait:
+    def of_kafka_python(cls, consumer: Any, settings: Settings) -> FetchWait:
         """For a kafka-python consumer (its Fetcher reads ``config['fetch_max_wait_ms']`` per fetch)."""
 
         def set_wait(ms: int) -> None:
             consumer._fetcher.config["fetch_max_wait_ms"] = ms
 
-        return cls(set_wait, busy_ms, settings.idle_fetch_max_wait_ms)
+        return cls(set_wait, settings.fetch_max_wait_ms, settings.idle_fetch_max_wait_ms)
 
     def saw(self, records: int) -> None:
         """After a poll that returned ``records`` records."""

@@ -159,7 +159,7 @@ class ConsumerLoop:
             self._consumer.subscribe(self.topics, listener=_Listener())
             log.info("%s consuming %s as group %s", self.name, ", ".join(self.topics), self.group_id)
             beating = asyncio.ensure_future(self.commits.say_alive())
-            wait = FetchWait.of_aiokafka(self._consumer, self.settings.fetch_max_wait_ms, self.settings)
+            wait = FetchWait.of_aiokafka(self._consumer, self.settings)
             try:
                 while not self._stopping.is_set():
                     batches = await self._consumer.getmany(timeout_ms=200, max_records=5000)

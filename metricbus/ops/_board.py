@@ -627,7 +627,7 @@ class RunBoard:
         # following: a quiet board asks with the idle wait (a one-shot read keeps its own)
         wait = None
         if not until_caught_up:
-            wait = FetchWait.of_kafka_python(consumer, self.settings.fetch_max_wait_ms, self.settings)
+            wait = FetchWait.of_kafka_python(consumer, self.settings)
         while not self._stop.is_set():
             if deadline is not None and time.monotonic() > deadline:
                 return

@@ -20,7 +20,7 @@ def test_an_aiokafka_consumer_goes_idle_and_back_as_its_fetcher_sees_it(settings
         await consumer.start()
         await producer.start()
         try:
-            wait = FetchWait.of_aiokafka(consumer, settings.fetch_max_wait_ms, settings)
+            wait = FetchWait.of_aiokafka(consumer, settings)
             deadline = time.monotonic() + IDLE_AFTER_S + 10
             while not wait.idle and time.monotonic() < deadline:
                 batches = await consumer.getmany(timeout_ms=200)
@@ -45,9 +45,12 @@ def test_a_kafka_python_consumer_goes_idle_and_back_as_its_fetcher_sees_it(setti
 
     consumer = topic_reader(settings, "idle-test")
     try:
-        tps = [TopicPartition(settings.topics.alerts, p) for p in consumer.partitions_for_topic(settings.topics.alerts)]
+        tps = [
+            TopicPartition(settings.topics.alerts, p)
+            for p in consumer.partitions_for_topic(settings.topics.alerts)
+        ]
         consumer.assign(tps)
-        wait = FetchWait.of_kafka_python(consumer, settings.fetch_max_wait_ms, settings)
+        wait = FetchWait.of_kafka_python(consumer, settings)
         deadline = time.monotonic() + IDLE_AFTER_S + 10
         while not wait.idle and time.monotonic() < deadline:
             wait.saw(sum(map(len, consumer.poll(timeout_ms=200).values())))
