@@ -176,9 +176,8 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
         unacked.add(future)
         future.add_done_callback(unacked.discard)
 
-    async def bury(event: Any, why: BaseException) -> None:
+    async def bury(message: Any, why: BaseException) -> None:
         """The record to the dead-letter topic with the reason, counted and said."""
-        message = event.message
         log.error(
             "record %s[%d]@%d not processed (%s: %s); sent to %s",
             message.topic,
@@ -190,8 +189,8 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
             exc_info=not isinstance(why, SchemaError),  # a bug of ours: its traceback
         )
         letter = dead_letter(
-            event.value,
-            event.key,
+            message.value,
+            message.key,
             f"{type(why).__name__}: {why}",
             topic=message.topic,
             partition=message.partition,
@@ -201,36 +200,42 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
         await deadletter.send(key=letter.key, value=letter.value, headers=dict(letter.headers))
         counts["deadlettered"] += 1
 
+    async def handle(message: Any) -> None:
+        """Process one record of the events topic (Faust's message or aiokafka's record) and publish."""
+        nonlocal badly_signed
+        try:
+            signer.check(message.value)
+            batch, columns = decode_record(codec, message.value)
+            digests.check(message.value, record_span(batch, columns))  # a forged repeat: buried
+        except SchemaError as exc:
+            badly_signed += isinstance(exc, ForgedSignatureError)
+            counts["forged"] = digests.forged + badly_signed
+            await bury(message, exc)
+        else:
+            processor = await state.ensure(message.partition, message.offset)
+            started = time.perf_counter()
+            forgotten = processor.forgotten_for_memory
+            try:
+                output = processor.process_record(batch, columns)
+            except Exception as exc:  # noqa: BLE001 - one record must not stop the worker
+                await bury(message, exc)
+            else:
+                publish(output)
+                metrics.observe(time.perf_counter() - started)
+                counts["events"] += len(batch) + (len(columns.seqs) if columns is not None else 0)
+                counts["outputs"] += sum(map(len, output.points.values()))
+                counts["alerts"] += len(output.alerts)
+                counts["forgotten_runs"] += processor.forgotten_for_memory - forgotten
+        counts["records"] += 1
+        state.advance(message.partition, message.offset)
+
     @app.agent(events)
     async def derive(stream: Any) -> None:
-        nonlocal badly_signed
         async for event in stream.events():
-            try:
-                signer.check(event.value)
-                batch, columns = decode_record(codec, event.value)
-                digests.check(event.value, record_span(batch, columns))  # a forged repeat: buried
-            except SchemaError as exc:
-                badly_signed += isinstance(exc, ForgedSignatureError)
-                counts["forged"] = digests.forged + badly_signed
-                await bury(event, exc)
-            else:
-                message = event.message
-                processor = await state.ensure(message.partition, message.offset)
-                started = time.perf_counter()
-                forgotten = processor.forgotten_for_memory
-                try:
-                    output = processor.process_record(batch, columns)
-                except Exception as exc:  # noqa: BLE001 - one record must not stop the worker
-                    await bury(event, exc)
-                else:
-                    publish(output)
-                    metrics.observe(time.perf_counter() - started)
-                    counts["events"] += len(batch) + (len(columns.seqs) if columns is not None else 0)
-                    counts["outputs"] += sum(map(len, output.points.values()))
-                    counts["alerts"] += len(output.alerts)
-                    counts["forgotten_runs"] += processor.forgotten_for_memory - forgotten
-            counts["records"] += 1
-            state.advance(event.message.partition, event.message.offset)  # no await since process()
+            message = event.message
+            for skipped in await state.undelivered(message.partition, message.offset):
+                await handle(skipped)
+            await handle(message)
 
     @app.timer(1.0)
     async def stalled_runs() -> None:

@@ -3,10 +3,11 @@
 Runs are keyed by run id: a run's events are all in one partition, and so is everything derived
 from them. Each partition a worker owns has its own :class:`StreamProcessor`. Before a worker
 processes a record of a partition, its state must be the partition's state just before that
-record; when it is not (a partition newly assigned, or one that another worker processed for a
-while), the state is rebuilt: the partition's checkpoint, then the events topic from the
-checkpoint's offset up to the record. So the output equals a single uninterrupted worker's,
-whatever the rebalances. On revocation the worker checkpoints the partition and drops it.
+record. A partition newly assigned is rebuilt: the partition's checkpoint, then the events topic
+from the checkpoint's offset up to the group's committed offset. A record the consumer skipped
+while the worker held the partition is read from the topic and processed in its place. So the
+output equals a single uninterrupted worker's, whatever the rebalances. On revocation the worker
+checkpoints the partition and drops it.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import logging
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from metricbus.schemas import Settings
 
 from ._checkpoint import load, partition_path, snapshot
 from ._config import StreamConfig
 from ._processor import Output, StreamProcessor
-from ._rebuild import replay
+from ._rebuild import read_records, replay
 from ._rules import Rule
 
 log = logging.getLogger("metricbus.stream")
@@ -46,6 +48,7 @@ class PartitionedState:
         self.covered: dict[int, int] = {}
         self._checkpointed: dict[int, int] = {}  # partition -> processor.events at its last checkpoint
         self.rebuilds: list[tuple[int, int, int, float]] = []  # (partition, from, records, seconds)
+        self.undelivered_records = 0  #: records the consumer skipped, read from the topic instead
 
     def new_processor(self) -> StreamProcessor:
         """An empty processor with this worker's config and rules."""
@@ -57,24 +60,42 @@ class PartitionedState:
         return sum(p.events for p in self.processors.values())
 
     async def ensure(self, partition: int, offset: int) -> StreamProcessor:
-        """The processor of ``partition``, holding the state just before the record at ``offset``.
+        """The processor of ``partition``; one not held is rebuilt up to ``offset``.
 
-        A record before what the state covers is a redelivery: the state drops it as a
-        duplicate. A record after it means other workers processed the records between: the
-        state is rebuilt.
+        A partition comes to a worker at an offset the group processed up to (its committed
+        offset): whoever had it published what the records before it derive, so the rebuild
+        publishes nothing. A record before what a held state covers is a redelivery: the state
+        drops it as a duplicate.
         """
         held = self.processors.get(partition)
-        if held is not None and offset <= self.covered.get(partition, 0):
-            return held
         if held is not None:
-            log.info(
-                "partition %d: this worker's state ends at offset %d but the next record is at %d "
-                "(another worker had the partition): rebuilding it",
-                partition,
-                self.covered[partition],
-                offset,
-            )
+            return held
         return await self.rebuild(partition, offset)
+
+    async def undelivered(self, partition: int, offset: int) -> list[Any]:
+        """The records of a held partition between what its state covers and ``offset``.
+
+        A worker holds a partition's state only while the partition is assigned to it (a
+        revocation drops it), so a record it was never given while it held the partition was
+        processed by nobody: the consumer lost it. faust-streaming drops fetched records it
+        finds stale (flow stopped, a generation changed) and still moves its read offset past
+        them; a worker of one stream once got offset 26 after 24. They are read from the topic
+        (aiokafka's records, in offset order) for the caller to process and publish as if
+        delivered.
+        """
+        covered = self.covered.get(partition)
+        if partition not in self.processors or covered is None or offset <= covered:
+            return []
+        log.warning(
+            "partition %d: offsets %d to %d were never delivered to this worker, which held the "
+            "partition throughout: reading them from the topic to process them",
+            partition,
+            covered,
+            offset - 1,
+        )
+        records = [r async for r in read_records(self.settings, {partition: (covered, offset)})]
+        self.undelivered_records += len(records)
+        return records
 
     async def rebuild(self, partition: int, offset: int) -> StreamProcessor:
         """Load the partition's checkpoint and replay the topic up to ``offset``; publishes nothing."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from metricbus.schemas import (
@@ -61,9 +62,27 @@ async def _replay(
     processor: StreamProcessor, settings: Settings, todo: dict[int, tuple[int, int]], timeout_s: float
 ) -> int:
     """Feed the records of each partition p in ``[todo[p][0], todo[p][1])`` to ``processor``."""
+    codec, signer = default_codec(), settings.signer
+    replayed = 0
+    async for record in read_records(settings, todo, timeout_s):
+        replayed += 1
+        try:
+            signer.check(record.value)
+            processor.process_record(*decode_record(codec, record.value))
+        except SchemaError:
+            pass  # dead-lettered when it was first consumed
+    return replayed
+
+
+async def read_records(
+    settings: Settings, todo: dict[int, tuple[int, int]], timeout_s: float = 600.0
+) -> AsyncIterator[Any]:
+    """The raw records (aiokafka's) of each partition p of the events topic in ``[todo[p][0], todo[p][1])``.
+
+    In offset order within a partition; read by a consumer of no group, so nothing is committed.
+    """
     from aiokafka import TopicPartition
 
-    codec, signer = default_codec(), settings.signer
     consumer = make_consumer(settings, client_id="metricbus-stream-rebuild")
     try:  # started inside: one that cannot reach the broker is stopped too
         await consumer.start()
@@ -72,7 +91,6 @@ async def _replay(
         for tp, (first, _) in tps.items():
             consumer.seek(tp, first)
         remaining = set(tps)
-        replayed = 0
         deadline = time.monotonic() + timeout_s
         while remaining and time.monotonic() < deadline:
             batches: dict[Any, list[Any]] = await consumer.getmany(*remaining, timeout_ms=500)
@@ -82,16 +100,10 @@ async def _replay(
                     if record.offset >= end:
                         remaining.discard(tp)
                         break
-                    replayed += 1
-                    try:
-                        signer.check(record.value)
-                        processor.process_record(*decode_record(codec, record.value))
-                    except SchemaError:
-                        pass  # dead-lettered when it was first consumed
+                    yield record
                 if await consumer.position(tp) >= end:
                     remaining.discard(tp)
         if remaining:
-            log.error("state rebuild stopped before the committed offsets of %s", sorted(map(str, remaining)))
-        return replayed
+            log.error("reading %s stopped before the offsets asked for", sorted(map(str, remaining)))
     finally:
         await consumer.stop()

@@ -293,6 +293,61 @@ def test_a_record_the_worker_cannot_decode_or_process_is_dead_lettered_and_the_w
         worker.wait(20)
 
 
+#: Loaded by the worker process: the first record of the events topic that holds the metric
+#: "Dropped/Here" is never given to the stream, as faust-streaming drops a fetched record it finds
+#: stale (its flow stopped, or the group's generation changed) while its read offset moves past it.
+DROP_ONE = """
+from faust.transport.consumer import Consumer
+
+_getmany = Consumer.getmany
+_dropped = []
+
+
+async def getmany(self, timeout):
+    async for tp, message in _getmany(self, timeout):
+        if not _dropped and b"Dropped/Here" in (message.value or b""):
+            _dropped.append(message.offset)
+            continue
+        yield tp, message
+
+
+Consumer.getmany = getmany
+"""
+
+
+def test_a_record_the_consumer_never_delivers_is_read_from_the_topic_and_derived_once(settings, tmp_path):
+    (tmp_path / "inject").mkdir()
+    (tmp_path / "inject" / "sitecustomize.py").write_text(DROP_ONE)
+    env = {**os.environ, **settings.to_env(), "PYTHONPATH": f"{tmp_path / 'inject'}{os.pathsep}{os.getcwd()}"}
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as out:
+        worker = subprocess.Popen(cli(settings, "worker"), stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        run = Run("gap", settings=settings, system_metrics=False)
+        for step in range(30):
+            scalars = {"Train/Loss": 1.0 / (step + 1)}
+            if step == 19:  # the record with the step that closes the second smoothed window
+                scalars["Dropped/Here"] = 1.0
+            run.log(scalars, step=step)
+            if step in (9, 19):
+                assert run.flush(20)
+        assert run.finish(timeout=20)
+        means: list = []
+        deadline = time.monotonic() + 60
+        while not (means and means[-1]["step"] == 29) and time.monotonic() < deadline:
+            means = aggregates(settings, 1, timeout=5).get("Train/Loss_recent_mean", [])
+        assert [p["step"] for p in means] == [9, 19, 29]  # each once: the dropped record's too
+        for point in means:
+            window = range(point["step"] - 9, point["step"] + 1)
+            assert point["value"] == pytest.approx(sum(1 / (s + 1) for s in window) / 10)
+        text = log_path.read_text()
+        assert re.search(r"partition \d: offsets (\d+) to \1 were never delivered to this worker", text), text
+        assert "rebuilding" not in text
+    finally:
+        worker.terminate()
+        worker.wait(20)
+
+
 def test_a_fast_loop_gets_a_smoothed_point_every_10_steps_and_a_back_test_derives_the_same_bits(
     settings, sink, worker
 ):
