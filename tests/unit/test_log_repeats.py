@@ -29,12 +29,26 @@ def test_a_kafka_clients_repeated_line_is_held_back_and_counted():
     assert not repeats.filter(record("kafka.net.connection", lost, "<conn 62>", "ECONNREFUSED"))
 
 
+class Collected(logging.Handler):
+    """A program's own handler: keeps what it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 def test_main_in_a_program_leaves_the_programs_own_handlers_as_they_were(tmp_path, monkeypatch, capsys):
     """A program (or a test run) that calls main() keeps every kafka line its handlers took."""
     from metricbus.cli import main
 
     monkeypatch.setenv("METRICBUS_DATA_DIR", str(tmp_path))
-    theirs = logging.Handler()
+    # its own registry of running stacks: another test's `up` killed -9 leaves a stale file in
+    # the session's, and main() says so in a WARNING line
+    monkeypatch.setenv("METRICBUS_RUNTIME_DIR", str(tmp_path / "runtime"))
+    theirs = Collected()
     root = logging.getLogger()
     root.addHandler(theirs)
     try:
