@@ -3,27 +3,24 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # A CPU build of torch==2.13.0 lies in /opt/wheels on these machines; elsewhere PyPI's is taken.
-# uv resolves the same versions as pip and installs them in ~1 min, pip in ~2.5 min; both write
-# the packages' bytecode (without it each process compiles what it imports where
-# PYTHONDONTWRITEBYTECODE is set).
+# uv resolves the same versions as pip and installs them in seconds. It does not compile them:
+# Python writes the bytecode of each module the first process imports, for the processes after
+# it (compiling every package at install, torch's and wandb's included, took 45 of the 51 s of
+# the install; the suite imports a fraction of them). So the targets here let Python write it
+# wherever PYTHONDONTWRITEBYTECODE is set.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test bench lint clean chromium chaos soak docs
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV) || (apt-get update && apt-get install -y python3-venv && python3 -m venv $(VENV))
-	$(PY) -m pip install -q --upgrade pip uv
-	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $(FIND_LINKS) -e '.[demo,dev]'
+	$(PY) -m pip install -q uv
+	$(VENV)/bin/uv pip install -q --python $(PY) $(FIND_LINKS) -e '.[demo,dev]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-# The package's bytecode, as pip writes it for an installed one (not for an editable install):
-# where PYTHONDONTWRITEBYTECODE is set, each process `up` or a test starts would otherwise
-# compile the modules it imports again (~0.1 s of CPU each).
-BYTECODE := $(PY) -m compileall -q metricbus producers sinks schemas stream_jobs > /dev/null
-
 demo: $(STAMP)
-	@$(BYTECODE)
 	$(VENV)/bin/metricbus demo
 
 lint: $(STAMP)
@@ -45,7 +42,6 @@ endif
 # longest are listed at the end. mypy checks meanwhile; its errors, if any, come last.
 test: $(STAMP) chromium
 	$(VENV)/bin/ruff check .
-	@$(BYTECODE)
 	@$(VENV)/bin/mypy > .mypy.out 2>&1 & mypy=$$!; \
 	$(VENV)/bin/pytest -q -ra -n 4 --dist worksteal --durations=15; tests=$$?; \
 	wait $$mypy; typed=$$?; \
