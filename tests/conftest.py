@@ -1,13 +1,20 @@
-"""Every test process (each xdist worker too) gets a runtime dir of its own for stack files.
+"""Every test process (each xdist worker too) gets a runtime dir of its own for stack files,
+removed when it exits.
 
 Without it a test that starts `metricbus up` would announce its stack where a developer's own
 stack is announced, and a test's client with no broker given would join whichever is newest.
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 
-os.environ["METRICBUS_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="metricbus-stacks-")
+_RUNTIME = tempfile.mkdtemp(prefix="metricbus-stacks-")
+os.environ["METRICBUS_RUNTIME_DIR"] = _RUNTIME
+# Stable-Baselines3 makes its logger's folder at each learn(): here, not a new /tmp/SB3-<time>
+os.environ["SB3_LOGDIR"] = os.path.join(_RUNTIME, "sb3")
+atexit.register(shutil.rmtree, _RUNTIME, ignore_errors=True)
 
 
 import json  # noqa: E402
