@@ -48,7 +48,6 @@ class PartitionedState:
         self.covered: dict[int, int] = {}
         self._checkpointed: dict[int, int] = {}  # partition -> processor.events at its last checkpoint
         self.rebuilds: list[tuple[int, int, int, float]] = []  # (partition, from, records, seconds)
-        self.undelivered_records = 0  #: records the consumer skipped, read from the topic instead
 
     def new_processor(self) -> StreamProcessor:
         """An empty processor with this worker's config and rules."""
@@ -77,11 +76,10 @@ class PartitionedState:
 
         A worker holds a partition's state only while the partition is assigned to it (a
         revocation drops it), so a record it was never given while it held the partition was
-        processed by nobody: the consumer lost it. faust-streaming drops fetched records it
-        finds stale (flow stopped, a generation changed) and still moves its read offset past
-        them; a worker of one stream once got offset 26 after 24. They are read from the topic
-        (aiokafka's records, in offset order) for the caller to process and publish as if
-        delivered.
+        processed by nobody: the consumer lost it (faust-streaming can drop a fetched record it
+        finds stale, its flow stopped or the group's generation changed, while its read offset
+        moves past it). They are read from the topic (aiokafka's records, in offset order) for
+        the caller to process and publish as if delivered.
         """
         covered = self.covered.get(partition)
         if partition not in self.processors or covered is None or offset <= covered:
@@ -93,9 +91,7 @@ class PartitionedState:
             covered,
             offset - 1,
         )
-        records = [r async for r in read_records(self.settings, {partition: (covered, offset)})]
-        self.undelivered_records += len(records)
-        return records
+        return [r async for r in read_records(self.settings, {partition: (covered, offset)})]
 
     async def rebuild(self, partition: int, offset: int) -> StreamProcessor:
         """Load the partition's checkpoint and replay the topic up to ``offset``; publishes nothing."""
