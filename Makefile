@@ -3,11 +3,11 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # A CPU build of torch==2.13.0 lies in /opt/wheels on these machines; elsewhere PyPI's is taken.
-# uv resolves the same versions as pip and installs them in seconds. It does not compile them:
-# Python writes the bytecode of each module the first process imports, for the processes after
-# it (compiling every package at install, torch's and wandb's included, took 45 of the 51 s of
-# the install; the suite imports a fraction of them). So the targets here let Python write it
-# wherever PYTHONDONTWRITEBYTECODE is set.
+# uv resolves the same versions as pip and installs them in ~50 s, compiling every package's
+# bytecode on both cores (45 s of it). Left to the first process that imports each module,
+# compiling costs the suite more than it saves: its four workers and the stacks of their first
+# tests import the same modules at once, each compiling them. The targets let Python write
+# what is still missing (the package's own modules) where PYTHONDONTWRITEBYTECODE is set.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 unexport PYTHONDONTWRITEBYTECODE
 
@@ -16,7 +16,7 @@ unexport PYTHONDONTWRITEBYTECODE
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV) || (apt-get update && apt-get install -y python3-venv && python3 -m venv $(VENV))
 	$(PY) -m pip install -q uv
-	$(VENV)/bin/uv pip install -q --python $(PY) $(FIND_LINKS) -e '.[demo,dev]'
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $(FIND_LINKS) -e '.[demo,dev]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
