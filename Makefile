@@ -3,11 +3,13 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # A CPU build of torch==2.13.0 lies in /opt/wheels on these machines; elsewhere PyPI's is taken.
-# uv resolves the same versions as pip and installs them in ~50 s, compiling every package's
-# bytecode on both cores (45 s of it). Left to the first process that imports each module,
-# compiling costs the suite more than it saves: its four workers and the stacks of their first
-# tests import the same modules at once, each compiling them. The targets let Python write
-# what is still missing (the package's own modules) where PYTHONDONTWRITEBYTECODE is set.
+# uv resolves the same versions as pip and installs them in ~50 s, 45 s of it compiling every
+# package's bytecode on both cores. Compiled instead by the first process that imports each
+# module, the install takes ~20 s and pytest ~20 s more (its four workers and their first
+# tests' stacks import the same modules at once, each compiling them), and a test's first
+# seconds then depend on what ran before it: the suite runs on compiled packages. The targets
+# let Python write what is still missing (the package's own modules) where
+# PYTHONDONTWRITEBYTECODE is set.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 unexport PYTHONDONTWRITEBYTECODE
 
