@@ -219,6 +219,17 @@ def test_derived_series_are_archived_beside_the_logged_ones_and_replays_leave_th
     assert {e.producer_id for e in events} == {run.producer_id} and len(events) == run.stats()["events"]
 
 
+def start_injected_worker(settings, tmp_path, sitecustomize: str):
+    """A stream worker that loads ``sitecustomize`` (a fault injected into it); (process, its log)."""
+    (tmp_path / "inject").mkdir()
+    (tmp_path / "inject" / "sitecustomize.py").write_text(sitecustomize)
+    env = {**os.environ, **settings.to_env(), "PYTHONPATH": f"{tmp_path / 'inject'}{os.pathsep}{os.getcwd()}"}
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as out:
+        worker = subprocess.Popen(cli(settings, "worker"), stdout=out, stderr=subprocess.STDOUT, env=env)
+    return worker, log_path
+
+
 #: Loaded by the worker process (a sitecustomize on its PYTHONPATH): processing a record of the
 #: run "poison" raises, as a bug of ours would. No hostile record found by fuzzing the processor
 #: makes it raise, so the fault is injected to prove the agent's guard in the real process.
@@ -246,12 +257,7 @@ def test_a_record_the_worker_cannot_decode_or_process_is_dead_lettered_and_the_w
 
     from metricbus.schemas import METRICS, client_options, encode_events
 
-    (tmp_path / "inject").mkdir()
-    (tmp_path / "inject" / "sitecustomize.py").write_text(POISON)
-    env = {**os.environ, **settings.to_env(), "PYTHONPATH": f"{tmp_path / 'inject'}{os.pathsep}{os.getcwd()}"}
-    log_path = tmp_path / "worker.log"
-    with open(log_path, "wb") as out:
-        worker = subprocess.Popen(cli(settings, "worker"), stdout=out, stderr=subprocess.STDOUT, env=env)
+    worker, log_path = start_injected_worker(settings, tmp_path, POISON)
     try:
         poison = encode_events(
             default_codec(),
@@ -316,12 +322,7 @@ Consumer.getmany = getmany
 
 
 def test_a_record_the_consumer_never_delivers_is_read_from_the_topic_and_derived_once(settings, tmp_path):
-    (tmp_path / "inject").mkdir()
-    (tmp_path / "inject" / "sitecustomize.py").write_text(DROP_ONE)
-    env = {**os.environ, **settings.to_env(), "PYTHONPATH": f"{tmp_path / 'inject'}{os.pathsep}{os.getcwd()}"}
-    log_path = tmp_path / "worker.log"
-    with open(log_path, "wb") as out:
-        worker = subprocess.Popen(cli(settings, "worker"), stdout=out, stderr=subprocess.STDOUT, env=env)
+    worker, log_path = start_injected_worker(settings, tmp_path, DROP_ONE)
     try:
         run = Run("gap", settings=settings, system_metrics=False)
         for step in range(30):
