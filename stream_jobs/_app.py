@@ -16,6 +16,7 @@ from typing import Any
 
 from metricbus.schemas import (
     MAX_RECORD_BYTES,
+    FetchWait,
     ForgedSignatureError,
     LoopMetrics,
     RecordDigests,
@@ -70,6 +71,7 @@ def _patch_fetch_wait() -> None:
         wait_ms = getattr(self.app, "fetch_max_wait_ms", None)
         if wait_ms is not None:
             consumer._fetch_max_wait_ms = wait_ms
+        self.app.kafka_consumer = consumer  # for the app's FetchWait, once it has started
         return consumer
 
     create_worker_consumer.metricbus = True  # type: ignore[attr-defined]
@@ -146,6 +148,14 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
     badly_signed = 0
     _patch_fetch_wait()
     app.fetch_max_wait_ms = settings.worker_fetch_max_wait_ms  # type: ignore[attr-defined]
+    app.kafka_consumer = None  # type: ignore[attr-defined]
+
+    def set_fetch_wait(ms: int) -> None:
+        fetcher = getattr(app.kafka_consumer, "_fetcher", None)  # type: ignore[attr-defined]
+        if fetcher is not None:  # aiokafka reads it as it builds each fetch
+            fetcher._fetch_max_wait_ms = ms
+
+    fetch_wait = FetchWait(set_fetch_wait, settings.worker_fetch_max_wait_ms, settings.idle_fetch_max_wait_ms)
     events = app.topic(topics.events, value_serializer="raw", key_serializer="raw")
     aggregates = app.topic(topics.aggregates, value_serializer="raw", key_serializer="raw")
     alerts = app.topic(topics.alerts, value_serializer="raw", key_serializer="raw")
@@ -232,6 +242,7 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
     @app.agent(events)
     async def derive(stream: Any) -> None:
         async for event in stream.events():
+            fetch_wait.saw(1)
             message = event.message
             for skipped in await state.undelivered(message.partition, message.offset):
                 await handle(skipped)
@@ -239,6 +250,7 @@ def build_app(settings: Settings, state: PartitionedState | None = None) -> Any:
 
     @app.timer(1.0)
     async def stalled_runs() -> None:
+        fetch_wait.saw(0)  # a second with no record may make the worker idle
         for out in state.tick(int(time.time() * 1000)):
             if out.alerts or out.points or out.closing:
                 publish(out)

@@ -349,6 +349,59 @@ def test_a_record_the_consumer_never_delivers_is_read_from_the_topic_and_derived
         worker.wait(20)
 
 
+#: Loaded by the worker process: each change of the wait its aiokafka fetcher asks the broker
+#: for, as it builds its next fetch, in the worker's log.
+FETCH_WAITS = """
+import sys
+from aiokafka.consumer.fetcher import Fetcher
+
+_actions = Fetcher._get_actions_per_node
+_asked = []
+
+
+def _get_actions_per_node(self, assignment):
+    if not _asked or _asked[-1] != self._fetch_max_wait_ms:
+        _asked.append(self._fetch_max_wait_ms)
+        sys.__stderr__.write(f"fetch wait {self._fetch_max_wait_ms}\\n")  # not Faust's logging stderr
+        sys.__stderr__.flush()
+    return _actions(self, assignment)
+
+
+Fetcher._get_actions_per_node = _get_actions_per_node
+"""
+
+
+def test_an_idle_worker_fetches_with_the_idle_wait_and_a_record_brings_the_short_one_back(settings, tmp_path):
+    worker, log_path = start_injected_worker(settings, tmp_path, FETCH_WAITS)
+
+    def waits() -> list[int]:
+        return [int(w) for w in re.findall(r"fetch wait (\d+)", log_path.read_text())]
+
+    busy, idle = settings.worker_fetch_max_wait_ms, settings.idle_fetch_max_wait_ms
+    try:
+        deadline = time.monotonic() + 60
+        while idle not in waits() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert waits() == [busy, idle], log_path.read_text()  # nothing read for 2 s: idle
+        run = Run("waking", settings=settings, system_metrics=False)
+        for step in range(10):
+            run.log({"Train/Loss": 1.0 / (step + 1)}, step=step)
+        assert run.finish(timeout=20)
+        means: list = []
+        deadline = time.monotonic() + 60
+        while not means and time.monotonic() < deadline:
+            means = aggregates(settings, 1, timeout=5).get("Train/Loss_recent_mean", [])
+        assert [p["step"] for p in means] == [9]
+        assert means[0]["value"] == pytest.approx(sum(1 / (s + 1) for s in range(10)) / 10)
+        deadline = time.monotonic() + 30  # the fetch after the one that brought the record
+        while len(waits()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert waits()[:3] == [busy, idle, busy], log_path.read_text()  # its first record woke it
+    finally:
+        worker.terminate()
+        worker.wait(20)
+
+
 def test_a_fast_loop_gets_a_smoothed_point_every_10_steps_and_a_back_test_derives_the_same_bits(
     settings, sink, worker
 ):
