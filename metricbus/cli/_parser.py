@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
         "else 8765, else a free one)",
     )
     s.add_argument("--no-dashboard", action="store_true", help="run no dashboard")
+    s.add_argument("--no-tensorboard", action="store_true", help="run no TensorBoard sink")
+    s.add_argument(
+        "--no-wandb", action="store_true", help="run no W&B sink (the Parquet archive always runs)"
+    )
     s.add_argument(
         "--wandb-alerts",
         action="store_true",

@@ -103,6 +103,11 @@ def up_consumers(args: argparse.Namespace) -> dict[str, list[str]]:
     from metricbus.stack import available_consumers
 
     consumers = available_consumers()
+    if args.wandb_alerts and args.no_wandb:
+        raise MetricbusError("--wandb-alerts raises alerts through the W&B sink, which --no-wandb leaves out")
+    for flag, name in (("no_tensorboard", "sink-tensorboard"), ("no_wandb", "sink-wandb")):
+        if getattr(args, flag):
+            consumers.pop(name, None)
     if args.wandb_alerts:
         if "sink-wandb" not in consumers:
             raise MetricbusError("--wandb-alerts needs the W&B sink: pip install 'metricbus[wandb]'")

@@ -168,7 +168,8 @@ def test_up_restarts_a_killed_broker_says_so_and_the_archive_loses_nothing(tmp_p
     from metricbus.schemas import Settings
     from metricbus.sinks import read_table
 
-    proc, port, _ = start_up(tmp_path)
+    # what this test reads is the archive: the other sinks and the dashboard are left out
+    proc, port, _ = start_up(tmp_path, "--no-dashboard", "--no-tensorboard", "--no-wandb")
     try:
         settings = Settings(bootstrap=f"127.0.0.1:{port}", data_dir=tmp_path)
         run = Run("chaos", settings=settings, system_metrics=False)
@@ -265,7 +266,9 @@ def test_up_with_two_workers_and_two_instances_of_each_sink_shares_the_partition
     from metricbus.schemas import METRICS, Settings
     from metricbus.sinks import read_events
 
-    proc, port, lines = start_up(tmp_path, "--workers", "2", "--sink-instances", "2", "--no-dashboard")
+    proc, port, lines = start_up(
+        tmp_path, "--workers", "2", "--sink-instances", "2", "--no-dashboard", "--no-wandb"
+    )
     try:
         assert any("stream-worker-2" in line for line in lines) and any(
             "sink-parquet-2" in line for line in lines
@@ -316,7 +319,7 @@ def test_up_restarts_a_broker_over_its_memory_bound_and_nothing_is_lost_or_deriv
     port = free_port()
     env = {**os.environ, "METRICBUS_LOCAL_PORT": str(port), "METRICBUS_BROKER_MAX_MB": "30"}
     proc = subprocess.Popen(
-        metricbus("up", "--no-dashboard", data_dir=tmp_path),
+        metricbus("up", "--no-dashboard", "--no-wandb", data_dir=tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -399,7 +402,7 @@ def test_two_ups_in_a_row_on_one_data_dir_serve_the_dashboard_at_the_same_url(tm
     (tmp_path / "dashboard.port").write_text(f"{free_port()}\n")  # chosen by an earlier `up`
     urls = []
     for _ in range(2):
-        proc, _, lines = start_up(tmp_path, "--dashboard-port", "0")
+        proc, _, lines = start_up(tmp_path, "--dashboard-port", "0", "--no-tensorboard", "--no-wandb")
         try:
             (url,) = [line.split()[1] for line in lines if line.startswith("dashboard    http")]
             urls.append(url)
@@ -446,7 +449,7 @@ def test_up_publishes_what_runs_spooled_while_no_stack_ran(tmp_path):
     for step in range(300):
         run.log({"Train/Loss": 1.0 / (step + 1)}, step=step)
     assert not run.finish(timeout=2)  # kept in the spool, said
-    proc, _, lines = start_up(tmp_path)
+    proc, _, lines = start_up(tmp_path, "--no-dashboard", "--no-tensorboard", "--no-wandb")
     try:
         said = wait_line(proc, "published", timeout=60)
         assert any("1 run(s) logged while no stack ran wait in" in line for line in lines + said)

@@ -1,5 +1,6 @@
 from pathlib import Path
 
+import pytest
 import yaml
 
 from metricbus.cli import build_parser
@@ -93,6 +94,20 @@ def test_up_with_wandb_alerts_runs_every_wandb_sink_instance_with_alerts():
     assert consumers["sink-wandb"] == consumers["sink-wandb-2"] == ["sink", "wandb", "--alerts"]
     assert consumers["sink-parquet"] == ["sink", "parquet"]
     assert "--alerts" not in up_consumers(build_parser().parse_args(["up"]))["sink-wandb"]
+
+
+def test_up_leaves_out_the_sinks_it_is_told_to_and_never_the_archive():
+    from metricbus.cli import up_consumers
+    from metricbus.schemas import MetricbusError
+
+    every = set(up_consumers(build_parser().parse_args(["up"])))
+    args = build_parser().parse_args(["up", "--no-wandb", "--no-tensorboard", "--sink-instances", "2"])
+    assert set(up_consumers(args)) == every - {"sink-wandb", "sink-tensorboard"} | {
+        "sink-parquet-2",
+        "alerts-console-2",
+    }
+    with pytest.raises(MetricbusError, match="--no-wandb"):
+        up_consumers(build_parser().parse_args(["up", "--no-wandb", "--wandb-alerts"]))
 
 
 def test_the_dockerfile_parses_with_buildkits_own_parser_and_copies_what_exists():
