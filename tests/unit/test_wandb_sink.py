@@ -307,8 +307,9 @@ def test_a_run_file_the_writer_never_flushed_holds_no_rows(tmp_path, offline):
 def test_closed_reads_a_long_run_file_s_last_blocks_and_agrees_with_a_full_read_at_every_cut(
     tmp_path, offline
 ):
-    """``closed`` reads only the last two 32 KiB blocks; cut anywhere there, it must say what a
-    read of the whole file says (the last whole record is the run's exit, or not)."""
+    """``closed`` reads only the last two 32 KiB blocks; cut there (every 389th byte, and every
+    byte around a block boundary), it must say what a read of the whole file says (the last
+    whole record is the run's exit, or not)."""
     from collections import deque
 
     from metricbus.sinks._wandb_file import BLOCK, closed, records, run_files
@@ -326,7 +327,12 @@ def test_closed_reads_a_long_run_file_s_last_blocks_and_agrees_with_a_full_read_
     assert len(data) > 4 * BLOCK and closed(path)
     cut = tmp_path / "wandb" / "cut" / "run-cut.wandb"
     cut.parent.mkdir()
-    for end in range(len(data) - 2 * BLOCK, len(data) + 1, 97):
+    start = len(data) - 2 * BLOCK
+    # every 389th byte, and around each block boundary (a chunk's 7-byte header starts there)
+    ends = set(range(start, len(data) + 1, 389)) | {
+        b + d for b in range(start // BLOCK * BLOCK, len(data), BLOCK) for d in range(-2, 10)
+    }
+    for end in sorted(e for e in ends if start <= e <= len(data)):
         cut.write_bytes(data[:end])
         last = deque(records(cut), maxlen=1)
         assert closed(cut) == (bool(last) and last[0].WhichOneof("record_type") == "exit"), end
