@@ -329,9 +329,11 @@ def test_closed_reads_a_long_run_file_s_last_blocks_and_agrees_with_a_full_read_
     cut.parent.mkdir()
     start = len(data) - 2 * BLOCK
     # every 389th byte, and around each block boundary (a chunk's 7-byte header starts there)
-    ends = set(range(start, len(data) + 1, 389)) | {
-        b + d for b in range(start // BLOCK * BLOCK, len(data), BLOCK) for d in range(-2, 10)
-    }
+    ends = (
+        set(range(start, len(data) + 1, 389))
+        | {len(data) - 1, len(data)}
+        | {b + d for b in range(start // BLOCK * BLOCK, len(data), BLOCK) for d in range(-2, 10)}
+    )
     for end in sorted(e for e in ends if start <= e <= len(data)):
         cut.write_bytes(data[:end])
         last = deque(records(cut), maxlen=1)
