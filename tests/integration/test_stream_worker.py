@@ -219,6 +219,15 @@ def test_derived_series_are_archived_beside_the_logged_ones_and_replays_leave_th
     assert {e.producer_id for e in events} == {run.producer_id} and len(events) == run.stats()["events"]
 
 
+def recent_means(settings, name: str, last_step: int, timeout: float = 60.0) -> list[dict]:
+    """The ``<name>_recent_mean`` points on the aggregates topic, once the one at ``last_step`` is there."""
+    means: list = []
+    deadline = time.monotonic() + timeout
+    while not (means and means[-1]["step"] == last_step) and time.monotonic() < deadline:
+        means = aggregates(settings, 1, timeout=5).get(f"{name}_recent_mean", [])
+    return means
+
+
 def start_injected_worker(settings, tmp_path, sitecustomize: str):
     """A stream worker that loads ``sitecustomize`` (a fault injected into it); (process, its log)."""
     (tmp_path / "inject").mkdir()
@@ -274,10 +283,7 @@ def test_a_record_the_worker_cannot_decode_or_process_is_dead_lettered_and_the_w
         for step in range(20):
             run.log({"Train/Loss": 1.0 / (step + 1)}, step=step)
         assert run.finish(timeout=20)
-        deadline = time.monotonic() + 60
-        means: list = []
-        while not (means and means[-1]["step"] == 19) and time.monotonic() < deadline:
-            means = aggregates(settings, 1, timeout=5).get("Train/Loss_recent_mean", [])
+        means = recent_means(settings, "Train/Loss", last_step=19)
         mean = means[-1]  # the worker went on past both (a point at every 10th value of the run)
         assert mean["step"] == 19 and mean["value"] == pytest.approx(
             sum(1 / (s + 1) for s in range(10, 20)) / 10
@@ -333,10 +339,7 @@ def test_a_record_the_consumer_never_delivers_is_read_from_the_topic_and_derived
             if step in (9, 19):
                 assert run.flush(20)
         assert run.finish(timeout=20)
-        means: list = []
-        deadline = time.monotonic() + 60
-        while not (means and means[-1]["step"] == 29) and time.monotonic() < deadline:
-            means = aggregates(settings, 1, timeout=5).get("Train/Loss_recent_mean", [])
+        means = recent_means(settings, "Train/Loss", last_step=29)
         assert [p["step"] for p in means] == [9, 19, 29]  # each once: the dropped record's too
         for point in means:
             window = range(point["step"] - 9, point["step"] + 1)
@@ -387,10 +390,7 @@ def test_an_idle_worker_fetches_with_the_idle_wait_and_a_record_brings_the_short
         for step in range(10):
             run.log({"Train/Loss": 1.0 / (step + 1)}, step=step)
         assert run.finish(timeout=20)
-        means: list = []
-        deadline = time.monotonic() + 60
-        while not means and time.monotonic() < deadline:
-            means = aggregates(settings, 1, timeout=5).get("Train/Loss_recent_mean", [])
+        means = recent_means(settings, "Train/Loss", last_step=9)
         assert [p["step"] for p in means] == [9]
         assert means[0]["value"] == pytest.approx(sum(1 / (s + 1) for s in range(10)) / 10)
         deadline = time.monotonic() + 30  # the fetch after the one that brought the record
