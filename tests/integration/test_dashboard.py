@@ -606,6 +606,10 @@ def test_every_chart_reads_out_the_value_under_the_pointer_with_honest_axes_log_
         logged[step] = values
         run.log(values, step=step, epoch=step // 50)
     assert run.finish(timeout=30)
+    deadline = time.monotonic() + 60  # archived first: the page's health and CSV read the archive
+    while tidy(settings.archive_dir, run.run_id, names=["train/approx_kl"]).num_rows < 200:
+        assert time.monotonic() < deadline, "the archive sink never wrote the run"
+        time.sleep(0.5)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         try:
@@ -632,11 +636,16 @@ def test_every_chart_reads_out_the_value_under_the_pointer_with_honest_axes_log_
             lr_labels = page.evaluate("window.mbCharts['train/learning_rate'].plot.axes[1]._values")
             assert all("e-4" in label for label in lr_labels), lr_labels
 
-            # hovering one chart shows, in every chart of the run, its value at that step
+            # hovering one chart shows, in every chart of the run, its value at that step; once
+            # what loads above the charts has loaded (the health waits for the archive), so that
+            # nothing moves the chart from under the pointer (Playwright's hover checks the target)
+            expect(page.locator("#health-score")).to_be_visible(timeout=60_000)
+            expect(page.locator("#firing")).not_to_contain_text("loading")
             over = page.locator('.chart[data-series="train/approx_kl"] .u-over')
             over.scroll_into_view_if_needed()
+            size = over.bounding_box()
+            over.hover(position={"x": size["width"] * 0.5, "y": size["height"] * 0.5})
             box = over.bounding_box()
-            page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5)
             readouts = page.locator("#charts > details[open] .chart .readout:not([hidden])")
             expect(readouts).to_have_count(4)  # the run's own four; the derived sections are closed
             for name in ("train/learning_rate", "train/approx_kl", "train/advantage", "train/loss"):
@@ -669,10 +678,6 @@ def test_every_chart_reads_out_the_value_under_the_pointer_with_honest_axes_log_
             assert "smooth=0.9" in page.url  # kept in the address
 
             # downloads: the series' every archived point as CSV; the chart as a PNG
-            deadline = time.monotonic() + 60
-            while tidy(settings.archive_dir, run.run_id, names=["train/approx_kl"]).num_rows < 200:
-                assert time.monotonic() < deadline, "the archive sink never wrote the run"
-                time.sleep(0.5)
             with page.expect_download() as got:
                 page.locator('.chart[data-series="train/approx_kl"] .tool.csv').click()
             rows = got.value.path().read_text().splitlines()
