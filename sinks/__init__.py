@@ -11,6 +11,7 @@ from ._archive import iter_events, read_events, read_table, run_dir, run_extent,
 from ._factory import KINDS as SINK_KINDS
 from ._factory import make_sink
 from ._loop import SinkStats
+from ._process_tmp import take_temp_dir
 from ._protocol import Sink
 from ._runtime import Feeder, SinkRunner
 from .parquet import ParquetArchive
@@ -33,5 +34,6 @@ __all__ = [
     "run_extent",
     "run_projects",
     "summary",
+    "take_temp_dir",
     "tidy",
 ]

@@ -23,7 +23,7 @@ from ._common import (
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from metricbus.replay import archived_runs, replay_to_kafka, replay_to_sink
-    from metricbus.sinks import make_sink
+    from metricbus.sinks import make_sink, take_temp_dir
 
     settings = _settings(args)
     ref = _run_ref(args)
@@ -48,6 +48,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 0
     if not args.out:
         raise MetricbusError(f"--to {args.to} needs --out DIR (a fresh directory)")
+    if args.to == "wandb":  # wandb's temporary files in the output directory, not /tmp
+        take_temp_dir(Path(args.out))
     sink = make_sink(args.to, Path(args.out), media=MediaStore.of(settings))
     read, written = replay_to_sink(settings, runs, sink, source=args.source)
     held = read - written

@@ -20,13 +20,16 @@ from ._logs import Printable
 
 
 def cmd_sink(args: argparse.Namespace) -> int:
-    from metricbus.sinks import SinkRunner, make_sink
+    from metricbus.sinks import SinkRunner, make_sink, take_temp_dir
 
     settings = _settings(args)
     default = settings.archive_dir if args.sink == "parquet" else settings.data_dir / args.sink
+    out = Path(args.logdir) if args.logdir else default
+    if args.sink == "wandb":  # wandb's temporary files in the sink's own directory, not /tmp
+        take_temp_dir(out)
     sink = make_sink(
         args.sink,
-        Path(args.logdir) if args.logdir else default,
+        out,
         include=tuple(args.include or ()),
         exclude=tuple(args.exclude or ()),
         layout=Path(args.layout) if args.layout else None,

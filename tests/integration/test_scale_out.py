@@ -286,12 +286,16 @@ def test_two_tensorboard_sinks_one_killed_mid_run_show_every_step_once(wide, tmp
 def test_two_wandb_sinks_one_killed_mid_run_log_every_step_once(wide, tmp_path):
     """W&B opens a run in seconds: the sink's write must not cost its group session, and a run
     that moves between the two instances is written by one at a time (W&B's own records read)."""
+    from metricbus.sinks._process_tmp import DIR_NAME, sweep
     from tests.wandb_reader import read_run, run_files
 
     ids = run_ids()
     logdir = tmp_path / "wandb"
+    system_tmp = tmp_path / "system-tmp"  # the sinks' system temp dir: wandb's would go there
+    system_tmp.mkdir()
     args = ["sink", "wandb", "--logdir", str(logdir), "--flush-interval", "0.3"]
-    sinks = Instances(wide, tmp_path, ("b1", "b2"), args, {"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "TMPDIR": str(system_tmp)}
+    sinks = Instances(wide, tmp_path, ("b1", "b2"), args, env)
     runs = [Run("scale", run_id=r, settings=wide, system_metrics=False) for r in ids]
     try:
         sinks.wait_all_assigned()
@@ -321,6 +325,16 @@ def test_two_wandb_sinks_one_killed_mid_run_log_every_step_once(wide, tmp_path):
         assert sinks.assignments("b2") > before["b2"]  # the killed sink's runs moved to the other
         for r in ids:
             assert sorted(steps.get(r, [])) == list(range(STEPS)), r  # every step once, over its openings
+        # wandb's temporary files are in each sink's own directory under the logdir, none in the
+        # system's, not even the killed one's; a sweep finds the killed one's alone gone
+        assert list(system_tmp.iterdir()) == []
+        held = sorted(p for p in (logdir / DIR_NAME).iterdir() if p.is_dir())
+        assert len(held) == 2 and all(any(p.iterdir()) for p in held), held
+        gone = sweep(logdir / DIR_NAME)
+        assert len(gone) == 1 and gone[0] in held and not gone[0].exists()
+        assert sorted(p for p in (logdir / DIR_NAME).iterdir() if p.is_dir()) == [
+            p for p in held if p != gone[0]
+        ]
     finally:
         sinks.stop()
 

@@ -208,13 +208,19 @@ def test_live_wandb_history_equals_a_replay_from_the_archive(settings, tmp_path,
             proc.terminate()
             proc.wait(30)
             out.close()
-    subprocess.run(
+    system_tmp = tmp_path / "system-tmp"  # the replay's system temp dir: wandb's would go there
+    system_tmp.mkdir()
+    done = subprocess.run(
         cli(settings, "replay", "--run", run.run_id, "--to", "wandb", "--out", str(tmp_path / "wb-replay")),
         check=True,
         capture_output=True,
-        env={**os.environ, "WANDB_MODE": "offline"},
+        env={**os.environ, "WANDB_MODE": "offline", "TMPDIR": str(system_tmp)},
     )
     replayed = read_run(tmp_path / "wb-replay", run.run_id)
+    # wandb's temporary files were the replay's own, under its output, and went with it (quietly)
+    assert list(system_tmp.iterdir()) == []
+    assert list((tmp_path / "wb-replay" / ".metricbus-tmp").iterdir()) == []
+    assert b"Exception ignored" not in done.stderr, done.stderr[-2000:]
 
     def history(r):
         return [
