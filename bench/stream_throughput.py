@@ -116,7 +116,7 @@ def faust_worker(settings, tmp: str, config: Path | None = None) -> float:
         log.close()
 
 
-def latency(settings, tmp: str, rate: int) -> tuple[list[float], list[float], list[float]]:
+def latency(settings, tmp: str, rate: int) -> tuple[list[tuple[int, float]], list[float], list[float]]:
     from metricbus.producers import Run
     from metricbus.schemas import (
         METRICS,
@@ -145,8 +145,8 @@ def latency(settings, tmp: str, rate: int) -> tuple[list[float], list[float], li
         run.finish(timeout=30)
         time.sleep(5)
         codec = default_codec()
-        agg = [
-            r.timestamp - p["ts_ms"]
+        agg = [  # (when logged, latency): the first second after a quiet spell is told apart
+            (p["ts_ms"], r.timestamp - p["ts_ms"])
             for r in read_topic(settings, settings.topics.aggregates)
             for p in aggregate_points(codec.decode(r.value)[1])
             if r.key == run.run_id.encode()
@@ -225,11 +225,19 @@ def main() -> None:
         f"{statistics.median(cost):.0%} of its events/s [{cost[0]:.0%} to {cost[-1]:.0%}]"
     )
     print("latency, run.log() -> the derived point / the alert on its topic (ms; target p99 <= 50):")
-    for rate, (agg, alerts, sent) in latencies.items():
+    print("  (the run starts after 8 s of quiet: the worker is on its idle fetch wait, and on the")
+    print("  embedded broker the first second's points wait for it; 'after 1 s' leaves them out)")
+    for rate, (timed, alerts, sent) in latencies.items():
+        agg = [lat for _, lat in timed]
+        first = min((t for t, _ in timed), default=0)
+        steady = [lat for t, lat in timed if t >= first + 1000]
+        start = [lat for t, lat in timed if t < first + 1000]
         print(
             f"  {rate:>6,} events/s: aggregates p50 {pct(agg, 0.5):.0f} p99 {pct(agg, 0.99):.0f} "
-            f"(n={len(agg)}); alerts p50 {pct(alerts, 0.5):.0f} p99 {pct(alerts, 0.99):.0f} "
-            f"(n={len(alerts)}); of which log() -> sent p50 {pct(sent, 0.5):.0f} p99 {pct(sent, 0.99):.0f}"
+            f"(n={len(agg)}), after 1 s p99 {pct(steady, 0.99):.0f}, the first second's max "
+            f"{max(start, default=float('nan')):.0f}; alerts p50 {pct(alerts, 0.5):.0f} "
+            f"p99 {pct(alerts, 0.99):.0f} (n={len(alerts)}); of which log() -> sent "
+            f"p50 {pct(sent, 0.5):.0f} p99 {pct(sent, 0.99):.0f}"
         )
 
 
